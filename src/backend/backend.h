@@ -1,0 +1,130 @@
+// The narrow backend interface: every op the engine runs. Pointers inside Tensor views are device
+// pointers of this backend. Shapes are checked in ops.cpp (check_* helpers) before dispatch, so
+// implementations may assume valid arguments. Optional capabilities are queried, not assumed.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+// Attention mask kinds. Bidirectional is the dLLM default; Causal and BlockCausal compare absolute
+// positions of query and key (block-causal: key block <= query block, block = pos / block_size).
+enum class MaskKind : uint8_t { None, Causal, BlockCausal };
+
+// Several sequences packed without padding. Sequence s owns query rows [cu_q[s], cu_q[s+1]) and key
+// rows [cu_k[s], cu_k[s+1]). Queries attend only to keys of their own sequence. Positions are the
+// absolute positions used by RoPE and by causal masks. All four arrays are i32 device buffers.
+struct AttnParams {
+  MaskKind mask = MaskKind::None;
+  int block_size = 0;        // for BlockCausal
+  float scale = 0.0f;        // usually 1/sqrt(head_dim)
+  int n_seqs = 1;
+  const int32_t* cu_q = nullptr;   // [n_seqs + 1]
+  const int32_t* cu_k = nullptr;   // [n_seqs + 1]
+  const int32_t* q_pos = nullptr;  // [n_query]
+  const int32_t* k_pos = nullptr;  // [n_kv]
+  // Optional block-sparse pattern (SparseD): one byte per (head, query block, key block) of each
+  // sequence; nullptr = dense. Not used by the dense path.
+  const uint8_t* block_mask = nullptr;
+  int sparse_block = 0;
+};
+
+// How one row of logits is turned into (token, confidence) on the device.
+enum class ConfKind : uint8_t {
+  Prob,      // softmax probability of the chosen token (LLaDA low_confidence, Dream maskgit_plus)
+  Margin,    // p1 - p2 (Dream topk_margin)
+  NegEntropy,  // sum p log(p + 1e-10) (Dream entropy); higher = more certain
+  Random,    // uniform [0,1) from the counter RNG (LLaDA random remasking)
+};
+
+struct SampleParams {
+  ConfKind conf = ConfKind::Prob;
+  float temperature = 0.0f;  // 0 = argmax
+  bool gumbel = false;       // LLaDA: x0 = argmax(exp(L) / (-log U)^T) with f64 noise; else Dream: sample P
+  int top_k = 0;             // 0 = off (Dream)
+  float top_p = 1.0f;        // 1 = off (Dream)
+  int suppress_token = -1;   // logit set to -inf before anything (LLaDA logits_eos_inf); -1 = none
+  uint64_t seed = 0;         // counter RNG key: noise = rng(seed, row_key[i], vocab index)
+};
+
+// Counter-based RNG shared by every backend so that CPU and CUDA draw identical noise:
+// splitmix64 of (seed, a, b) -> uniform double in (0, 1).
+inline uint64_t rng_mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+inline double rng_uniform(uint64_t seed, uint64_t a, uint64_t b) {
+  const uint64_t h = rng_mix(seed ^ rng_mix(a ^ rng_mix(b + 0x632be59bd9b4e019ull)));
+  return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // --- memory -------------------------------------------------------------------------------
+  // Device memory for weights (not part of the planned workspace). Returns a device pointer.
+  virtual void* alloc_weights(size_t bytes) = 0;
+  virtual void free_weights(void* p) = 0;
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // --- ops (all outputs are written completely; none allocates memory) ----------------------
+  // out[r, :] = table[tokens[r], :] converted to out.dtype. table [V, D] any float dtype.
+  virtual void embed(const Tensor& tokens, const Tensor& table, Tensor& out) = 0;
+
+  // y = round_act(x * rsqrt(mean(x^2) + eps)) * w over groups of `group` columns (group = cols for a
+  // plain RMSNorm, head_dim for qk-norm). x f32; w [group] any float dtype; y f32 or bf16. When y is
+  // bf16 the normalised value is rounded to bf16 before the multiply, then the product again (HF).
+  // y may alias x (in place) when both are f32.
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+
+  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a is f32 or bf16; w f32 or bf16 (bf16 w with
+  // f32 a is allowed: a is then rounded to bf16); bias f32 or nullptr; c f32 or bf16.
+  // accumulate=true adds into c (c must be f32).
+  virtual void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c,
+                    bool accumulate) = 0;
+
+  // Mask-only logits: c[i, :] = a[rows[i], :] * w^T for i < rows.numel(). Reads the selected rows
+  // of `a` by index; never builds a gathered copy of them in device memory.
+  virtual void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) = 0;
+
+  // In-place rotary embedding on x [M, H * head_dim] f32 with positions [M] i32. Rotates the first
+  // rotary_dim dims of each head. neox=true: rotate-half pairs (i, i + rot/2); false: interleaved
+  // pairs (2i, 2i+1). inv_freq_i = theta^(-2i/rotary_dim), computed in fp32.
+  virtual void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta,
+                    bool neox) = 0;
+
+  // Flash-style attention, never materialising scores: q [Mq, Hq*D] f32, k/v [Mk, Hk*D] f32,
+  // out [Mq, Hq*D] f32 or bf16. GQA: query head h uses kv head h / (Hq / Hk).
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                         int n_heads, int n_kv_heads, int head_dim, const AttnParams& p) = 0;
+
+  // out = silu(gate) * up, elementwise; gate/up/out same shape, f32 or bf16; out may alias gate.
+  virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+
+  // Per row of logits [R, V] f32: token[r] (i32) and conf[r] (f32) per SampleParams. row_keys [R]
+  // i32 (usually the absolute position) index the counter RNG so results do not depend on packing.
+  virtual void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p,
+                           Tensor& token, Tensor& conf) = 0;
+
+  // Per row of logits [R, V] f32: logprob[r] = log_softmax(logits[r])[target[r]] (f32).
+  virtual void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob) = 0;
+
+  // Optional capabilities.
+  virtual bool supports_block_sparse() const { return false; }
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Returns nullptr (with a reason) when tessera was built without CUDA or no device is present.
+std::unique_ptr<Backend> make_cuda_backend(std::string* why_not);
+
+}  // namespace tessera

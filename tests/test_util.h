@@ -1,0 +1,29 @@
+// Helpers shared by the tests: paths of shared/ and the source tree, skip helpers, random data.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace tessera::test {
+
+std::filesystem::path shared_dir();
+std::filesystem::path source_dir();
+std::string python();
+// A fresh empty temporary directory, removed at process exit.
+std::filesystem::path temp_dir(const std::string& name);
+// Runs a shell command; returns its exit code and fills *out with stdout+stderr.
+int run_command(const std::string& cmd, std::string* out);
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
+// max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
+double rel_error(const float* a, const float* b, size_t n);
+
+}  // namespace tessera::test
+
+#define TESSERA_SKIP_WITHOUT_SHARED(sub)                                                   \
+  do {                                                                                     \
+    if (!std::filesystem::exists(::tessera::test::shared_dir() / (sub)))                   \
+      GTEST_SKIP() << "../shared/" << (sub) << " is absent; this test needs it";          \
+  } while (0)
