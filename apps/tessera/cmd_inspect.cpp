@@ -1,0 +1,72 @@
+// tessera inspect DIR: family, dimensions, parameters, weight bytes, activation memory estimate.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "apps/tessera/commands.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "memory/planner.h"
+#include "models/model.h"
+
+namespace tessera::cli {
+
+namespace {
+std::string human(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    ++i;
+  }
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f %s", b, u[i]);
+  return s;
+}
+}  // namespace
+
+void add_inspect(CLI::App& app, Registry& reg) {
+  auto* sub = app.add_subcommand("inspect", "Describe a model directory");
+  struct Args {
+    std::string dir;
+    int64_t context = 0;
+    double mask_ratio = 0.5;
+  };
+  auto a = std::make_shared<Args>();
+  sub->add_option("dir", a->dir, "model directory")->required();
+  sub->add_option("--context", a->context, "context for the activation estimate (default: the model's)");
+  sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")->check(CLI::Range(0.0, 1.0));
+  reg.handlers.emplace_back(sub, [a] {
+    const ModelConfig c = load_config(a->dir);
+    const Checkpoint ck = Checkpoint::open(a->dir);
+    size_t bf16 = 0;
+    for (const auto& [n, t] : ck.tensors()) bf16 += t.dtype == DType::F32 ? 0 : t.bytes;
+    const DType act = bf16 * 2 >= ck.total_bytes() ? DType::BF16 : DType::F32;
+    const int64_t ctx = a->context > 0 ? a->context : c.max_positions;
+    const DenseWeights w = shape_only_weights(c, act);
+    const graph::GraphTemplate g = build_dense_graph(w, graph_options(c, act), OutputMode::Sample);
+    graph::StepShape s;
+    s.n_query = s.n_kv = ctx;
+    s.n_logits = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(ctx) * a->mask_ratio));
+    graph::Program p = graph::instantiate(g, s);
+    memory::plan(g, p);
+    std::printf("model        %s\n", a->dir.c_str());
+    std::printf("family       %s (model_type %s)%s\n", family_name(c.family), c.model_type.c_str(),
+                c.causal ? ", causal" : ", bidirectional");
+    std::printf("layers       %lld\nhidden       %lld\nheads        %lld (kv %lld, head_dim %lld)\n",
+                static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
+                static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads),
+                static_cast<long long>(c.head_dim));
+    std::printf("ffn          %lld\nvocab        %lld\ncontext      %lld\n", static_cast<long long>(c.intermediate),
+                static_cast<long long>(c.vocab), static_cast<long long>(c.max_positions));
+    std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
+    std::printf("weights      %s in %zu tensors (compute dtype %s)\n", human(static_cast<double>(ck.total_bytes())).c_str(),
+                ck.tensors().size(), std::string(dtype_name(act)).c_str());
+    std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
+                human(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
+                human(static_cast<double>(p.lower_bound)).c_str());
+    return 0;
+  });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,65 @@
+// CpuBackend: host memory, oneDNN GEMMs, OpenMP kernels.
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::CPU; }
+  std::string name() const override { return "cpu"; }
+
+  void* alloc_weights(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) fail("cpu: out of memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void free_weights(void* p) override { std::free(p); }
+  void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void synchronize() override {}
+
+  void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
+    cpu::embed(tokens, table, out);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    cpu::rmsnorm(x, w, eps, y);
+  }
+  void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) override {
+    gemm_.gemm(a, w, bias, c, acc);
+  }
+  void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) override {
+    gemm_.gather_gemm(a, rows, w, c);
+  }
+  void rope(Tensor& x, const Tensor& pos, int hd, int rot, float theta, bool neox) override {
+    cpu::rope(x, pos, hd, rot, theta, neox);
+  }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv,
+                 int hd, const AttnParams& p) override {
+    cpu::attention(q, k, v, out, nh, nkv, hd, p);
+  }
+  void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::swiglu(g, u, out); }
+  void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
+                   Tensor& conf) override {
+    cpu_sample_rows(logits, keys, p, tok, conf);
+  }
+  void token_logprob(const Tensor& logits, const Tensor& target, Tensor& lp) override {
+    cpu_token_logprob(logits, target, lp);
+  }
+
+ private:
+  cpu::GemmEngine gemm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace tessera

@@ -1,0 +1,134 @@
+// Row-wise CPU kernels: embedding lookup, RMSNorm, RoPE, SwiGLU.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
+
+namespace tessera::cpu {
+namespace {
+
+inline float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
+  const int64_t n = tokens.numel(), d = table.cols(), v = table.rows();
+  TESSERA_CHECK(out.rows() == n && out.cols() == d, "embed: output shape mismatch");
+  const auto* ids = tokens.as<const int32_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    if (ids[r] < 0 || ids[r] >= v) {
+      fail("embed: token id " + std::to_string(ids[r]) + " is outside the vocabulary of " +
+           std::to_string(v));
+    }
+  }
+#pragma omp parallel for
+  for (int64_t r = 0; r < n; ++r) {
+    const char* src = static_cast<const char*>(table.data) +
+                      static_cast<size_t>(ids[r] * d) * dtype_size(table.dtype);
+    if (out.dtype == DType::F32) {
+      convert_to_f32(src, table.dtype, out.as<float>() + r * d, static_cast<size_t>(d));
+    } else if (out.dtype == table.dtype) {
+      std::memcpy(static_cast<char*>(out.data) + static_cast<size_t>(r * d) * dtype_size(out.dtype),
+                  src, static_cast<size_t>(d) * dtype_size(out.dtype));
+    } else {
+      fail("embed: unsupported output dtype");
+    }
+  }
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
+  const int64_t group = w.numel();
+  const int64_t n = x.numel() / group;
+  TESSERA_CHECK(x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
+  const bool to_bf16 = y.dtype == DType::BF16;
+  TESSERA_CHECK(to_bf16 || y.dtype == DType::F32, "rmsnorm: output must be f32 or bf16");
+  const auto* xs = x.as<const float>();
+#pragma omp parallel for if (n > 16)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = xs + r * group;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < group; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+    if (to_bf16) {
+      auto* yr = y.as<uint16_t>() + r * group;
+      for (int64_t i = 0; i < group; ++i) {
+        yr[i] = f32_to_bf16(round_bf16(xr[i] * inv) * load(w.data, w.dtype, i));
+      }
+    } else {
+      float* yr = y.as<float>() + r * group;
+      for (int64_t i = 0; i < group; ++i) yr[i] = xr[i] * inv * load(w.data, w.dtype, i);
+    }
+  }
+}
+
+void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox) {
+  TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
+  TESSERA_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rope: bad rotary_dim");
+  const int64_t n = x.rows();
+  const int64_t heads = x.cols() / head_dim;
+  TESSERA_CHECK(positions.numel() == n, "rope: one position per row expected");
+  const int half = rotary_dim / 2;
+  float inv_freq[512];
+  TESSERA_CHECK(half <= 512, "rope: head_dim too large");
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  }
+  const auto* pos = positions.as<const int32_t>();
+  float* xs = x.as<float>();
+#pragma omp parallel for if (n > 8)
+  for (int64_t r = 0; r < n; ++r) {
+    float cs[512], sn[512];
+    for (int i = 0; i < half; ++i) {
+      const float ang = static_cast<float>(pos[r]) * inv_freq[i];
+      cs[i] = std::cos(ang);
+      sn[i] = std::sin(ang);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xs + r * x.cols() + h * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs[i] - x1 * sn[i];
+        v[b] = x1 * cs[i] + x0 * sn[i];
+      }
+    }
+  }
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  TESSERA_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "swiglu: shape mismatch");
+  const int64_t n = gate.numel();
+  if (gate.dtype == DType::F32) {
+    const float* g = gate.as<const float>();
+    const float* u = up.as<const float>();
+    float* o = out.as<float>();
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    return;
+  }
+  TESSERA_CHECK(gate.dtype == DType::BF16 && up.dtype == DType::BF16 && out.dtype == DType::BF16,
+                "swiglu: dtypes must all be f32 or all bf16");
+  const auto* g = gate.as<const uint16_t>();
+  const auto* u = up.as<const uint16_t>();
+  auto* o = out.as<uint16_t>();
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gv = bf16_to_f32(g[i]);
+    // HF bf16: silu(g) is rounded to bf16 before the multiply.
+    o[i] = f32_to_bf16(round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
+  }
+}
+
+}  // namespace tessera::cpu

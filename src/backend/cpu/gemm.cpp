@@ -1,0 +1,153 @@
+#include "backend/cpu/gemm.h"
+
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera::cpu {
+namespace {
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::F32: return dnnl::memory::data_type::f32;
+    case DType::BF16: return dnnl::memory::data_type::bf16;
+    case DType::F16: return dnnl::memory::data_type::f16;
+    case DType::I32: return dnnl::memory::data_type::s32;
+  }
+  return dnnl::memory::data_type::undef;
+}
+
+struct Key {
+  int64_t m, n, k, lda;
+  DType a, w, c;
+  bool bias, acc;
+  bool operator==(const Key&) const = default;
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<int64_t>()(k.m);
+    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(std::hash<int64_t>()(k.n));
+    mix(std::hash<int64_t>()(k.k));
+    mix(std::hash<int64_t>()(k.lda));
+    mix(static_cast<size_t>(k.a) | static_cast<size_t>(k.w) << 4 | static_cast<size_t>(k.c) << 8 |
+        static_cast<size_t>(k.bias) << 12 | static_cast<size_t>(k.acc) << 13);
+    return h;
+  }
+};
+
+// A cached matmul with its memory objects; execute() only swaps data handles.
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory a, w, c, bias, scratch;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+}  // namespace
+
+struct GemmEngine::Impl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  std::unordered_map<Key, Entry, KeyHash> cache;
+  std::vector<char> scratch;           // shared by all primitives (one stream, run in order)
+  std::vector<char> tile;              // gather tile
+  std::vector<dnnl::memory*> scratch_users;
+
+  Entry& get(const Key& key) {
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    using dims = dnnl::memory::dims;
+    const dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a), dims{key.lda, 1});
+    const dnnl::memory::desc w_md(dims{key.k, key.n}, dnnl_type(key.w), dims{1, key.k});
+    const dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c), dims{key.n, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (key.acc) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::primitive_desc pd;
+    if (key.bias) {
+      const dnnl::memory::desc b_md(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1});
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, b_md, c_md), attr, eng);
+    } else {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, c_md), attr, eng);
+    }
+    Entry e;
+    e.prim = dnnl::matmul(pd);
+    e.a = dnnl::memory(a_md, eng, DNNL_MEMORY_NONE);
+    e.w = dnnl::memory(w_md, eng, DNNL_MEMORY_NONE);
+    e.c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
+    e.args[DNNL_ARG_SRC] = e.a;
+    e.args[DNNL_ARG_WEIGHTS] = e.w;
+    e.args[DNNL_ARG_DST] = e.c;
+    if (key.bias) {
+      e.bias = dnnl::memory(dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32,
+                                               dims{key.n, 1}),
+                            eng, DNNL_MEMORY_NONE);
+      e.args[DNNL_ARG_BIAS] = e.bias;
+    }
+    const size_t need = pd.scratchpad_desc().get_size();
+    if (need > scratch.size()) scratch.resize(need);
+    e.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    e.args[DNNL_ARG_SCRATCHPAD] = e.scratch;
+    return cache.emplace(key, std::move(e)).first->second;
+  }
+
+  void run(const Key& key, const void* a, const void* w, const void* bias, void* c) {
+    Entry& e = get(key);
+    e.a.set_data_handle(const_cast<void*>(a));
+    e.w.set_data_handle(const_cast<void*>(w));
+    e.c.set_data_handle(c);
+    if (key.bias) e.bias.set_data_handle(const_cast<void*>(bias));
+    e.scratch.set_data_handle(scratch.data());
+    e.prim.execute(strm, e.args);
+    strm.wait();
+  }
+};
+
+GemmEngine::GemmEngine() : impl_(std::make_unique<Impl>()) {}
+GemmEngine::~GemmEngine() = default;
+
+void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c,
+                      bool accumulate) {
+  const int64_t m = a.rows(), k = a.cols(), n = w.rows();
+  TESSERA_CHECK(w.cols() == k, "gemm: inner dimensions differ");
+  TESSERA_CHECK(c.rows() == m && c.cols() == n, "gemm: output shape mismatch");
+  TESSERA_CHECK(a.dtype == w.dtype, "gemm (cpu): activation and weight dtypes must match");
+  TESSERA_CHECK(!accumulate || c.dtype == DType::F32, "gemm: accumulate needs an f32 output");
+  if (m == 0) return;
+  const Key key{m, n, k, k, a.dtype, w.dtype, c.dtype, bias != nullptr, accumulate};
+  impl_->run(key, a.data, w.data, bias != nullptr ? bias->data : nullptr, c.data);
+}
+
+void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
+  const int64_t n_rows = rows.numel(), k = a.cols(), n = w.rows();
+  TESSERA_CHECK(w.cols() == k, "gather_gemm: inner dimensions differ");
+  TESSERA_CHECK(c.rows() == n_rows && c.cols() == n, "gather_gemm: output shape mismatch");
+  TESSERA_CHECK(a.dtype == w.dtype, "gather_gemm (cpu): activation and weight dtypes must match");
+  const size_t es = dtype_size(a.dtype);
+  const size_t tile_bytes = static_cast<size_t>(kGatherTile * k) * es;
+  if (impl_->tile.size() < tile_bytes) impl_->tile.resize(tile_bytes);
+  const auto* idx = rows.as<const int32_t>();
+  const auto* src = static_cast<const char*>(a.data);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kGatherTile) {
+    const int64_t tr = std::min(kGatherTile, n_rows - r0);
+    char* t = impl_->tile.data();
+#pragma omp parallel for if (tr * k > 65536)
+    for (int64_t i = 0; i < tr; ++i) {
+      const int64_t r = idx[r0 + i];
+      std::memcpy(t + static_cast<size_t>(i * k) * es, src + static_cast<size_t>(r * k) * es,
+                  static_cast<size_t>(k) * es);
+    }
+    const Key key{tr, n, k, k, a.dtype, w.dtype, c.dtype, false, false};
+    impl_->run(key, t, w.data, nullptr,
+               static_cast<char*>(c.data) + static_cast<size_t>(r0 * n) * dtype_size(c.dtype));
+  }
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,30 @@
+// GEMM on the CPU through oneDNN matmul (bf16 x bf16 -> f32/bf16 with the brgemm AVX-512 BF16
+// kernels; f32 x f32). Primitives are cached per shape and their scratchpads share one buffer, so
+// after warm-up a GEMM allocates nothing.
+#pragma once
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace tessera::cpu {
+
+class GemmEngine {
+ public:
+  GemmEngine();
+  ~GemmEngine();
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+
+  // c[M,N] (=|+=) a[M,K] * w[N,K]^T (+ bias[N] f32). a and w share one dtype (f32 or bf16).
+  void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate);
+  // c[i,:] = a[rows[i],:] * w^T. Rows are read by index in bounded tiles of kGatherTile rows that
+  // are packed into a fixed per-engine tile buffer (cache-sized), never a copy of all selected rows.
+  void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c);
+  static constexpr int64_t kGatherTile = 256;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::cpu

@@ -1,0 +1,173 @@
+#include "engine/engine.h"
+
+#include <chrono>
+
+#include "core/error.h"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_workspace.h"
+#endif
+
+namespace tessera {
+
+std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->opt_ = opt;
+  if (opt.device == "cpu") {
+    e->backend_ = make_cpu_backend();
+    e->ws_ = make_cpu_workspace(opt.reserve_bytes);
+  } else if (opt.device == "cuda") {
+    std::string why;
+    e->backend_ = make_cuda_backend(&why);
+    if (!e->backend_) fail("--device cuda: " + why);
+#ifdef TESSERA_HAVE_CUDA
+    e->ws_ = make_cuda_workspace(opt.reserve_bytes);
+#endif
+  } else {
+    fail("unknown device '" + opt.device + "' (use cpu or cuda)");
+  }
+  return e;
+}
+
+std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act) {
+  auto e = make(opt);
+  e->model_ = Model::synthetic(c, *e->backend_, act);
+  return e;
+}
+
+std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
+  auto e = make(opt);
+  e->model_ = Model::load(dir, *e->backend_, opt.precision);
+  if (e->model_->config().mask_id < 0) {
+    fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
+  }
+  return e;
+}
+
+Engine::~Engine() = default;
+
+const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp) {
+  const ModelConfig& cfg = model_->config();
+  tokens_.clear();
+  q_pos_.clear();
+  cu_.clear();
+  rows_.clear();
+  keys_.clear();
+  targets_.clear();
+  cu_.push_back(0);
+  for (const SeqInput& s : seqs) {
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    if (n == 0) fail("forward: an empty sequence");
+    if (n > cfg.max_positions) {
+      fail("the canvas of " + std::to_string(n) + " tokens exceeds the model's context of " +
+           std::to_string(cfg.max_positions) + " positions");
+    }
+    if (mode == OutputMode::LogProb && s.targets.size() != s.positions.size()) {
+      fail("forward: one target per position expected");
+    }
+    const auto base = static_cast<int32_t>(tokens_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t t = s.tokens[static_cast<size_t>(i)];
+      if (t < 0 || t >= cfg.vocab) {
+        fail("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(cfg.vocab));
+      }
+      tokens_.push_back(t);
+      q_pos_.push_back(static_cast<int32_t>(i));
+    }
+    for (size_t j = 0; j < s.positions.size(); ++j) {
+      const int32_t pos = s.positions[j];
+      if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
+      // Dream's shift: the prediction for position i comes from hidden row i-1 (row 0 for i = 0).
+      const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;
+      rows_.push_back(base + row);
+      keys_.push_back(pos);
+      if (mode == OutputMode::LogProb) targets_.push_back(s.targets[j]);
+    }
+    cu_.push_back(static_cast<int32_t>(tokens_.size()));
+  }
+  graph::StepShape shape;
+  shape.n_query = static_cast<int64_t>(tokens_.size());
+  shape.n_kv = shape.n_query;
+  shape.n_logits = static_cast<int64_t>(rows_.size());
+  shape.n_seqs = static_cast<int64_t>(seqs.size());
+  shape.k_ffn = opt_.k_ffn;
+  shape.k_logits = opt_.k_logits;
+  const graph::GraphTemplate& g = model_->graph(mode);
+  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv, shape.n_logits, shape.n_seqs,
+                    shape.k_ffn, shape.k_logits};
+  auto it = plans_.find(key);
+  last_.plan_cached = it != plans_.end();
+  if (it == plans_.end()) {
+    if (plans_.size() >= 256) plans_.clear();
+    graph::Program p = graph::instantiate(g, shape);
+    memory::plan(g, p, opt_.fit);
+    it = plans_.emplace(key, std::move(p)).first;
+  }
+  const graph::Program& prog = it->second;
+  last_.shape = shape;
+  last_.planned_peak = prog.peak;
+  last_.lower_bound = prog.lower_bound;
+  last_.plan_ms = prog.plan_ms;
+  max_peak_ = std::max(max_peak_, prog.peak);
+  ws_->commit(prog.peak);
+
+  ExecContext ctx;
+  ctx.backend = backend_.get();
+  ctx.base = static_cast<char*>(ws_->base());
+  ctx.sample = sp;
+  ctx.dump_dir = opt_.dump_dir;
+  auto stage = [&](const char* name, const std::vector<int32_t>& v) {
+    const int id = g.find(name);
+    if (id < 0 || v.empty()) return;
+    backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(id)].offset, v.data(), v.size() * 4);
+  };
+  stage("tokens", tokens_);
+  stage("q_pos", q_pos_);
+  stage("k_pos", q_pos_);
+  stage("cu_q", cu_);
+  stage("cu_k", cu_);
+  stage("logit_rows", rows_);
+  stage("row_keys", keys_);
+  stage("target", targets_);
+  execute(g, prog, ctx);
+  return prog;
+}
+
+void Engine::read_output(const graph::Program& p, OutputMode mode, const char* name, void* dst, size_t bytes) {
+  const graph::GraphTemplate& g = model_->graph(mode);
+  const int id = g.find(name);
+  TESSERA_CHECK(id >= 0, std::string("engine: the graph has no output ") + name);
+  TESSERA_CHECK(p.tensors[static_cast<size_t>(id)].bytes == bytes, std::string("engine: output size mismatch for ") + name);
+  if (bytes == 0) return;
+  backend_->copy_to_host(dst, static_cast<char*>(ws_->base()) + p.tensors[static_cast<size_t>(id)].offset, bytes);
+}
+
+void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
+                            std::span<float> conf) {
+  const graph::Program& p = run(OutputMode::Sample, seqs, &sp);
+  read_output(p, OutputMode::Sample, "token", tokens.data(), tokens.size_bytes());
+  read_output(p, OutputMode::Sample, "conf", conf.data(), conf.size_bytes());
+}
+
+void Engine::forward_logits(std::span<const SeqInput> seqs, std::span<float> logits) {
+  const graph::Program& p = run(OutputMode::Logits, seqs, nullptr);
+  read_output(p, OutputMode::Logits, "logits", logits.data(), logits.size_bytes());
+}
+
+void Engine::forward_logprob(std::span<const SeqInput> seqs, std::span<float> logprob) {
+  const graph::Program& p = run(OutputMode::LogProb, seqs, nullptr);
+  read_output(p, OutputMode::LogProb, "logprob", logprob.data(), logprob.size_bytes());
+}
+
+void Engine::predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
+                     std::span<int32_t> tokens, std::span<float> conf) {
+  const SeqInput s{canvas, positions};
+  forward_sample(std::span<const SeqInput>(&s, 1), sp, tokens, conf);
+}
+
+void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> positions, std::span<float> out) {
+  const SeqInput s{canvas, positions};
+  forward_logits(std::span<const SeqInput>(&s, 1), out);
+}
+
+}  // namespace tessera

@@ -1,0 +1,95 @@
+// The Engine: loads a model, owns the backend and the workspace, and runs forward steps over
+// packed sequences with a cached memory plan per step shape.
+#pragma once
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "decode/denoiser.h"
+#include "engine/executor.h"
+#include "memory/planner.h"
+#include "memory/workspace.h"
+#include "models/model.h"
+
+namespace tessera {
+
+struct EngineOptions {
+  std::string device = "cpu";  // cpu | cuda
+  Precision precision = Precision::Auto;
+  size_t reserve_bytes = size_t{256} << 30;  // virtual range of the workspace
+  memory::Fit fit = memory::Fit::First;
+  int64_t k_ffn = 1, k_logits = 1;  // fixed chunk counts (lazy chunking picks them later)
+  std::string dump_dir;             // debug: dump every named tensor of each step here
+};
+
+// One sequence of a packed step: its canvas (absolute positions 0..n-1) and the positions whose
+// prediction is wanted. targets (LogProb only) gives the token scored at each position.
+struct SeqInput {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> positions;
+  std::span<const int32_t> targets = {};
+};
+
+struct StepStats {
+  graph::StepShape shape;
+  size_t planned_peak = 0;
+  size_t lower_bound = 0;
+  double plan_ms = 0.0;
+  bool plan_cached = false;
+};
+
+class Engine final : public Denoiser {
+ public:
+  static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineOptions& opt = {});
+  // Random weights of a geometry (benchmarks; no files).
+  static std::unique_ptr<Engine> synthetic(const ModelConfig& c, const EngineOptions& opt = {},
+                                           DType act = DType::BF16);
+  ~Engine() override;
+
+  const ModelConfig& config() const { return model_->config(); }
+  Model& model() { return *model_; }
+  Backend& backend() { return *backend_; }
+  const Workspace& workspace() const { return *ws_; }
+  const StepStats& last_step() const { return last_; }
+  size_t max_planned_peak() const { return max_peak_; }
+
+  // Forward over packed sequences; outputs are host buffers in the order of the sequences'
+  // positions: n = total positions (tokens/conf/logprob), n * vocab (logits).
+  void forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
+                      std::span<float> conf);
+  void forward_logits(std::span<const SeqInput> seqs, std::span<float> logits);
+  void forward_logprob(std::span<const SeqInput> seqs, std::span<float> logprob);
+
+  // Denoiser
+  int64_t vocab_size() const override { return model_->config().vocab; }
+  int32_t mask_token() const override { return model_->config().mask_id; }
+  void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
+               std::span<int32_t> tokens, std::span<float> conf) override;
+  void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+              std::span<float> out) override;
+
+ private:
+  Engine() = default;
+  static std::unique_ptr<Engine> make(const EngineOptions& opt);
+  // Stages inputs, plans (cached), commits the workspace and executes; returns the program.
+  const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
+  void read_output(const graph::Program& p, OutputMode mode, const char* name, void* dst, size_t bytes);
+
+  EngineOptions opt_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Workspace> ws_;
+  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  std::map<PlanKey, graph::Program> plans_;
+  StepStats last_;
+  size_t max_peak_ = 0;
+  // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
+  std::vector<int32_t> tokens_, q_pos_, cu_, rows_, keys_, targets_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,144 @@
+#include "engine/executor.h"
+
+#include <algorithm>
+#include <fstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera {
+
+using graph::OpKind;
+
+Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int id,
+                   bool chunked, int loop, int64_t chunk) {
+  const graph::TensorDecl& d = g.tensors()[static_cast<size_t>(id)];
+  if (d.kind == graph::TensorKind::Weight) return d.weight;
+  const graph::InstTensor& t = p.tensors[static_cast<size_t>(id)];
+  char* ptr = c.base + t.offset;
+  int64_t rows = t.rows;
+  if (loop >= 0) {
+    const graph::Program::Loop& L = p.loops[static_cast<size_t>(loop)];
+    const int64_t row0 = chunk * L.chunk_rows;
+    const int64_t here = std::min(L.chunk_rows, L.total - row0);
+    if (chunked) {
+      ptr += static_cast<size_t>(row0 * d.cols) * dtype_size(d.dtype);
+      rows = here;
+    } else if (d.rows == g.loops()[static_cast<size_t>(loop)].chunk_rows) {
+      rows = here;  // a per-chunk tensor: the last chunk may be short
+    }
+  }
+  Tensor v;
+  v.data = ptr;
+  v.dtype = d.dtype;
+  v.device = c.backend->device();
+  v.ndim = 2;
+  v.shape[0] = rows;
+  v.shape[1] = d.cols;
+  return v;
+}
+
+namespace {
+
+void dump(const graph::GraphTemplate& g, const ExecContext& c, int id, const Tensor& t, int64_t chunk) {
+  std::vector<char> host(t.nbytes());
+  c.backend->copy_to_host(host.data(), t.data, host.size());
+  std::string name = g.tensors()[static_cast<size_t>(id)].full_name();
+  if (chunk > 0) name += ".chunk" + std::to_string(chunk);
+  std::ofstream f(c.dump_dir + "/" + name + ".bin", std::ios::binary);
+  f.write(host.data(), static_cast<std::streamsize>(host.size()));
+}
+
+void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
+            int64_t chunk) {
+  const graph::OpDecl& op = g.ops()[static_cast<size_t>(oi)];
+  Backend& b = *c.backend;
+  auto in = [&](size_t i) { return tensor_view(g, p, c, op.in[i].id, op.in[i].chunked, op.loop, chunk); };
+  auto out = [&](size_t i) { return tensor_view(g, p, c, op.out[i].id, op.out[i].chunked, op.loop, chunk); };
+  switch (op.kind) {
+    case OpKind::Embed: {
+      Tensor o = out(0);
+      b.embed(in(0), in(1), o);
+      break;
+    }
+    case OpKind::RmsNorm: {
+      Tensor o = out(0);
+      b.rmsnorm(in(0), in(1), op.p.eps, o);
+      break;
+    }
+    case OpKind::Gemm: {
+      Tensor o = out(0);
+      const bool has_bias = op.in.size() >= 3 &&
+                            g.tensors()[static_cast<size_t>(op.in[2].id)].kind == graph::TensorKind::Weight;
+      Tensor bias = has_bias ? in(2) : Tensor();
+      b.gemm(in(0), in(1), has_bias ? &bias : nullptr, o, op.p.accumulate);
+      break;
+    }
+    case OpKind::GatherGemm: {
+      Tensor o = out(0);
+      b.gather_gemm(in(0), in(1), in(2), o);
+      break;
+    }
+    case OpKind::Rope: {
+      Tensor o = out(0);
+      b.rope(o, in(1), op.p.head_dim, op.p.rotary_dim, op.p.rope_theta, op.p.neox);
+      break;
+    }
+    case OpKind::Attention: {
+      Tensor o = out(0);
+      const Tensor cu_q = in(3), cu_k = in(4), q_pos = in(5), k_pos = in(6);
+      AttnParams ap;
+      ap.mask = op.p.mask;
+      ap.block_size = op.p.block_size;
+      ap.scale = op.p.scale;
+      ap.n_seqs = static_cast<int>(cu_q.numel() - 1);
+      ap.cu_q = cu_q.as<const int32_t>();
+      ap.cu_k = cu_k.as<const int32_t>();
+      ap.q_pos = q_pos.as<const int32_t>();
+      ap.k_pos = k_pos.as<const int32_t>();
+      b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);
+      break;
+    }
+    case OpKind::Swiglu: {
+      Tensor o = out(0);
+      b.swiglu(in(0), in(1), o);
+      break;
+    }
+    case OpKind::SampleRows: {
+      TESSERA_CHECK(c.sample != nullptr, "execute: sample_rows needs SampleParams");
+      Tensor tok = out(0), conf = out(1);
+      b.sample_rows(in(0), in(1), *c.sample, tok, conf);
+      break;
+    }
+    case OpKind::TokenLogprob: {
+      Tensor o = out(0);
+      b.token_logprob(in(0), in(1), o);
+      break;
+    }
+  }
+  if (!c.dump_dir.empty()) {
+    for (const graph::Ref& r : op.out) dump(g, c, r.id, out(static_cast<size_t>(&r - op.out.data())), chunk);
+  }
+}
+
+}  // namespace
+
+void execute(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c) {
+  const int n = static_cast<int>(g.ops().size());
+  int oi = 0;
+  while (oi < n) {
+    const int loop = g.ops()[static_cast<size_t>(oi)].loop;
+    if (loop < 0) {
+      run_op(g, p, c, oi, 0);
+      ++oi;
+      continue;
+    }
+    const graph::Program::Loop& L = p.loops[static_cast<size_t>(loop)];
+    for (int64_t k = 0; k < L.count; ++k) {
+      for (int j = L.begin; j < L.end; ++j) run_op(g, p, c, j, k);
+    }
+    oi = L.end;
+  }
+}
+
+}  // namespace tessera

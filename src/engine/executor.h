@@ -1,0 +1,24 @@
+// Runs an instantiated, planned program on a backend: every tensor at base + its planned offset,
+// chunk loops executed K times on consecutive row ranges.
+#pragma once
+#include <string>
+
+#include "backend/backend.h"
+#include "graph/graph.h"
+
+namespace tessera {
+
+struct ExecContext {
+  Backend* backend = nullptr;
+  char* base = nullptr;                    // workspace base (device pointer)
+  const SampleParams* sample = nullptr;    // for SampleRows
+  std::string dump_dir;                    // non-empty: dump every op output (debug)
+};
+
+// A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).
+Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int id,
+                   bool chunked, int loop, int64_t chunk);
+
+void execute(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c);
+
+}  // namespace tessera

@@ -1,0 +1,146 @@
+// The graph registrar: a model family is written once as a GraphTemplate whose tensor sizes are
+// symbolic (n_query, n_kv, n_logits, ...). instantiate() binds the symbols for one StepShape and
+// returns a flat op list with byte sizes and lifetimes, ready for the memory planner.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+namespace tessera::graph {
+
+// Symbolic row counts. Every tensor is 2-D: rows = mul * value(sym), cols fixed.
+enum class Sym : uint8_t {
+  One,        // 1
+  NQuery,     // positions computed this step
+  NKv,        // positions attended to
+  NLogits,    // positions that need logits
+  NSeqsPlus1, // packed sequences + 1 (boundary arrays)
+  FfnRows,    // ceil(n_query / K_ffn): rows of one FFN chunk
+  LogitRows,  // ceil(n_logits / K_logits): rows of one logits chunk
+  kCount
+};
+const char* sym_name(Sym s);
+
+// What one forward step computes; binds the symbols.
+struct StepShape {
+  int64_t n_query = 0, n_kv = 0, n_logits = 0, n_seqs = 1;
+  int64_t k_ffn = 1, k_logits = 1;  // chunk counts (lazy chunking)
+  bool operator==(const StepShape&) const = default;
+  std::array<int64_t, static_cast<size_t>(Sym::kCount)> bind() const;
+};
+
+enum class TensorKind : uint8_t { Weight, Input, Transient, Output };
+
+struct TensorDecl {
+  std::string name;  // e.g. "attn_norm"; with layer >= 0 printed as "blk.3.attn_norm"
+  int layer = -1;
+  TensorKind kind = TensorKind::Transient;
+  DType dtype = DType::F32;
+  Sym rows = Sym::One;
+  int64_t rows_mul = 1;
+  int64_t cols = 1;
+  Tensor weight;     // Weight tensors: the bound view (device memory)
+  int alias_of = -1; // written straight into this tensor's memory (add_alias)
+  std::string full_name() const;
+};
+
+enum class OpKind : uint8_t {
+  Embed, RmsNorm, Gemm, GatherGemm, Rope, Attention, Swiglu, SampleRows, TokenLogprob
+};
+const char* op_name(OpKind k);
+
+// A tensor operand. chunked: the op sees only the rows of the current chunk of the enclosing loop.
+struct Ref {
+  int id = -1;
+  bool chunked = false;
+};
+
+struct OpParams {
+  float eps = 0.0f;
+  bool accumulate = false;  // Gemm: c += a w^T
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  float rope_theta = 0.0f, scale = 0.0f;
+  bool neox = true;
+  MaskKind mask = MaskKind::None;
+  int block_size = 0;
+};
+
+struct OpDecl {
+  OpKind kind;
+  std::string name;
+  int layer = -1;
+  std::vector<Ref> in;   // read
+  std::vector<Ref> out;  // written (an operand may appear in both: in-place)
+  OpParams p;
+  int loop = -1;         // index into loops, -1 = not in a chunk loop
+};
+
+// A chunk loop: ops [begin, end) run `count` times (K_ffn or K_logits), each time on the next
+// `chunk_rows` rows of the `total` rows; barriers stay alive for the whole loop.
+struct LoopDecl {
+  Sym count;       // which chunk count: uses StepShape::k_ffn for FfnRows loops, k_logits else
+  Sym total;       // NQuery or NLogits
+  Sym chunk_rows;  // FfnRows or LogitRows
+  int begin = 0, end = 0;
+  std::vector<int> barriers;
+};
+
+class GraphTemplate {
+ public:
+  int add_weight(std::string name, int layer, const Tensor& t);
+  int add_input(std::string name, DType dt, Sym rows, int64_t cols = 1);
+  int add_tensor(std::string name, int layer, DType dt, Sym rows, int64_t cols, int64_t mul = 1);
+  int add_output(std::string name, DType dt, Sym rows, int64_t cols = 1);
+  // `out` is written straight into `in`'s memory (same or smaller size); lifetimes merge.
+  void add_alias(int out, int in);
+  int add_op(OpKind k, std::string name, int layer, std::vector<Ref> in, std::vector<Ref> out,
+             const OpParams& p = {});
+  // Chunk loops: ops added between begin_loop and end_loop form the loop body.
+  void begin_loop(Sym total, Sym chunk_rows);
+  void add_barrier(int tensor);  // keep alive across the whole open loop
+  void end_loop();
+
+  const std::vector<TensorDecl>& tensors() const { return tensors_; }
+  const std::vector<OpDecl>& ops() const { return ops_; }
+  const std::vector<LoopDecl>& loops() const { return loops_; }
+  int find(const std::string& full_name) const;  // -1 if absent
+
+ private:
+  std::vector<TensorDecl> tensors_;
+  std::vector<OpDecl> ops_;
+  std::vector<LoopDecl> loops_;
+  int open_loop_ = -1;
+};
+
+// One instantiated tensor: concrete size and lifetime over op indices [first, last].
+struct InstTensor {
+  int64_t rows = 0;
+  size_t bytes = 0;
+  int first = -1, last = -1;
+  int alias_of = -1;
+  size_t offset = 0;  // filled by the planner (Transient/Input/Output only)
+};
+
+struct Program {
+  StepShape shape;
+  std::array<int64_t, static_cast<size_t>(Sym::kCount)> sym{};
+  std::vector<InstTensor> tensors;  // parallel to the template's tensors
+  struct Loop {
+    int begin, end;
+    int64_t count, chunk_rows, total;
+  };
+  std::vector<Loop> loops;
+  size_t peak = 0;         // arena size of the plan
+  size_t lower_bound = 0;  // max over ops of the bytes live at that op
+  double plan_ms = 0.0;
+};
+
+// Binds the symbols, computes sizes and lifetimes (barriers, chunked refs, aliases). Offsets and
+// the peak are filled by memory::plan().
+Program instantiate(const GraphTemplate& g, const StepShape& s);
+
+}  // namespace tessera::graph

@@ -1,0 +1,58 @@
+#include "tiny_models.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+
+#include "test_util.h"
+
+namespace tessera::test {
+
+std::string join_ids(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args, std::string* why) {
+  static std::map<std::string, std::filesystem::path> made;
+  const std::string key = family + "|" + extra_args;
+  if (auto it = made.find(key); it != made.end()) return it->second;
+  std::string out;
+  if (run_command(python() + " -c 'import numpy'", &out) != 0) {
+    *why = python() + " with numpy is not available (apt-get install python3-numpy)";
+    return {};
+  }
+  const auto dir = temp_dir("tiny_" + family + "_" + std::to_string(made.size()));
+  const std::string cmd = python() + " " + (source_dir() / "tools/make_tiny_checkpoint.py").string() +
+                          " --family " + family + " --out " + dir.string() + " " + extra_args;
+  if (run_command(cmd, &out) != 0) {
+    ADD_FAILURE() << "make_tiny_checkpoint failed: " << cmd << "\n" << out;
+    *why = "make_tiny_checkpoint failed";
+    return {};
+  }
+  made[key] = dir;
+  return dir;
+}
+
+std::vector<float> reference_logits(const std::filesystem::path& model, const std::vector<int32_t>& tokens,
+                                    const std::vector<int32_t>& rows, int64_t vocab) {
+  const auto out = model / ("ref_" + std::to_string(::getpid()) + ".bin");
+  const std::string cmd = python() + " " + (source_dir() / "tests/reference/reference.py").string() +
+                          " logits --model " + model.string() + " --tokens " + join_ids(tokens) + " --rows " +
+                          join_ids(rows) + " --out " + out.string();
+  std::string log;
+  if (run_command(cmd, &log) != 0) {
+    ADD_FAILURE() << "reference failed: " << cmd << "\n" << log;
+    return {};
+  }
+  std::vector<float> v(rows.size() * static_cast<size_t>(vocab));
+  std::ifstream f(out, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  EXPECT_EQ(static_cast<size_t>(f.gcount()), v.size() * 4) << "reference output size";
+  std::filesystem::remove(out);
+  return v;
+}
+
+}  // namespace tessera::test

@@ -1,0 +1,234 @@
+// CPU kernels against naive references and hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backend/backend.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using test::random_floats;
+using test::rel_error;
+
+struct AttnCase {
+  int hq, hkv, d;
+  std::vector<int32_t> cu_q, cu_k, q_pos, k_pos;
+  MaskKind mask = MaskKind::None;
+  int block = 0;
+};
+
+std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v) {
+  const int64_t nq = c.cu_q.back();
+  std::vector<float> out(static_cast<size_t>(nq * c.hq * c.d), 0.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  for (size_t s = 0; s + 1 < c.cu_q.size(); ++s) {
+    for (int i = c.cu_q[s]; i < c.cu_q[s + 1]; ++i) {
+      for (int h = 0; h < c.hq; ++h) {
+        const int hk = h / (c.hq / c.hkv);
+        std::vector<double> sc;
+        std::vector<int> idx;
+        for (int j = c.cu_k[s]; j < c.cu_k[s + 1]; ++j) {
+          const int32_t qp = c.q_pos[static_cast<size_t>(i)], kp = c.k_pos[static_cast<size_t>(j)];
+          if (c.mask == MaskKind::Causal && kp > qp) continue;
+          if (c.mask == MaskKind::BlockCausal && kp / c.block > qp / c.block) continue;
+          double dot = 0;
+          for (int t = 0; t < c.d; ++t) {
+            dot += static_cast<double>(q[static_cast<size_t>((i * c.hq + h) * c.d + t)]) *
+                   k[static_cast<size_t>((j * c.hkv + hk) * c.d + t)];
+          }
+          sc.push_back(dot * scale);
+          idx.push_back(j);
+        }
+        double mx = -1e300, sum = 0;
+        for (double x : sc) mx = std::max(mx, x);
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (size_t jj = 0; jj < sc.size(); ++jj) {
+          for (int t = 0; t < c.d; ++t) {
+            out[static_cast<size_t>((i * c.hq + h) * c.d + t)] +=
+                static_cast<float>(sc[jj] / sum * v[static_cast<size_t>((idx[jj] * c.hkv + hk) * c.d + t)]);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void check_attention(const AttnCase& c, uint64_t seed) {
+  auto be = make_cpu_backend();
+  const int64_t nq = c.cu_q.back(), nk = c.cu_k.back();
+  auto q = random_floats(static_cast<size_t>(nq * c.hq * c.d), seed);
+  auto k = random_floats(static_cast<size_t>(nk * c.hkv * c.d), seed + 1);
+  auto v = random_floats(static_cast<size_t>(nk * c.hkv * c.d), seed + 2);
+  std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  Tensor tq(q.data(), DType::F32, {nq, c.hq * c.d}), tk(k.data(), DType::F32, {nk, c.hkv * c.d}),
+      tv(v.data(), DType::F32, {nk, c.hkv * c.d}), to(out.data(), DType::F32, {nq, c.hq * c.d});
+  AttnParams p;
+  p.mask = c.mask;
+  p.block_size = c.block;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  p.n_seqs = static_cast<int>(c.cu_q.size()) - 1;
+  p.cu_q = c.cu_q.data();
+  p.cu_k = c.cu_k.data();
+  p.q_pos = c.q_pos.data();
+  p.k_pos = c.k_pos.data();
+  be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, p);
+  const auto ref = naive_attention(c, q, k, v);
+  EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), 1e-5);
+}
+
+std::vector<int32_t> iota(int n, int start = 0) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + i;
+  return v;
+}
+
+TEST(CpuAttention, BidirectionalGqaOddLength) {
+  AttnCase c{8, 2, 16, {0, 301}, {0, 301}, iota(301), iota(301)};
+  check_attention(c, 1);
+}
+
+TEST(CpuAttention, CausalAndBlockCausal) {
+  AttnCase c{4, 4, 32, {0, 200}, {0, 200}, iota(200), iota(200), MaskKind::Causal};
+  check_attention(c, 2);
+  c.mask = MaskKind::BlockCausal;
+  c.block = 32;
+  check_attention(c, 3);
+}
+
+TEST(CpuAttention, PackedSequencesStayApart) {
+  // Two sequences of 70 and 45 tokens, each with positions from 0.
+  std::vector<int32_t> pos = iota(70);
+  const auto p2 = iota(45);
+  pos.insert(pos.end(), p2.begin(), p2.end());
+  AttnCase c{4, 2, 8, {0, 70, 115}, {0, 70, 115}, pos, pos};
+  check_attention(c, 4);
+  c.mask = MaskKind::Causal;
+  check_attention(c, 5);
+}
+
+TEST(CpuAttention, QuerySubsetOfKeys) {
+  // 20 queries at positions 100..119 against 150 keys at positions 0..149 (a cache-like step).
+  AttnCase c{4, 4, 16, {0, 20}, {0, 150}, iota(20, 100), iota(150), MaskKind::Causal};
+  check_attention(c, 6);
+  c.mask = MaskKind::None;
+  check_attention(c, 7);
+}
+
+TEST(CpuGemm, Bf16AndF32AgainstNaive) {
+  auto be = make_cpu_backend();
+  const int64_t m = 37, n = 53, k = 96;
+  auto a = random_floats(static_cast<size_t>(m * k), 11);
+  auto w = random_floats(static_cast<size_t>(n * k), 12);
+  auto bias = random_floats(static_cast<size_t>(n), 13);
+  std::vector<float> ref(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = bias[static_cast<size_t>(j)];
+      for (int64_t t = 0; t < k; ++t) s += static_cast<double>(a[static_cast<size_t>(i * k + t)]) * w[static_cast<size_t>(j * k + t)];
+      ref[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
+    }
+  std::vector<float> c(ref.size(), NAN);
+  Tensor ta(a.data(), DType::F32, {m, k}), tw(w.data(), DType::F32, {n, k}), tb(bias.data(), DType::F32, {n}),
+      tc(c.data(), DType::F32, {m, n});
+  be->gemm(ta, tw, &tb, tc, false);
+  EXPECT_LT(rel_error(c.data(), ref.data(), c.size()), 1e-5);
+  // accumulate: c += a w^T + bias
+  be->gemm(ta, tw, &tb, tc, true);
+  std::vector<float> ref2(ref);
+  for (auto& x : ref2) x *= 2;
+  EXPECT_LT(rel_error(c.data(), ref2.data(), c.size()), 1e-5);
+  // bf16 operands
+  std::vector<uint16_t> ab(a.size()), wb(w.size());
+  convert_from_f32(a.data(), ab.data(), DType::BF16, a.size());
+  convert_from_f32(w.data(), wb.data(), DType::BF16, w.size());
+  Tensor tab(ab.data(), DType::BF16, {m, k}), twb(wb.data(), DType::BF16, {n, k});
+  std::fill(c.begin(), c.end(), NAN);
+  be->gemm(tab, twb, &tb, tc, false);
+  EXPECT_LT(rel_error(c.data(), ref.data(), c.size()), 1e-2);
+}
+
+TEST(CpuGemm, GatherGemmEqualsRowsOfFullGemm) {
+  auto be = make_cpu_backend();
+  const int64_t rows = 600, k = 64, n = 77;
+  auto a = random_floats(static_cast<size_t>(rows * k), 21);
+  auto w = random_floats(static_cast<size_t>(n * k), 22);
+  std::vector<float> full(static_cast<size_t>(rows * n));
+  Tensor ta(a.data(), DType::F32, {rows, k}), tw(w.data(), DType::F32, {n, k}), tf(full.data(), DType::F32, {rows, n});
+  be->gemm(ta, tw, nullptr, tf, false);
+  std::vector<int32_t> idx;
+  for (int32_t i = 0; i < rows; i += 1 + (i % 3)) idx.push_back(i);  // > one 256-row tile
+  idx.push_back(5);  // repeated and unsorted rows are fine
+  std::vector<float> out(idx.size() * static_cast<size_t>(n), NAN);
+  Tensor ti(idx.data(), DType::I32, {static_cast<int64_t>(idx.size())});
+  Tensor to(out.data(), DType::F32, {static_cast<int64_t>(idx.size()), n});
+  be->gather_gemm(ta, ti, tw, to);
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(out[r * static_cast<size_t>(n) + static_cast<size_t>(j)],
+                full[static_cast<size_t>(idx[r]) * static_cast<size_t>(n) + static_cast<size_t>(j)]);
+}
+
+TEST(CpuOps, RmsNormHandComputed) {
+  auto be = make_cpu_backend();
+  std::vector<float> x = {3.0f, 4.0f, 0.0f, 0.0f};  // mean square = 6.25, rms = 2.5
+  std::vector<float> w = {1.0f, 2.0f, 1.0f, 1.0f};
+  std::vector<float> y(4, NAN);
+  Tensor tx(x.data(), DType::F32, {1, 4}), tw(w.data(), DType::F32, {4}), ty(y.data(), DType::F32, {1, 4});
+  be->rmsnorm(tx, tw, 0.0f, ty);
+  EXPECT_FLOAT_EQ(y[0], 1.2f);
+  EXPECT_FLOAT_EQ(y[1], 3.2f);
+  EXPECT_FLOAT_EQ(y[2], 0.0f);
+  // Grouped (qk-norm style): two groups of 2.
+  std::vector<float> w2 = {1.0f, 1.0f};
+  Tensor tw2(w2.data(), DType::F32, {2});
+  x = {3.0f, 4.0f, 1.0f, 1.0f};
+  be->rmsnorm(tx, tw2, 0.0f, ty);
+  EXPECT_NEAR(y[0], 3.0 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y[2], 1.0, 1e-6);
+}
+
+TEST(CpuOps, RopeNeoxAndInterleavedHandComputed) {
+  auto be = make_cpu_backend();
+  // head_dim 4, theta 100: inv_freq = {1, 0.1}; position 2: angles 2 and 0.2.
+  std::vector<float> x = {1, 2, 3, 4};
+  std::vector<int32_t> pos = {2};
+  Tensor tx(x.data(), DType::F32, {1, 4}), tp(pos.data(), DType::I32, {1});
+  be->rope(tx, tp, 4, 4, 100.0f, true);
+  // neox pairs (0,2) angle 2 and (1,3) angle 0.2
+  EXPECT_NEAR(x[0], 1 * std::cos(2.0) - 3 * std::sin(2.0), 1e-5);
+  EXPECT_NEAR(x[2], 3 * std::cos(2.0) + 1 * std::sin(2.0), 1e-5);
+  EXPECT_NEAR(x[1], 2 * std::cos(0.2) - 4 * std::sin(0.2), 1e-5);
+  EXPECT_NEAR(x[3], 4 * std::cos(0.2) + 2 * std::sin(0.2), 1e-5);
+  x = {1, 2, 3, 4};
+  be->rope(tx, tp, 4, 4, 100.0f, false);
+  // interleaved pairs (0,1) angle 2 and (2,3) angle 0.2
+  EXPECT_NEAR(x[0], 1 * std::cos(2.0) - 2 * std::sin(2.0), 1e-5);
+  EXPECT_NEAR(x[1], 2 * std::cos(2.0) + 1 * std::sin(2.0), 1e-5);
+  EXPECT_NEAR(x[2], 3 * std::cos(0.2) - 4 * std::sin(0.2), 1e-5);
+}
+
+TEST(CpuOps, SwigluAndEmbed) {
+  auto be = make_cpu_backend();
+  std::vector<float> g = {0.0f, 1.0f, -2.0f}, u = {5.0f, 2.0f, 3.0f}, o(3, NAN);
+  Tensor tg(g.data(), DType::F32, {1, 3}), tu(u.data(), DType::F32, {1, 3}), to(o.data(), DType::F32, {1, 3});
+  be->swiglu(tg, tu, to);
+  EXPECT_FLOAT_EQ(o[0], 0.0f);
+  EXPECT_NEAR(o[1], 2.0 / (1 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(o[2], 3.0 * -2.0 / (1 + std::exp(2.0)), 1e-6);
+  std::vector<float> table = {0, 1, 10, 11, 20, 21};
+  std::vector<int32_t> ids = {2, 0};
+  std::vector<float> e(4, NAN);
+  Tensor tt(table.data(), DType::F32, {3, 2}), ti(ids.data(), DType::I32, {2}), te(e.data(), DType::F32, {2, 2});
+  be->embed(ti, tt, te);
+  EXPECT_EQ(e, (std::vector<float>{20, 21, 0, 1}));
+  ids[0] = 3;
+  EXPECT_THROW(be->embed(ti, tt, te), std::exception);
+}
+
+}  // namespace
+}  // namespace tessera
