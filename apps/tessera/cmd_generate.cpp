@@ -1,4 +1,93 @@
+// tessera generate / tessera chat
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
 #include "apps/tessera/commands.h"
+#include "apps/tessera/session.h"
+
 namespace tessera::cli {
-void add_generate(CLI::App& app, Registry& reg) { (void)app; (void)reg; }
+
+namespace {
+
+void print_stats(const Session::Output& o, Session& s, FILE* f) {
+  const double tps = o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0;
+  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s)]\n",
+               o.result.steps_run, o.result.tokens.size(), o.seconds, tps,
+               human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
+               human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str());
+}
+
+nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
+  return {{"model", s.model_dir()},
+          {"text", o.text},
+          {"tokens", o.result.tokens},
+          {"prompt_tokens", prompt_tokens},
+          {"steps", o.result.steps_run},
+          {"seconds", o.seconds},
+          {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"activation_peak_bytes", s.engine().max_planned_peak()},
+          {"gen_length", s.options().gen_length},
+          {"block_length", s.options().block_length},
+          {"alg", s.options().alg}};
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, Registry& reg) {
+  auto* sub = app.add_subcommand("generate", "Generate text from a prompt");
+  auto a = std::make_shared<SessionArgs>();
+  auto prompt = std::make_shared<std::string>();
+  sub->add_option("-p,--prompt", *prompt, "prompt text")->required();
+  add_session_options(sub, *a);
+  reg.handlers.emplace_back(sub, [a, prompt] {
+    check_utf8(*prompt, "the prompt");
+    Session s(*a);
+    const bool use_chat = a->chat || (!a->raw && s.has_chat_template() && !prompt->empty());
+    const auto ids = s.prompt_ids({{"user", *prompt}}, use_chat);
+    FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
+    const auto o = s.run(ids, tty);
+    if (a->json) {
+      std::printf("%s\n", result_json(o, s, ids.size()).dump().c_str());
+    } else {
+      std::printf("%s\n", o.text.c_str());
+      std::fflush(stdout);
+      print_stats(o, s, stderr);
+    }
+    return 0;
+  });
+
+  auto* chat = app.add_subcommand("chat", "Multi-turn chat on standard input (empty line or EOF ends)");
+  auto c = std::make_shared<SessionArgs>();
+  add_session_options(chat, *c);
+  reg.handlers.emplace_back(chat, [c] {
+    Session s(*c);
+    if (!s.has_chat_template()) std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
+    std::vector<ChatMessage> history;
+    const bool interactive = isatty(fileno(stdin));
+    std::string line;
+    while (true) {
+      if (interactive) std::fprintf(stderr, "you> ");
+      if (!std::getline(std::cin, line) || line.empty()) break;
+      history.push_back({"user", line});
+      const auto ids = s.prompt_ids(history, s.has_chat_template());
+      FILE* tty = (!c->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
+      const auto o = s.run(ids, tty);
+      if (c->json) {
+        std::printf("%s\n", result_json(o, s, ids.size()).dump().c_str());
+      } else {
+        std::printf("%s\n", o.text.c_str());
+        std::fflush(stdout);
+        print_stats(o, s, stderr);
+      }
+      history.push_back({"assistant", o.text});
+    }
+    return 0;
+  });
+}
+
 }  // namespace tessera::cli

@@ -1,0 +1,241 @@
+#include "apps/tessera/session.h"
+
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tessera::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+void add_session_options(CLI::App* sub, SessionArgs& a) {
+  sub->add_option("-m,--model", a.model, "model directory (default: the bundled default model)");
+  sub->add_option("--gen-length", a.gen_length, "tokens to generate");
+  sub->add_option("--steps", a.steps, "denoising steps");
+  sub->add_option("--block-length", a.block_length, "semi-autoregressive block length");
+  sub->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--alg", a.alg, "unmasking policy")
+      ->check(CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
+  sub->add_option("--threshold", a.threshold, "confidence-threshold parallel decoding (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--top-k", a.top_k, "top-k filter (Dream algorithms)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", a.top_p, "nucleus filter (Dream algorithms)")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--alg-temp", a.alg_temp, "Dream: sample positions with this temperature")->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", a.seed, "random seed");
+  sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--precision", a.precision, "auto, bf16 or f32")->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
+  sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
+  sub->add_flag("--json", a.json, "print one JSON result object");
+  sub->add_flag("--no-progress", a.no_progress, "no live view even on a terminal");
+}
+
+std::string default_model_dir() {
+  std::vector<fs::path> roots = {fs::current_path()};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path().parent_path());
+  for (const auto& r : roots) {
+    for (const char* sub : {"models/tessera-tiny", "models/_setup/default"}) {
+      if (fs::exists(r / sub / "config.json")) return (r / sub).string();
+    }
+  }
+  fail("no model given and no default model found (run scripts/setup.sh, or pass -m DIR)");
+}
+
+size_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<size_t>(u.ru_maxrss) * 1024;
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    ++i;
+  }
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f %s", b, u[i]);
+  return s;
+}
+
+void check_utf8(const std::string& s, const char* what) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 0 : (c >= 0xC2 && c <= 0xDF) ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c >= 0xF0 && c <= 0xF4) ? 3 : -1;
+    bool ok = n >= 0 && i + static_cast<size_t>(n) < s.size();
+    for (int k = 1; ok && k <= n; ++k) ok = (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0xC0) == 0x80;
+    if (!ok) fail(std::string(what) + " is not valid UTF-8 (bad byte at offset " + std::to_string(i) + ")");
+    i += static_cast<size_t>(n) + 1;
+  }
+}
+
+namespace {
+
+json read_json_or_empty(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return json::object();
+  try {
+    return json::parse(f);
+  } catch (const std::exception& e) {
+    fail(p.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+}  // namespace
+
+Session::Session(const SessionArgs& a) {
+  dir_ = a.model.empty() ? default_model_dir() : a.model;
+  if (!fs::is_directory(dir_)) fail("model directory " + dir_ + " does not exist");
+  EngineOptions eo;
+  eo.device = a.device;
+  eo.precision = a.precision == "bf16" ? Precision::BF16 : a.precision == "f32" ? Precision::F32 : Precision::Auto;
+  engine_ = Engine::load(dir_, eo);
+  const fs::path tj = fs::path(dir_) / "tokenizer.json";
+  if (!fs::exists(tj)) fail(dir_ + ": tokenizer.json is missing");
+  tok_ = Tokenizer::from_file(tj);
+  chat_family_ = detect_chat_family(dir_);
+  // A template whose marker tokens the vocabulary lacks cannot be what the model was tuned on.
+  const char* marker = chat_family_ == ChatFamily::LladaInstruct ? "<|start_header_id|>"
+                       : chat_family_ == ChatFamily::ChatML      ? "<|im_start|>"
+                       : chat_family_ == ChatFamily::LladaMoE    ? "<|role_end|>"
+                                                                 : nullptr;
+  if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
+  const json tc = read_json_or_empty(fs::path(dir_) / "tokenizer_config.json");
+  add_bos_ = tc.value("add_bos_token", false) && engine_->config().bos_id >= 0;
+  // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
+  const json gc = read_json_or_empty(fs::path(dir_) / "generation_config.json");
+  const int gen_len = a.gen_length.value_or(gc.value("gen_length", 128));
+  gen_.gen_length = gen_len;
+  gen_.block_length = a.block_length.value_or(gc.value("block_length", gen_len));
+  gen_.steps = a.steps.value_or(gc.value("steps", gen_len));
+  gen_.alg = a.alg.value_or(gc.value("alg", std::string(engine_->config().family == Family::Dream &&
+                                                                !engine_->config().causal
+                                                            ? "entropy"
+                                                            : "low_confidence")));
+  gen_.temperature = a.temperature;
+  gen_.threshold = a.threshold;
+  gen_.cfg_scale = a.cfg;
+  gen_.top_k = a.top_k;
+  gen_.top_p = a.top_p;
+  gen_.alg_temp = a.alg_temp;
+  gen_.seed = a.seed;
+  const ModelConfig& c = engine_->config();
+  if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
+  for (const char* extra : {"<|eot_id|>", "<|im_end|>", "<|role_end|>"}) {
+    const int32_t id = tok_->token_id(extra);
+    if (id >= 0 && id < c.vocab) gen_.eos_ids.push_back(id);
+  }
+  validate_generate_options(gen_, c.vocab);
+}
+
+std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
+  for (const auto& m : msgs) check_utf8(m.content, "the prompt");
+  std::vector<int32_t> ids;
+  if (use_chat) {
+    if (chat_family_ == ChatFamily::None) fail(dir_ + " has no chat template (use --raw)");
+    ids = tok_->encode(apply_chat_template(chat_family_, msgs, true));
+  } else {
+    if (add_bos_) ids.push_back(engine_->config().bos_id);
+    std::string text;
+    for (const auto& m : msgs) text += m.content;
+    const auto body = tok_->encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+  }
+  const int64_t total = static_cast<int64_t>(ids.size()) + gen_.gen_length;
+  if (total > engine_->config().max_positions) {
+    fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
+         std::to_string(gen_.gen_length) + " exceeds the model's context of " +
+         std::to_string(engine_->config().max_positions) + " tokens");
+  }
+  if (ids.empty()) {
+    fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
+  }
+  return ids;
+}
+
+namespace {
+
+// Redraws the canvas in place: the cursor goes back over the previous frame's rows, then the new
+// frame is written in one call (no flicker).
+class LiveView {
+ public:
+  LiveView(FILE* f, const Tokenizer& t, size_t prompt_len, int32_t mask) : f_(f), t_(t), plen_(prompt_len), mask_(mask) {
+    winsize w{};
+    if (ioctl(fileno(f), TIOCGWINSZ, &w) == 0 && w.ws_col > 0) cols_ = w.ws_col;
+  }
+  void draw(const StepEvent& ev, int total_steps) {
+    std::string body;
+    for (size_t i = plen_; i < ev.canvas.size(); ++i) {
+      body += ev.canvas[i] == mask_ ? std::string("\xe2\x96\x91") : t_.token_text(ev.canvas[i]);
+    }
+    std::string frame = body + "\n\x1b[2m[step " + std::to_string(ev.step + 1) + "/" + std::to_string(total_steps) + "]\x1b[0m\n";
+    std::string out;
+    if (rows_ > 0) out += "\x1b[" + std::to_string(rows_) + "F";
+    out += "\x1b[J" + frame;
+    std::fwrite(out.data(), 1, out.size(), f_);
+    std::fflush(f_);
+    rows_ = count_rows(frame);
+  }
+  void clear() {
+    if (rows_ > 0) {
+      const std::string out = "\x1b[" + std::to_string(rows_) + "F\x1b[J";
+      std::fwrite(out.data(), 1, out.size(), f_);
+    }
+    rows_ = 0;
+  }
+
+ private:
+  int count_rows(const std::string& s) const {
+    int rows = 0, col = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c == '\n') {
+        ++rows;
+        col = 0;
+      } else if (c == 0x1b) {
+        while (i < s.size() && s[i] != 'm') ++i;
+      } else if ((c & 0xC0) != 0x80) {
+        if (++col > cols_) {
+          ++rows;
+          col = 1;
+        }
+      }
+    }
+    return rows;
+  }
+  FILE* f_;
+  const Tokenizer& t_;
+  size_t plen_;
+  int32_t mask_;
+  int cols_ = 80;
+  int rows_ = 0;
+};
+
+}  // namespace
+
+Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
+  Output o;
+  std::optional<LiveView> view;
+  if (tty != nullptr) view.emplace(tty, *tok_, prompt.size(), engine_->mask_token());
+  const auto t0 = std::chrono::steady_clock::now();
+  o.result = generate(*engine_, prompt, gen_, [&](const StepEvent& ev) {
+    if (view) view->draw(ev, gen_.steps);
+  });
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (view) view->clear();
+  o.text = tok_->decode(o.result.tokens, true);
+  return o;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,66 @@
+// What generate and chat share: option parsing, model resolution, prompt building, the live canvas
+// view and the result line.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "decode/generate.h"
+#include "engine/engine.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+
+namespace tessera::cli {
+
+struct SessionArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string precision = "auto";
+  std::optional<int> gen_length, steps, block_length;
+  std::optional<std::string> alg;
+  float temperature = 0.0f, threshold = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool chat = false, raw = false, json = false, no_progress = false;
+};
+
+void add_session_options(CLI::App* sub, SessionArgs& a);
+
+// A loaded model with its tokenizer and chat family, ready to generate.
+class Session {
+ public:
+  explicit Session(const SessionArgs& a);
+  // Token ids of a prompt (chat template applied unless raw; BOS where the model adds one).
+  std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const;
+  bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
+  struct Output {
+    std::string text;
+    GenerateResult result;
+    double seconds = 0;
+  };
+  // Generates with a live view on `tty` (nullptr: none).
+  Output run(const std::vector<int32_t>& prompt, FILE* tty);
+  Engine& engine() { return *engine_; }
+  const GenerateOptions& options() const { return gen_; }
+  std::string model_dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Engine> engine_;
+  std::optional<Tokenizer> tok_;
+  ChatFamily chat_family_ = ChatFamily::None;
+  bool add_bos_ = false;
+  GenerateOptions gen_;
+};
+
+// The directory of the default model (bundled or made at set-up); throws with a hint otherwise.
+std::string default_model_dir();
+// Peak resident memory of this process in bytes.
+size_t peak_rss_bytes();
+std::string human_bytes(double b);
+// Throws Error when `s` is not valid UTF-8.
+void check_utf8(const std::string& s, const char* what);
+
+}  // namespace tessera::cli

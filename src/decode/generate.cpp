@@ -1,0 +1,334 @@
+#include "decode/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "decode/schedule.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint64_t kHostSalt = 0xd1b54a32d192ed03ull;
+
+bool is_llada(const std::string& a) {
+  return a == "low_confidence" || a == "random";
+}
+bool is_dream(const std::string& a) {
+  return a == "origin" || a == "maskgit_plus" || a == "topk_margin" || a == "entropy";
+}
+std::string num(double v) {
+  std::string s = std::to_string(v);
+  while (s.size() > 1 && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+ConfKind conf_kind(const std::string& a) {
+  if (a == "random") return ConfKind::Random;
+  if (a == "topk_margin") return ConfKind::Margin;
+  if (a == "entropy") return ConfKind::NegEntropy;
+  return ConfKind::Prob;  // low_confidence, origin, maskgit_plus
+}
+
+struct Loop {
+  Loop(Denoiser& d, const GenerateOptions& opt, const std::function<void(const StepEvent&)>& cb)
+      : den(d), o(opt), on_step(cb) {}
+  Denoiser& den;
+  const GenerateOptions& o;
+  const std::function<void(const StepEvent&)>& on_step;
+  int64_t V = 0;
+  int32_t mask = 0;
+  int P = 0;  // prompt length
+  std::vector<int32_t> canvas;
+  std::vector<char> decided;  // per canvas position
+  SampleParams base;
+  GenerateResult res;
+  // Scratch reused across steps.
+  std::vector<int32_t> pos, tok, chosen;
+  std::vector<float> conf, lc, lu;
+  std::vector<int32_t> ucanvas;
+  std::vector<int> idx;
+  std::vector<double> w;
+
+  SampleParams params(uint64_t g) const {
+    SampleParams sp = base;
+    sp.seed = rng_mix(o.seed + g);
+    return sp;
+  }
+
+  // Undecided positions in [lo, hi), ascending, into pos.
+  void undecided(int lo, int hi) {
+    pos.clear();
+    for (int p = lo; p < hi; ++p)
+      if (!decided[static_cast<size_t>(p)]) pos.push_back(p);
+  }
+
+  // (token, conf) for every position of pos, on the device or (cfg) on the host.
+  void predict(const SampleParams& sp) {
+    const size_t n = pos.size();
+    tok.assign(n, 0);
+    conf.assign(n, 0.0f);
+    if (o.cfg_scale <= 0.0f) {
+      den.predict(canvas, pos, sp, tok, conf);
+      return;
+    }
+    const size_t nv = n * static_cast<size_t>(V);
+    lc.resize(nv);
+    lu.resize(nv);
+    den.logits(canvas, pos, lc);
+    ucanvas = canvas;
+    std::fill(ucanvas.begin(), ucanvas.begin() + P, mask);
+    den.logits(ucanvas, pos, lu);
+    const float g = o.cfg_scale + 1.0f;
+    for (size_t i = 0; i < nv; ++i) lc[i] = lu[i] + g * (lc[i] - lu[i]);
+    const auto rows = static_cast<int64_t>(n);
+    const Tensor L(lc.data(), DType::F32, {rows, V});
+    const Tensor keys(pos.data(), DType::I32, {rows});
+    Tensor t(tok.data(), DType::I32, {rows}), c(conf.data(), DType::F32, {rows});
+    cpu_sample_rows(L, keys, sp, t, c);
+  }
+
+  // Indices into pos ordered by confidence, highest first, ties to the lower position (NaN last).
+  void rank(size_t k) {
+    idx.resize(pos.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
+    auto key = [&](int i) {
+      const float c = conf[static_cast<size_t>(i)];
+      return std::isnan(c) ? -INFINITY : c;
+    };
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(std::min(k, idx.size())),
+                      idx.end(), [&](int a, int b) {
+                        const float ca = key(a), cb = key(b);
+                        return ca > cb || (ca == cb && a < b);
+                      });
+  }
+
+  // Dream alg_temp: k indices into pos sampled without replacement from softmax(conf / alg_temp).
+  void sample_positions(size_t k, uint64_t host_seed) {
+    const size_t n = pos.size();
+    float cmax = -INFINITY;
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isnan(conf[i])) cmax = std::max(cmax, conf[i]);
+    w.assign(n, 0.0);
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isnan(conf[i]) && conf[i] != -INFINITY)
+        w[i] = std::exp((static_cast<double>(conf[i]) - cmax) / o.alg_temp);
+    idx.clear();
+    for (size_t j = 0; j < k; ++j) {
+      double total = 0.0;
+      for (double x : w) total += x;
+      size_t pick = n;
+      if (total > 0.0) {
+        const double target = rng_uniform(host_seed, j, 1) * total;
+        double acc = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+          if (w[i] <= 0.0) continue;
+          acc += w[i];
+          pick = i;
+          if (acc > target) break;
+        }
+      }
+      if (pick == n) {  // every remaining weight underflowed: lowest undecided position
+        for (size_t i = 0; i < n && pick == n; ++i)
+          if (std::find(idx.begin(), idx.end(), static_cast<int>(i)) == idx.end()) pick = i;
+      }
+      idx.push_back(static_cast<int>(pick));
+      w[pick] = 0.0;
+    }
+  }
+
+  // Decides pos[idx[0..k)] with their predicted tokens; records the step and emits the event.
+  void commit(size_t k) {
+    chosen.clear();
+    for (size_t j = 0; j < k; ++j) {
+      const auto i = static_cast<size_t>(idx[j]);
+      const int32_t p = pos[i];
+      TESSERA_CHECK(!decided[static_cast<size_t>(p)],
+                    "generate: internal error, position " + std::to_string(p) + " decided twice");
+      decided[static_cast<size_t>(p)] = 1;
+      canvas[static_cast<size_t>(p)] = tok[i];
+      chosen.push_back(p);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    res.order.push_back(chosen);
+    ++res.steps_run;
+    if (on_step) on_step(StepEvent{res.steps_run - 1, canvas, res.order.back()});
+  }
+
+  // LLaDA 1A inside [lo, hi): S steps of the per-block schedule.
+  void llada_block(int lo, int hi, int S, uint64_t g0) {
+    undecided(lo, hi);
+    const std::vector<int> sched = llada_schedule(static_cast<int>(pos.size()), S);
+    for (int i = 0; i < S; ++i) {
+      const auto k = static_cast<size_t>(sched[static_cast<size_t>(i)]);
+      if (k == 0) continue;
+      undecided(lo, hi);
+      predict(params(g0 + static_cast<uint64_t>(i)));
+      rank(k);
+      commit(k);
+    }
+  }
+
+  // Dream 1B inside [lo, hi): S steps of the linspace schedule.
+  void dream_block(int lo, int hi, int S, uint64_t g0) {
+    const std::vector<float> ts = dream_timesteps(S, o.eps);
+    for (int i = 0; i < S; ++i) {
+      const float t = ts[static_cast<size_t>(i)], s = ts[static_cast<size_t>(i) + 1];
+      const bool last = i == S - 1;
+      const SampleParams sp = params(g0 + static_cast<uint64_t>(i));
+      const uint64_t host_seed = rng_mix(sp.seed ^ kHostSalt);
+      undecided(lo, hi);
+      if (pos.empty()) continue;
+      if (o.alg == "origin") {
+        const float pt = dream_transfer_prob(t, s, last);
+        size_t m = 0;
+        for (int32_t p : pos)
+          if (rng_uniform(host_seed, static_cast<uint64_t>(p), 0) < pt) pos[m++] = p;
+        pos.resize(m);
+        if (m == 0) continue;
+        predict(sp);
+        idx.resize(m);
+        for (size_t j = 0; j < m; ++j) idx[j] = static_cast<int>(j);
+        commit(m);
+        continue;
+      }
+      const auto k = static_cast<size_t>(dream_transfer_count(static_cast<int>(pos.size()), t, s, last));
+      if (k == 0) continue;
+      predict(sp);
+      if (o.alg_temp > 0.0f) {
+        sample_positions(k, host_seed);
+      } else {
+        rank(k);
+      }
+      commit(k);
+    }
+  }
+
+  // 1C inside [lo, hi): until decided, accept conf >= threshold and always the most confident.
+  void threshold_block(int lo, int hi, uint64_t& g) {
+    for (;;) {
+      undecided(lo, hi);
+      if (pos.empty()) return;
+      predict(params(g++));
+      rank(pos.size());
+      size_t k = 1;
+      while (k < idx.size() && conf[static_cast<size_t>(idx[k])] >= o.threshold) ++k;
+      commit(k);
+    }
+  }
+
+  bool has_eos(int lo, int hi) const {
+    for (int p = lo; p < hi; ++p)
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), canvas[static_cast<size_t>(p)]) != o.eos_ids.end())
+        return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+void validate_generate_options(const GenerateOptions& o, int64_t vocab_size) {
+  const std::string& a = o.alg;
+  TESSERA_CHECK(is_llada(a) || is_dream(a),
+                "unknown algorithm '" + a +
+                    "'; use one of low_confidence, random, origin, maskgit_plus, topk_margin, entropy");
+  TESSERA_CHECK(o.gen_length > 0, "gen-length must be > 0 (got " + std::to_string(o.gen_length) + ")");
+  TESSERA_CHECK(o.steps > 0, "steps must be > 0 (got " + std::to_string(o.steps) + ")");
+  TESSERA_CHECK(o.block_length > 0, "block-length must be > 0 (got " + std::to_string(o.block_length) + ")");
+  TESSERA_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f,
+                "temperature must be >= 0 (got " + num(o.temperature) + ")");
+  TESSERA_CHECK(std::isfinite(o.threshold) && o.threshold >= 0.0f && o.threshold <= 1.0f,
+                "threshold must be in [0, 1] (got " + num(o.threshold) + "); 0 turns threshold decoding off");
+  TESSERA_CHECK(
+      !(o.threshold > 0.0f && (a == "random" || a == "origin" || a == "entropy")),
+      "threshold decoding needs a probability-like confidence; use alg low_confidence, maskgit_plus "
+      "or topk_margin (got " +
+          a + ")");
+  TESSERA_CHECK(std::isfinite(o.cfg_scale) && o.cfg_scale >= 0.0f,
+                "cfg-scale must be >= 0 (got " + num(o.cfg_scale) + ")");
+  TESSERA_CHECK(!(o.cfg_scale > 0.0f && !is_llada(a)),
+                "cfg-scale applies only to the LLaDA algorithms low_confidence and random (got " + a + ")");
+  TESSERA_CHECK(o.top_k >= 0, "top-k must be >= 0 (got " + std::to_string(o.top_k) + "); 0 turns it off");
+  TESSERA_CHECK(std::isfinite(o.top_p) && o.top_p > 0.0f && o.top_p <= 1.0f,
+                "top-p must be in (0, 1] (got " + num(o.top_p) + "); 1 turns it off");
+  TESSERA_CHECK(
+      !(is_llada(a) && (o.top_k > 0 || o.top_p < 1.0f)),
+      "top-k / top-p apply only to the Dream algorithms origin, maskgit_plus, topk_margin, entropy (got " +
+          a + ")");
+  TESSERA_CHECK(std::isfinite(o.alg_temp) && o.alg_temp >= 0.0f,
+                "alg-temp must be >= 0 (got " + num(o.alg_temp) + ")");
+  TESSERA_CHECK(!(o.alg_temp > 0.0f && (is_llada(a) || a == "origin")),
+                "alg-temp applies only to maskgit_plus, topk_margin and entropy (got " + a + ")");
+  TESSERA_CHECK(!(o.alg_temp > 0.0f && o.threshold > 0.0f),
+                "alg-temp cannot be combined with threshold decoding; set one of them to 0");
+  TESSERA_CHECK(std::isfinite(o.eps) && o.eps > 0.0f && o.eps < 1.0f,
+                "eps must be in (0, 1) (got " + num(o.eps) + ")");
+  for (int32_t e : o.eos_ids)
+    TESSERA_CHECK(
+        e >= 0 && e < vocab_size,
+        "eos id " + std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
+                "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
+  const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
+  (void)block_layout(o.gen_length, o.block_length, o.steps, split);
+}
+
+GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& o,
+                        const std::function<void(const StepEvent&)>& on_step) {
+  const int64_t V = den.vocab_size();
+  validate_generate_options(o, V);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < V,
+                  "prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                      " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  const bool llada = is_llada(o.alg);
+  const bool split = o.threshold <= 0.0f && (llada || o.block_length < o.gen_length);
+  BlockLayout lay = block_layout(o.gen_length, o.block_length, o.steps, split);
+  if (!split && o.threshold <= 0.0f) lay.steps_per_block = o.steps;  // Dream over the whole generation
+
+  Loop L(den, o, on_step);
+  L.V = V;
+  L.mask = den.mask_token();
+  L.P = static_cast<int>(prompt.size());
+  L.canvas.assign(prompt.begin(), prompt.end());
+  L.canvas.resize(prompt.size() + static_cast<size_t>(o.gen_length), L.mask);
+  L.decided.assign(L.canvas.size(), 0);
+  std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
+  L.base.conf = conf_kind(o.alg);
+  L.base.temperature = o.temperature;
+  L.base.gumbel = llada;
+  L.base.top_k = o.top_k;
+  L.base.top_p = o.top_p;
+  L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
+
+  uint64_t g = 0;  // global step counter (RNG)
+  for (int b = 0; b < lay.num_blocks; ++b) {
+    const int lo = L.P + b * lay.block_length, hi = lo + lay.block_length;
+    if (o.threshold > 0.0f) {
+      L.threshold_block(lo, hi, g);
+    } else {
+      const auto g0 = static_cast<uint64_t>(b) * static_cast<uint64_t>(lay.steps_per_block);
+      if (llada)
+        L.llada_block(lo, hi, lay.steps_per_block, g0);
+      else
+        L.dream_block(lo, hi, lay.steps_per_block, g0);
+    }
+    // Every position before hi is decided: an EOS there ends the answer, later blocks are skipped.
+    if (o.stop_at_eos && b + 1 < lay.num_blocks && L.has_eos(L.P, hi)) break;
+  }
+
+  GenerateResult res = std::move(L.res);
+  res.tokens.assign(L.canvas.begin() + L.P, L.canvas.end());
+  if (o.stop_at_eos) {
+    auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
+      return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end();
+    });
+    res.tokens.erase(it, res.tokens.end());
+  }
+  return res;
+}
+
+}  // namespace tessera

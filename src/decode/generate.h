@@ -1,0 +1,69 @@
+// The unmasking loops of masked diffusion LMs (host-side logic over the Denoiser interface).
+//
+// Algorithms (GenerateOptions::alg):
+//   low_confidence | random           LLaDA `generate` (algorithms.md 1A): semi-autoregressive blocks,
+//                                     Gumbel-max sampling, confidence softmax(L)[x0] or uniform random.
+//   origin | maskgit_plus | topk_margin | entropy
+//                                     Dream `diffusion_generate` (1B) over the whole generation. When
+//                                     block_length < gen_length the Dream schedule (linspace timesteps,
+//                                     steps / num_blocks steps) runs inside each block in turn.
+//   threshold > 0                     confidence-threshold parallel decoding (1C) inside each block
+//                                     (one block when block_length >= gen_length): every masked
+//                                     position of the block with conf >= threshold, at least the most
+//                                     confident one; the block loops until decided (steps is not split).
+//
+// RNG: step g (counted over the whole generation: block b, step i -> g = b * steps_per_block + i; one
+// per forward under threshold decoding) uses SampleParams.seed = rng_mix(seed + g), so the device
+// noise is rng_uniform(rng_mix(seed + g), position, vocab index). Host-side draws of that step
+// (origin's transfer coin per position, alg_temp's multinomial) use host_seed = rng_mix(that seed ^
+// 0xd1b54a32d192ed03): origin u = rng_uniform(host_seed, position, 0); the j-th multinomial draw
+// u = rng_uniform(host_seed, j, 1).
+//
+// Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
+// not counted in steps_run and produce no event.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decode/denoiser.h"
+
+namespace tessera {
+
+struct GenerateOptions {
+  int gen_length = 128, steps = 128, block_length = 128;
+  float temperature = 0.0f;
+  std::string alg = "low_confidence";  // low_confidence|random|origin|maskgit_plus|topk_margin|entropy
+  float threshold = 0.0f;              // > 0: confidence-threshold parallel decoding (1C)
+  float cfg_scale = 0.0f;              // > 0: classifier-free guidance (LLaDA algorithms only)
+  int top_k = 0;                       // Dream algorithms only; 0 = off
+  float top_p = 1.0f;                  // Dream algorithms only; 1 = off
+  float alg_temp = 0.0f;               // Dream confidence algorithms: > 0 samples positions
+  float eps = 1e-3f;                   // Dream timesteps linspace(1, eps, steps + 1)
+  uint64_t seed = 0;
+  bool logits_eos_inf = false;  // forbid eos_ids[0] (LLaDA's logits_eos_inf)
+  bool stop_at_eos = true;      // trim the output at the first EOS; stop after a block that holds one
+  std::vector<int32_t> eos_ids;
+};
+
+struct StepEvent {
+  int step;                                          // 0-based index of the executed step
+  std::span<const int32_t> canvas;                   // the whole canvas (prompt + generation)
+  std::span<const int32_t> newly_decided_positions;  // absolute canvas positions, ascending
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;              // generated part only (trimmed at the first EOS if stop_at_eos)
+  std::vector<std::vector<int32_t>> order;  // absolute positions decided at each executed step, ascending
+  int steps_run = 0;                        // executed steps (each one forward; two with cfg)
+};
+
+// Throws Error with a one-line message for invalid options (vocab_size bounds eos ids).
+void validate_generate_options(const GenerateOptions& o, int64_t vocab_size);
+
+GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                        const std::function<void(const StepEvent&)>& on_step = {});
+
+}  // namespace tessera
