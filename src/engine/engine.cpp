@@ -116,28 +116,46 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   ctx.base = static_cast<char*>(ws_->base());
   ctx.sample = sp;
   ctx.dump_dir = opt_.dump_dir;
-  auto stage = [&](const char* name, const std::vector<int32_t>& v) {
-    const int id = g.find(name);
+  auto stage = [&](int id, const std::vector<int32_t>& v) {
     if (id < 0 || v.empty()) return;
     backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(id)].offset, v.data(), v.size() * 4);
   };
-  stage("tokens", tokens_);
-  stage("q_pos", q_pos_);
-  stage("k_pos", q_pos_);
-  stage("cu_q", cu_);
-  stage("cu_k", cu_);
-  stage("logit_rows", rows_);
-  stage("row_keys", keys_);
-  stage("target", targets_);
+  const GraphIo& ids = io(mode);
+  stage(ids.tokens, tokens_);
+  stage(ids.q_pos, q_pos_);
+  stage(ids.k_pos, q_pos_);
+  stage(ids.cu_q, cu_);
+  stage(ids.cu_k, cu_);
+  stage(ids.rows, rows_);
+  stage(ids.keys, keys_);
+  stage(ids.target, targets_);
   execute(g, prog, ctx);
   return prog;
 }
 
-void Engine::read_output(const graph::Program& p, OutputMode mode, const char* name, void* dst, size_t bytes) {
-  const graph::GraphTemplate& g = model_->graph(mode);
-  const int id = g.find(name);
-  TESSERA_CHECK(id >= 0, std::string("engine: the graph has no output ") + name);
-  TESSERA_CHECK(p.tensors[static_cast<size_t>(id)].bytes == bytes, std::string("engine: output size mismatch for ") + name);
+const Engine::GraphIo& Engine::io(OutputMode mode) {
+  const auto m = static_cast<size_t>(mode);
+  if (!io_ready_[m]) {
+    const graph::GraphTemplate& g = model_->graph(mode);
+    GraphIo& r = io_[m];
+    r.tokens = g.find("tokens");
+    r.q_pos = g.find("q_pos");
+    r.k_pos = g.find("k_pos");
+    r.cu_q = g.find("cu_q");
+    r.cu_k = g.find("cu_k");
+    r.rows = g.find("logit_rows");
+    r.keys = g.find("row_keys");
+    r.target = g.find("target");
+    const char* outs[3][2] = {{"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}};
+    for (int i = 0; i < 2; ++i) r.out[i] = outs[m][i] != nullptr ? g.find(outs[m][i]) : -1;
+    io_ready_[m] = true;
+  }
+  return io_[m];
+}
+
+void Engine::read_output(const graph::Program& p, int id, void* dst, size_t bytes) {
+  TESSERA_CHECK(id >= 0, "engine: the graph lacks this output");
+  TESSERA_CHECK(p.tensors[static_cast<size_t>(id)].bytes == bytes, "engine: output size mismatch");
   if (bytes == 0) return;
   backend_->copy_to_host(dst, static_cast<char*>(ws_->base()) + p.tensors[static_cast<size_t>(id)].offset, bytes);
 }
@@ -145,18 +163,18 @@ void Engine::read_output(const graph::Program& p, OutputMode mode, const char* n
 void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
                             std::span<float> conf) {
   const graph::Program& p = run(OutputMode::Sample, seqs, &sp);
-  read_output(p, OutputMode::Sample, "token", tokens.data(), tokens.size_bytes());
-  read_output(p, OutputMode::Sample, "conf", conf.data(), conf.size_bytes());
+  read_output(p, io(OutputMode::Sample).out[0], tokens.data(), tokens.size_bytes());
+  read_output(p, io(OutputMode::Sample).out[1], conf.data(), conf.size_bytes());
 }
 
 void Engine::forward_logits(std::span<const SeqInput> seqs, std::span<float> logits) {
   const graph::Program& p = run(OutputMode::Logits, seqs, nullptr);
-  read_output(p, OutputMode::Logits, "logits", logits.data(), logits.size_bytes());
+  read_output(p, io(OutputMode::Logits).out[0], logits.data(), logits.size_bytes());
 }
 
 void Engine::forward_logprob(std::span<const SeqInput> seqs, std::span<float> logprob) {
   const graph::Program& p = run(OutputMode::LogProb, seqs, nullptr);
-  read_output(p, OutputMode::LogProb, "logprob", logprob.data(), logprob.size_bytes());
+  read_output(p, io(OutputMode::LogProb).out[0], logprob.data(), logprob.size_bytes());
 }
 
 void Engine::predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,

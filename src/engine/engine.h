@@ -78,7 +78,16 @@ class Engine final : public Denoiser {
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
   // Stages inputs, plans (cached), commits the workspace and executes; returns the program.
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
-  void read_output(const graph::Program& p, OutputMode mode, const char* name, void* dst, size_t bytes);
+  void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
+
+  // Ids of the step inputs and outputs in each mode's graph, looked up once.
+  struct GraphIo {
+    int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
+    int out[2] = {-1, -1};
+  };
+  const GraphIo& io(OutputMode mode);
+  GraphIo io_[3];
+  bool io_ready_[3] = {false, false, false};
 
   EngineOptions opt_;
   std::unique_ptr<Backend> backend_;

@@ -213,7 +213,10 @@ Program instantiate(const GraphTemplate& g, const StepShape& s) {
   const int n_ops = static_cast<int>(ops.size());
   for (size_t i = 0; i < decls.size(); ++i) {
     InstTensor& t = prog.tensors[i];
-    if (decls[i].kind == TensorKind::Input) t.first = 0;
+    if (decls[i].kind == TensorKind::Input) {  // written before op 0, even when no op reads it
+      t.first = 0;
+      t.last = std::max(t.last, 0);
+    }
     if (decls[i].kind == TensorKind::Output) t.last = n_ops;
     if (decls[i].kind != TensorKind::Weight && t.first < 0) t.first = t.last = 0;  // unused
   }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "test_util.h"
 #include "tiny_models.h"

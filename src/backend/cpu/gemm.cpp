@@ -43,7 +43,7 @@ struct KeyHash {
 struct Entry {
   dnnl::matmul prim;
   dnnl::memory a, w, c, bias, scratch;
-  std::unordered_map<int, dnnl::memory> args;
+  std::vector<dnnl_exec_arg_t> args;  // C API argument list: execute() then allocates nothing here
 };
 
 }  // namespace
@@ -82,19 +82,19 @@ struct GemmEngine::Impl {
     e.a = dnnl::memory(a_md, eng, DNNL_MEMORY_NONE);
     e.w = dnnl::memory(w_md, eng, DNNL_MEMORY_NONE);
     e.c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
-    e.args[DNNL_ARG_SRC] = e.a;
-    e.args[DNNL_ARG_WEIGHTS] = e.w;
-    e.args[DNNL_ARG_DST] = e.c;
+    e.args.push_back({DNNL_ARG_SRC, e.a.get()});
+    e.args.push_back({DNNL_ARG_WEIGHTS, e.w.get()});
+    e.args.push_back({DNNL_ARG_DST, e.c.get()});
     if (key.bias) {
       e.bias = dnnl::memory(dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32,
                                                dims{key.n, 1}),
                             eng, DNNL_MEMORY_NONE);
-      e.args[DNNL_ARG_BIAS] = e.bias;
+      e.args.push_back({DNNL_ARG_BIAS, e.bias.get()});
     }
     const size_t need = pd.scratchpad_desc().get_size();
     if (need > scratch.size()) scratch.resize(need);
     e.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    e.args[DNNL_ARG_SCRATCHPAD] = e.scratch;
+    e.args.push_back({DNNL_ARG_SCRATCHPAD, e.scratch.get()});
     return cache.emplace(key, std::move(e)).first->second;
   }
 
@@ -105,7 +105,10 @@ struct GemmEngine::Impl {
     e.c.set_data_handle(c);
     if (key.bias) e.bias.set_data_handle(const_cast<void*>(bias));
     e.scratch.set_data_handle(scratch.data());
-    e.prim.execute(strm, e.args);
+    if (dnnl_primitive_execute(e.prim.get(), strm.get(), static_cast<int>(e.args.size()), e.args.data()) !=
+        dnnl_success) {
+      fail("gemm: oneDNN matmul failed");
+    }
     strm.wait();
   }
 };

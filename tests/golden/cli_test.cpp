@@ -1,0 +1,150 @@
+// The tessera CLI end to end: the golden stories260K command, and every bad input gets a clear
+// one-line error and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "io/llama2c.h"
+#include "test_util.h"
+#include "tiny_models.h"
+
+namespace tessera {
+namespace {
+
+std::string tessera_bin() { return TESSERA_BINARY; }
+
+std::filesystem::path stories_dir() {
+  static std::filesystem::path dir;
+  if (dir.empty()) {
+    dir = test::temp_dir("cli_stories");
+    const auto src = test::shared_dir() / "models/stories260K";
+    std::string out;
+    EXPECT_EQ(test::run_command(tessera_bin() + " convert-llama2c " + (src / "stories260K.bin").string() + " " +
+                                    (src / "tok512.bin").string() + " " + dir.string(),
+                                &out),
+              0)
+        << out;
+  }
+  return dir;
+}
+
+TEST(Cli, GoldenStoriesCommandPrintsTheGoldenText) {
+  TESSERA_SKIP_WITHOUT_SHARED("models/stories260K");
+  const auto dir = stories_dir();
+  const auto out_file = dir / "stdout.txt";
+  std::string log;
+  ASSERT_EQ(test::run_command("(" + tessera_bin() + " generate -m " + dir.string() +
+                                  " -p \"\" --gen-length 256 --block-length 1 --steps 256 --temperature 0 2>" +
+                                  (dir / "stderr.txt").string() + " >" + out_file.string() + ")",
+                              &log),
+            0)
+      << log;
+  std::ifstream f(out_file);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::ifstream r(test::shared_dir() / "models/stories260K/README.md");
+  std::string readme((std::istreambuf_iterator<char>(r)), std::istreambuf_iterator<char>());
+  const size_t a = readme.find("```\n", readme.find("Golden output")) + 4;
+  const std::string golden = readme.substr(a, readme.find("```", a) - a);
+  EXPECT_EQ(text, golden);
+  std::ifstream e(dir / "stderr.txt");
+  const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("256 steps"), std::string::npos) << err;  // the stats line goes to stderr
+}
+
+struct BadCase {
+  std::string name, args, expect;
+};
+
+void expect_error(const std::string& args, const std::string& expect) {
+  std::string out;
+  const int rc = test::run_command(tessera_bin() + " " + args, &out);
+  EXPECT_NE(rc, 0) << args;
+  EXPECT_NE(out.find(expect), std::string::npos) << args << "\n" << out;
+  EXPECT_LE(std::count(out.begin(), out.end(), '\n'), 1) << "one line expected: " << out;
+}
+
+TEST(Cli, BadInputsGiveClearErrors) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
+  const std::string m = " -m " + dir.string();
+  expect_error("generate -m /nonexistent/model -p hi", "does not exist");
+  expect_error("generate" + m + " -p hi --gen-length 100 --block-length 30", "not divisible by block-length");
+  expect_error("generate" + m + " -p hi --gen-length 64 --block-length 32 --steps 33", "steps");
+  expect_error("generate" + m + " -p \"$(printf 'a\\377b')\"", "not valid UTF-8");
+  expect_error("generate" + m + " -p hi --gen-length 5000", "exceeds the model's context");
+
+  // Broken checkpoints: copies of the tiny model with one thing wrong each.
+  auto broken = [&](const std::string& name) {
+    const auto d = test::temp_dir("broken_" + name);
+    for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::copy(e.path(), d / e.path().filename());
+    return d;
+  };
+  {  // truncated shard
+    const auto d = broken("trunc");
+    const auto shard = d / "model-00002-of-00002.safetensors";
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) / 2);
+    expect_error("generate -m " + d.string() + " -p hi", "truncated");
+  }
+  {  // header that lies about sizes: shrink a tensor's shape in the header
+    const auto d = broken("lies");
+    const auto shard = d / "model-00001-of-00002.safetensors";
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string h(n, ' ');
+    f.read(h.data(), static_cast<std::streamsize>(n));
+    const size_t at = h.find("\"shape\"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t digit = h.find_first_of("0123456789", at);
+    h[digit] = h[digit] == '1' ? '2' : '1';  // a different first dimension
+    f.seekp(8);
+    f.write(h.data(), static_cast<std::streamsize>(n));
+    f.close();
+    expect_error("generate -m " + d.string() + " -p hi", "data_offsets");
+  }
+  {  // unknown dtype
+    const auto d = broken("dtype");
+    const auto shard = d / "model-00001-of-00002.safetensors";
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string h(n, ' ');
+    f.read(h.data(), static_cast<std::streamsize>(n));
+    const size_t at = h.find("\"BF16\"");
+    ASSERT_NE(at, std::string::npos);
+    h.replace(at, 6, "\"I8X6\"");
+    f.seekp(8);
+    f.write(h.data(), static_cast<std::streamsize>(n));
+    f.close();
+    expect_error("generate -m " + d.string() + " -p hi", "dtype I8X6");
+  }
+  {  // missing tensor: drop a shard from the directory and the index
+    const auto d = broken("missing");
+    std::filesystem::remove(d / "model.safetensors.index.json");
+    std::filesystem::remove(d / "model-00002-of-00002.safetensors");
+    expect_error("generate -m " + d.string() + " -p hi", "is missing");
+  }
+  {  // wrong shape: config says a larger hidden size
+    const auto d = broken("shape");
+    std::ifstream in(d / "config.json");
+    std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t at = cfg.find("\"mlp_hidden_size\"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t v = cfg.find_first_of("0123456789", at);
+    cfg.insert(v, "1");
+    std::ofstream(d / "config.json") << cfg;
+    expect_error("generate -m " + d.string() + " -p hi", "but config.json implies");
+  }
+  {  // unknown model type
+    const auto d = broken("type");
+    std::ifstream in(d / "config.json");
+    std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    cfg.replace(cfg.find("\"llada\""), 7, "\"gpt99\"");
+    std::ofstream(d / "config.json") << cfg;
+    expect_error("generate -m " + d.string() + " -p hi", "model_type 'gpt99' is not supported");
+  }
+}
+
+}  // namespace
+}  // namespace tessera

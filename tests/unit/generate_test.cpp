@@ -1,0 +1,502 @@
+// The unmasking loops against a fake Denoiser whose logits are a hand-built function of the canvas.
+#include "decode/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "decode/schedule.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kV = 8;
+constexpr int32_t kMask = 7;
+constexpr int32_t kEos = 6;
+
+// Logits of one position as a function of the whole canvas.
+using RowFn = std::function<std::vector<float>(std::span<const int32_t> canvas, int pos)>;
+
+class FakeDenoiser final : public Denoiser {
+ public:
+  FakeDenoiser(RowFn fn, int64_t v = kV, int32_t mask = kMask) : fn_(std::move(fn)), v_(v), mask_(mask) {}
+  int64_t vocab_size() const override { return v_; }
+  int32_t mask_token() const override { return mask_; }
+  void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
+               std::span<int32_t> tokens, std::span<float> conf) override {
+    calls.emplace_back(positions.begin(), positions.end());
+    seeds.push_back(sp.seed);
+    for (int32_t p : positions)
+      EXPECT_EQ(canvas[static_cast<size_t>(p)], mask_) << "prediction for a decided position";
+    std::vector<float> L(positions.size() * static_cast<size_t>(v_));
+    fill(canvas, positions, L);
+    std::vector<int32_t> keys(positions.begin(), positions.end());
+    const auto R = static_cast<int64_t>(positions.size());
+    Tensor tl(L.data(), DType::F32, {R, v_}), tk(keys.data(), DType::I32, {R});
+    Tensor tt(tokens.data(), DType::I32, {R}), tc(conf.data(), DType::F32, {R});
+    cpu_sample_rows(tl, tk, sp, tt, tc);
+  }
+  void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+              std::span<float> out) override {
+    logit_canvases.emplace_back(canvas.begin(), canvas.end());
+    fill(canvas, positions, out);
+  }
+
+  std::vector<std::vector<int32_t>> calls;           // positions of each predict()
+  std::vector<uint64_t> seeds;                       // SampleParams.seed of each predict()
+  std::vector<std::vector<int32_t>> logit_canvases;  // canvas of each logits()
+
+ private:
+  void fill(std::span<const int32_t> canvas, std::span<const int32_t> positions, std::span<float> out) {
+    for (size_t i = 0; i < positions.size(); ++i) {
+      std::vector<float> row = fn_(canvas, positions[i]);
+      EXPECT_EQ(row.size(), static_cast<size_t>(v_));
+      std::copy(row.begin(), row.end(),
+                out.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(v_)));
+    }
+  }
+  RowFn fn_;
+  int64_t v_;
+  int32_t mask_;
+};
+
+// Position p predicts token tok(p) with logit strength(p) (others 0).
+RowFn peaked(std::function<int(int)> tok, std::function<float(int)> strength) {
+  return [=](std::span<const int32_t>, int p) {
+    std::vector<float> r(kV, 0.0f);
+    r[static_cast<size_t>(tok(p))] = strength(p);
+    r[kMask] = -100.0f;
+    return r;
+  };
+}
+// Softmax confidence of a row with one logit s and kV - 2 zeros (mask at -100).
+double conf_of(float s) {
+  return std::exp(double(s)) / (std::exp(double(s)) + double(kV - 2));
+}
+
+std::vector<size_t> sizes(const GenerateResult& r) {
+  std::vector<size_t> s;
+  for (const auto& o : r.order) s.push_back(o.size());
+  return s;
+}
+
+// Every generated position decided exactly once.
+void expect_each_once(const GenerateResult& r, int lo, int n) {
+  std::multiset<int32_t> all;
+  for (const auto& o : r.order) all.insert(o.begin(), o.end());
+  ASSERT_EQ(all.size(), static_cast<size_t>(n));
+  for (int p = lo; p < lo + n; ++p) EXPECT_EQ(all.count(p), 1u) << "position " << p;
+}
+
+const std::vector<int32_t> kPrompt = {1, 2, 3};
+
+TEST(Schedule, LLaDA) {
+  EXPECT_EQ(llada_schedule(10, 4), (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_EQ(llada_schedule(8, 4), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(llada_schedule(3, 5), (std::vector<int>{1, 1, 1, 0, 0}));
+}
+
+TEST(Schedule, DreamTimestepsAndCounts) {
+  const std::vector<float> ts = dream_timesteps(4, 1e-3f);
+  ASSERT_EQ(ts.size(), 5u);
+  EXPECT_FLOAT_EQ(ts[0], 1.0f);
+  EXPECT_FLOAT_EQ(ts[1], 0.75025f);
+  EXPECT_FLOAT_EQ(ts[2], 0.5005f);
+  EXPECT_FLOAT_EQ(ts[3], 0.25075f);
+  EXPECT_FLOAT_EQ(ts[4], 0.001f);
+  // n=10: 10*0.24975=2.5 -> 2; 8*(1-.5005/.75025)=2.66 -> 2; 6*(1-.25075/.5005)=2.99 -> 2; last 4.
+  EXPECT_EQ(dream_schedule(10, 4, 1e-3f), (std::vector<int>{2, 2, 2, 4}));
+  // n=8, 8 steps: 8*0.124875 = 0.999 -> 0 first, then 1 each, the last step takes the 2 left.
+  EXPECT_EQ(dream_schedule(8, 8, 1e-3f), (std::vector<int>{0, 1, 1, 1, 1, 1, 1, 2}));
+  EXPECT_EQ(dream_schedule(5, 1, 1e-3f), (std::vector<int>{5}));
+  for (int n : {1, 7, 64, 128})
+    for (int s : {1, 3, 16, 128, 512}) {
+      const std::vector<int> k = dream_schedule(n, s, 1e-3f);
+      int sum = 0;
+      for (int x : k) sum += x;
+      EXPECT_EQ(sum, n) << n << " " << s;
+    }
+  EXPECT_FLOAT_EQ(dream_transfer_prob(0.75025f, 0.5005f, false), 1.0f - 0.5005f / 0.75025f);
+  EXPECT_FLOAT_EQ(dream_transfer_prob(0.5f, 0.25f, true), 1.0f);
+}
+
+TEST(Generate, LLaDAScheduleCounts) {
+  FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return float(p); }));
+  GenerateOptions o;
+  o.gen_length = 10;
+  o.block_length = 10;
+  o.steps = 4;
+  GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(sizes(r), (std::vector<size_t>{3, 3, 2, 2}));
+  EXPECT_EQ(r.steps_run, 4);
+  expect_each_once(r, 3, 10);
+  ASSERT_EQ(r.tokens.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(r.tokens[static_cast<size_t>(i)], (i + 3) % 5);
+}
+
+TEST(Generate, LLaDABlocksInOrder) {
+  FakeDenoiser d(peaked([](int) { return 4; }, [](int p) { return float(p % 3); }));
+  GenerateOptions o;
+  o.gen_length = 12;
+  o.block_length = 4;
+  o.steps = 6;  // 2 steps per block
+  std::vector<int> event_steps;
+  GenerateResult r = generate(d, kPrompt, o, [&](const StepEvent& e) {
+    event_steps.push_back(e.step);
+    EXPECT_EQ(e.canvas.size(), 15u);
+    for (int32_t p : e.newly_decided_positions) EXPECT_NE(e.canvas[static_cast<size_t>(p)], kMask);
+  });
+  ASSERT_EQ(r.order.size(), 6u);
+  EXPECT_EQ(event_steps, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  for (size_t s = 0; s < 6; ++s) {
+    const int lo = 3 + 4 * static_cast<int>(s / 2);
+    EXPECT_EQ(r.order[s].size(), 2u);
+    for (int32_t p : r.order[s]) EXPECT_TRUE(p >= lo && p < lo + 4) << "step " << s << " decided " << p;
+    // Only undecided positions of the current block are asked for.
+    for (int32_t p : d.calls[s]) EXPECT_TRUE(p >= lo && p < lo + 4);
+  }
+  EXPECT_EQ(d.calls[0].size(), 4u);
+  EXPECT_EQ(d.calls[1].size(), 2u);
+  expect_each_once(r, 3, 12);
+  // Each step draws fresh noise: seed = rng_mix(seed + global step).
+  for (size_t s = 0; s < 6; ++s) EXPECT_EQ(d.seeds[s], rng_mix(o.seed + s));
+}
+
+TEST(Generate, LowConfidencePicksMostConfidentTiesLowerFirst) {
+  // strength by position offset: 1, 5, 3, 5, 0, 2 -> order 4,6 (tie at 5: lower first), then 5, 8, 3, 7
+  const float st[] = {1, 5, 3, 5, 0, 2};
+  FakeDenoiser d(peaked([](int) { return 2; }, [&](int p) { return st[p - 3]; }));
+  GenerateOptions o;
+  o.gen_length = 6;
+  o.block_length = 6;
+  o.steps = 6;
+  GenerateResult r = generate(d, kPrompt, o);
+  std::vector<int32_t> seq;
+  for (const auto& s : r.order) seq.insert(seq.end(), s.begin(), s.end());
+  EXPECT_EQ(seq, (std::vector<int32_t>{4, 6, 5, 8, 3, 7}));
+}
+
+TEST(Generate, ThresholdAcceptsAllAboveAndAtLeastOne) {
+  // Positions 4 and 7 are confident (0.9995 >= 0.9); the others (0.28) come one per step, best first.
+  const float st[] = {1.0f, 9.0f, 1.2f, 1.0f, 9.0f, 1.1f};
+  FakeDenoiser d(peaked([](int) { return 3; }, [&](int p) { return st[p - 3]; }));
+  ASSERT_GT(conf_of(9.0f), 0.9);
+  ASSERT_LT(conf_of(1.2f), 0.9);
+  GenerateOptions o;
+  o.gen_length = 6;
+  o.block_length = 6;
+  o.steps = 7;  // not split under threshold decoding
+  o.threshold = 0.9f;
+  GenerateResult r = generate(d, kPrompt, o);
+  ASSERT_EQ(r.order.size(), 5u);
+  EXPECT_EQ(r.order[0], (std::vector<int32_t>{4, 7}));
+  EXPECT_EQ(r.order[1], (std::vector<int32_t>{5}));
+  EXPECT_EQ(r.order[2], (std::vector<int32_t>{8}));
+  EXPECT_EQ(r.order[3], (std::vector<int32_t>{3}));
+  EXPECT_EQ(r.order[4], (std::vector<int32_t>{6}));
+  EXPECT_EQ(r.steps_run, 5);
+
+  // Threshold with blocks: block 1 finishes before block 2 starts.
+  o.block_length = 3;
+  GenerateResult b = generate(d, kPrompt, o);
+  EXPECT_EQ(b.order[0], (std::vector<int32_t>{4}));
+  EXPECT_EQ(b.order[1], (std::vector<int32_t>{5}));
+  EXPECT_EQ(b.order[2], (std::vector<int32_t>{3}));
+  EXPECT_EQ(b.order[3], (std::vector<int32_t>{7}));
+  expect_each_once(b, 3, 6);
+}
+
+TEST(Generate, DreamLinspaceCounts) {
+  for (auto [n, steps] : std::vector<std::pair<int, int>>{{10, 4}, {8, 8}, {16, 5}, {12, 3}}) {
+    FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
+    GenerateOptions o;
+    o.alg = "maskgit_plus";
+    o.gen_length = n;
+    o.steps = steps;
+    o.block_length = 1000;  // ignored: >= gen_length
+    GenerateResult r = generate(d, kPrompt, o);
+    std::vector<size_t> want;
+    for (int k : dream_schedule(n, steps, o.eps))
+      if (k > 0) want.push_back(static_cast<size_t>(k));
+    EXPECT_EQ(sizes(r), want) << n << " " << steps;
+    expect_each_once(r, 3, n);
+  }
+}
+
+TEST(Generate, DreamScheduleInsideBlocks) {
+  FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
+  GenerateOptions o;
+  o.alg = "entropy";
+  o.gen_length = 20;
+  o.block_length = 10;
+  o.steps = 8;  // 4 per block: 2,2,2,4 in each
+  GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(sizes(r), (std::vector<size_t>{2, 2, 2, 4, 2, 2, 2, 4}));
+  for (size_t s = 0; s < 4; ++s)
+    for (int32_t p : r.order[s]) EXPECT_LT(p, 13);
+  expect_each_once(r, 3, 20);
+}
+
+// Four positions with hand-set distributions (V = 5): the first step of gen 4 / steps 2 decides one.
+//   Y (0.65, 0.30, 0.0167 x3): max prob
+//   Z (0.60, 0.10 x4):         max margin 0.5
+//   X (0.62, 0.38, ~0 x3):     max neg-entropy -0.664
+//   W uniform:                 worst everywhere
+TEST(Generate, ProbMarginEntropyChooseAsHandComputed) {
+  auto lg = [](std::vector<double> ps) {
+    std::vector<float> r;
+    for (double x : ps) r.push_back(static_cast<float>(std::log(x)));
+    return r;
+  };
+  const std::vector<std::vector<float>> rows = {
+      lg({0.2, 0.2, 0.2, 0.2, 0.2}),                   // W at 3
+      lg({0.65, 0.30, 0.05 / 3, 0.05 / 3, 0.05 / 3}),  // Y at 4
+      lg({0.60, 0.10, 0.10, 0.10, 0.10}),              // Z at 5
+      lg({0.62, 0.38 - 3e-9, 1e-9, 1e-9, 1e-9}),       // X at 6
+  };
+  ASSERT_EQ(dream_schedule(4, 2, 1e-3f), (std::vector<int>{1, 3}));
+  const std::pair<const char*, int32_t> cases[] = {{"maskgit_plus", 4}, {"topk_margin", 5}, {"entropy", 6}};
+  for (auto [alg, want] : cases) {
+    FakeDenoiser d([&](std::span<const int32_t>, int p) { return rows[static_cast<size_t>(p - 3)]; }, 5, 4);
+    GenerateOptions o;
+    o.alg = alg;
+    o.gen_length = 4;
+    o.steps = 2;
+    GenerateResult r = generate(d, kPrompt, o);
+    ASSERT_EQ(r.order.size(), 2u);
+    EXPECT_EQ(r.order[0], (std::vector<int32_t>{want})) << alg;
+  }
+}
+
+TEST(Generate, OriginReproducibleAndKeyed) {
+  FakeDenoiser d(peaked([](int p) { return p % 6; }, [](int) { return 2.0f; }));
+  GenerateOptions o;
+  o.alg = "origin";
+  o.gen_length = 16;
+  o.steps = 6;
+  o.seed = 1234;
+  GenerateResult a = generate(d, kPrompt, o), b = generate(d, kPrompt, o);
+  EXPECT_EQ(a.order, b.order);
+  EXPECT_EQ(a.tokens, b.tokens);
+  expect_each_once(a, 3, 16);
+  // The documented contract: at step i each undecided position transfers when
+  // rng_uniform(rng_mix(rng_mix(seed + i) ^ 0xd1b54a32d192ed03), position, 0) < 1 - s/t (1 at the end).
+  const std::vector<float> ts = dream_timesteps(6, o.eps);
+  std::vector<char> dec(19, 0);
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < 6; ++i) {
+    const uint64_t hs = rng_mix(rng_mix(o.seed + static_cast<uint64_t>(i)) ^ 0xd1b54a32d192ed03ull);
+    const float pt = dream_transfer_prob(ts[static_cast<size_t>(i)], ts[static_cast<size_t>(i) + 1], i == 5);
+    std::vector<int32_t> s;
+    for (int p = 3; p < 19; ++p)
+      if (!dec[static_cast<size_t>(p)] && rng_uniform(hs, static_cast<uint64_t>(p), 0) < pt) s.push_back(p);
+    for (int32_t p : s) dec[static_cast<size_t>(p)] = 1;
+    if (!s.empty()) want.push_back(s);
+  }
+  EXPECT_EQ(a.order, want);
+  o.seed = 99;
+  EXPECT_NE(generate(d, kPrompt, o).order, a.order);
+}
+
+TEST(Generate, RandomRemaskingReproducible) {
+  FakeDenoiser d(peaked([](int) { return 1; }, [](int) { return 2.0f; }));
+  GenerateOptions o;
+  o.alg = "random";
+  o.gen_length = 16;
+  o.block_length = 16;
+  o.steps = 16;
+  o.seed = 5;
+  GenerateResult a = generate(d, kPrompt, o), b = generate(d, kPrompt, o);
+  EXPECT_EQ(a.order, b.order);
+  // Step 0 decides the position with the largest rng_uniform(rng_mix(seed + 0), position, V + 1).
+  int32_t best = -1;
+  double bu = -1;
+  for (int p = 3; p < 19; ++p) {
+    const double u = rng_uniform(rng_mix(5), static_cast<uint64_t>(p), kV + 1);
+    if (u > bu) {
+      bu = u;
+      best = p;
+    }
+  }
+  EXPECT_EQ(a.order[0], (std::vector<int32_t>{best}));
+  o.seed = 6;
+  EXPECT_NE(generate(d, kPrompt, o).order, a.order);
+}
+
+TEST(Generate, AlgTempSamplesPositionsReproducibly) {
+  FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
+  GenerateOptions o;
+  o.alg = "maskgit_plus";
+  o.gen_length = 10;
+  o.steps = 4;
+  o.alg_temp = 0.5f;
+  o.seed = 8;
+  GenerateResult a = generate(d, kPrompt, o), b = generate(d, kPrompt, o);
+  EXPECT_EQ(a.order, b.order);
+  EXPECT_EQ(sizes(a), (std::vector<size_t>{2, 2, 2, 4}));
+  expect_each_once(a, 3, 10);
+}
+
+TEST(Generate, EosTrimAndEarlyStop) {
+  // Position 5 (offset 2) predicts EOS confidently; the others predict token 4.
+  RowFn fn = [](std::span<const int32_t>, int p) {
+    std::vector<float> r(kV, 0.0f);
+    r[p == 5 ? kEos : 4] = p == 5 ? 9.0f : 3.0f;
+    return r;
+  };
+  FakeDenoiser d(fn);
+  GenerateOptions o;
+  o.gen_length = 8;
+  o.block_length = 4;
+  o.steps = 8;
+  o.eos_ids = {kEos};
+  GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4}));
+  EXPECT_EQ(r.steps_run, 4);  // the second block is skipped: the first holds an EOS
+
+  o.stop_at_eos = false;
+  GenerateResult full = generate(d, kPrompt, o);
+  EXPECT_EQ(full.tokens, (std::vector<int32_t>{4, 4, kEos, 4, 4, 4, 4, 4}));
+  EXPECT_EQ(full.steps_run, 8);
+
+  // logits_eos_inf forbids the EOS token.
+  o.stop_at_eos = true;
+  o.logits_eos_inf = true;
+  GenerateResult noeos = generate(d, kPrompt, o);
+  EXPECT_EQ(noeos.tokens.size(), 8u);
+  for (int32_t t : noeos.tokens) EXPECT_NE(t, kEos);
+}
+
+TEST(Generate, CfgCombinesOnTheHost) {
+  // Conditional logits (prompt visible) (0, 1, 1.2, ...) pick token 2; unconditional (prompt masked)
+  // (0, 0, 1.5, ...). cfg 1: Lu + 2 (Lc - Lu) = (0, 2, 0.9, ...) picks token 1.
+  RowFn fn = [](std::span<const int32_t> c, int) {
+    std::vector<float> r(kV, -5.0f);
+    const bool uncond = c[0] == kMask;
+    r[0] = 0.0f;
+    r[1] = uncond ? 0.0f : 1.0f;
+    r[2] = uncond ? 1.5f : 1.2f;
+    return r;
+  };
+  FakeDenoiser d(fn);
+  GenerateOptions o;
+  o.gen_length = 1;
+  o.block_length = 1;
+  o.steps = 1;
+  GenerateResult plain = generate(d, kPrompt, o);
+  EXPECT_EQ(plain.tokens, (std::vector<int32_t>{2}));
+  o.cfg_scale = 1.0f;
+  FakeDenoiser d2(fn);
+  GenerateResult cfg = generate(d2, kPrompt, o);
+  EXPECT_EQ(cfg.tokens, (std::vector<int32_t>{1}));
+  ASSERT_EQ(d2.logit_canvases.size(), 2u);
+  EXPECT_EQ(d2.logit_canvases[0], (std::vector<int32_t>{1, 2, 3, kMask}));
+  EXPECT_EQ(d2.logit_canvases[1], (std::vector<int32_t>{kMask, kMask, kMask, kMask}));
+  EXPECT_TRUE(d2.calls.empty());
+}
+
+void expect_error(const GenerateOptions& o, const std::string& msg, std::vector<int32_t> prompt = kPrompt) {
+  FakeDenoiser d(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  try {
+    generate(d, prompt, o);
+    ADD_FAILURE() << "expected an error containing: " << msg;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << "got: " << e.what();
+  }
+}
+
+TEST(Generate, ValidationErrors) {
+  auto with = [](std::function<void(GenerateOptions&)> f) {
+    GenerateOptions o;
+    f(o);
+    return o;
+  };
+  expect_error(with([](auto& o) { o.alg = "greedy"; }), "unknown algorithm 'greedy'");
+  expect_error(with([](auto& o) { o.gen_length = 0; }), "gen-length must be > 0 (got 0)");
+  expect_error(with([](auto& o) { o.steps = -1; }), "steps must be > 0 (got -1)");
+  expect_error(with([](auto& o) { o.block_length = 0; }), "block-length must be > 0 (got 0)");
+  expect_error(with([](auto& o) {
+                 o.gen_length = 100;
+                 o.block_length = 32;
+               }),
+               "gen-length 100 is not divisible by block-length 32");
+  expect_error(with([](auto& o) {
+                 o.gen_length = 96;
+                 o.block_length = 32;
+                 o.steps = 100;
+               }),
+               "steps 100 is not divisible by the number of blocks 3");
+  expect_error(with([](auto& o) {
+                 o.alg = "entropy";
+                 o.gen_length = 96;
+                 o.block_length = 32;
+                 o.steps = 100;
+               }),
+               "steps 100 is not divisible by the number of blocks 3");
+  expect_error(with([](auto& o) { o.temperature = -0.5f; }), "temperature must be >= 0 (got -0.5)");
+  expect_error(with([](auto& o) { o.threshold = 1.5f; }), "threshold must be in [0, 1] (got 1.5)");
+  expect_error(with([](auto& o) {
+                 o.threshold = 0.9f;
+                 o.alg = "random";
+               }),
+               "threshold decoding needs a probability-like confidence");
+  expect_error(with([](auto& o) { o.cfg_scale = -1.0f; }), "cfg-scale must be >= 0 (got -1)");
+  expect_error(with([](auto& o) {
+                 o.cfg_scale = 1.0f;
+                 o.alg = "entropy";
+               }),
+               "cfg-scale applies only to the LLaDA algorithms");
+  expect_error(with([](auto& o) {
+                 o.top_k = -2;
+                 o.alg = "origin";
+               }),
+               "top-k must be >= 0 (got -2)");
+  expect_error(with([](auto& o) {
+                 o.top_p = 0.0f;
+                 o.alg = "origin";
+               }),
+               "top-p must be in (0, 1] (got 0)");
+  expect_error(with([](auto& o) { o.top_p = 0.9f; }), "top-k / top-p apply only to the Dream algorithms");
+  expect_error(with([](auto& o) { o.alg_temp = -1.0f; }), "alg-temp must be >= 0 (got -1)");
+  expect_error(with([](auto& o) {
+                 o.alg_temp = 0.5f;
+                 o.alg = "origin";
+               }),
+               "alg-temp applies only to maskgit_plus, topk_margin and entropy");
+  expect_error(with([](auto& o) {
+                 o.alg_temp = 0.5f;
+                 o.alg = "entropy";
+                 o.threshold = 0.1f;
+               }),
+               "threshold decoding needs a probability-like confidence");
+  expect_error(with([](auto& o) {
+                 o.alg_temp = 0.5f;
+                 o.alg = "maskgit_plus";
+                 o.threshold = 0.5f;
+               }),
+               "alg-temp cannot be combined with threshold decoding");
+  expect_error(with([](auto& o) {
+                 o.eps = 0.0f;
+                 o.alg = "origin";
+               }),
+               "eps must be in (0, 1) (got 0)");
+  expect_error(with([](auto& o) { o.eos_ids = {3, 100}; }), "eos id 100 is outside the vocabulary [0, 8)");
+  expect_error(with([](auto& o) { o.logits_eos_inf = true; }), "logits-eos-inf needs an eos id");
+  expect_error(GenerateOptions{}, "prompt token 9 at position 1 is outside the vocabulary [0, 8)", {1, 9});
+  // block-length larger than gen-length is one block, not an error.
+  FakeDenoiser d(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  GenerateOptions o;
+  o.gen_length = 4;
+  o.steps = 4;
+  EXPECT_EQ(generate(d, kPrompt, o).steps_run, 4);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,291 @@
+// CPU sample_rows / token_logprob against hand-computed tokens and confidences.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+
+namespace tessera {
+namespace {
+
+struct Out {
+  std::vector<int32_t> tok;
+  std::vector<float> conf;
+};
+
+// Samples every row of `logits` ([R, V] row-major) with row keys `keys`.
+Out sample(std::vector<float> logits, int64_t V, std::vector<int32_t> keys, const SampleParams& p) {
+  const auto R = static_cast<int64_t>(keys.size());
+  Out o{std::vector<int32_t>(keys.size()), std::vector<float>(keys.size())};
+  Tensor L(logits.data(), DType::F32, {R, V});
+  Tensor K(keys.data(), DType::I32, {R});
+  Tensor T(o.tok.data(), DType::I32, {R});
+  Tensor C(o.conf.data(), DType::F32, {R});
+  cpu_sample_rows(L, K, p, T, C);
+  return o;
+}
+Out sample1(const std::vector<float>& row, const SampleParams& p, int32_t key = 7) {
+  return sample(row, static_cast<int64_t>(row.size()), {key}, p);
+}
+
+SampleParams dream(ConfKind c = ConfKind::Prob) {
+  SampleParams p;
+  p.conf = c;
+  return p;
+}
+SampleParams llada(ConfKind c = ConfKind::Prob) {
+  SampleParams p;
+  p.gumbel = true;
+  p.conf = c;
+  return p;
+}
+
+const double e0 = 1.0, e1 = std::exp(1.0), e2 = std::exp(2.0), e3 = std::exp(3.0);
+const std::vector<float> kRow = {1.0f, 3.0f, 2.0f, 0.0f};  // softmax: (e1, e3, e2, e0) / Z
+const double kZ = e0 + e1 + e2 + e3;
+
+TEST(Sample, ArgmaxProbBothFamilies) {
+  for (bool g : {false, true}) {
+    SampleParams p = g ? llada() : dream();
+    Out o = sample1(kRow, p);
+    EXPECT_EQ(o.tok[0], 1);
+    EXPECT_NEAR(o.conf[0], e3 / kZ, 1e-6);
+  }
+}
+
+TEST(Sample, MarginEntropyRandom) {
+  Out m = sample1(kRow, dream(ConfKind::Margin));
+  EXPECT_EQ(m.tok[0], 1);
+  EXPECT_NEAR(m.conf[0], (e3 - e2) / kZ, 1e-6);
+
+  Out h = sample1(kRow, dream(ConfKind::NegEntropy));
+  double want = 0;
+  for (double e : {e0, e1, e2, e3}) want += e / kZ * std::log(e / kZ + 1e-10);
+  EXPECT_EQ(h.tok[0], 1);
+  EXPECT_NEAR(h.conf[0], want, 1e-6);
+
+  for (bool g : {false, true}) {
+    SampleParams p = g ? llada(ConfKind::Random) : dream(ConfKind::Random);
+    p.seed = 42;
+    Out r = sample1(kRow, p, 9);
+    EXPECT_EQ(r.tok[0], 1);  // the token is still the argmax
+    EXPECT_FLOAT_EQ(r.conf[0], static_cast<float>(rng_uniform(42, 9, 4 + 1)));
+  }
+}
+
+TEST(Sample, TiesGoToLowestIndex) {
+  Out o = sample1({2.0f, 5.0f, 5.0f, 1.0f}, dream());
+  EXPECT_EQ(o.tok[0], 1);
+  Out m = sample1({2.0f, 5.0f, 5.0f, 1.0f}, dream(ConfKind::Margin));
+  EXPECT_NEAR(m.conf[0], 0.0, 1e-7);
+}
+
+TEST(Sample, SuppressToken) {
+  for (bool g : {false, true}) {
+    SampleParams p = g ? llada() : dream();
+    p.suppress_token = 1;
+    Out o = sample1(kRow, p);
+    EXPECT_EQ(o.tok[0], 2);
+    EXPECT_NEAR(o.conf[0], e2 / (e0 + e1 + e2), 1e-6);
+  }
+}
+
+TEST(Sample, TopK) {
+  SampleParams p = dream();
+  p.top_k = 2;  // keeps logits 3 and 2
+  EXPECT_NEAR(sample1(kRow, p).conf[0], e3 / (e3 + e2), 1e-6);
+  p.conf = ConfKind::Margin;
+  EXPECT_NEAR(sample1(kRow, p).conf[0], (e3 - e2) / (e3 + e2), 1e-6);
+  p.conf = ConfKind::NegEntropy;
+  const double a = e3 / (e3 + e2), b = e2 / (e3 + e2);
+  EXPECT_NEAR(sample1(kRow, p).conf[0], a * std::log(a + 1e-10) + b * std::log(b + 1e-10), 1e-6);
+  p.top_k = 10;  // larger than the vocabulary: off
+  p.conf = ConfKind::Prob;
+  EXPECT_NEAR(sample1(kRow, p).conf[0], e3 / kZ, 1e-6);
+}
+
+std::vector<float> log_probs(std::vector<double> ps) {
+  std::vector<float> r;
+  for (double x : ps) r.push_back(static_cast<float>(std::log(x)));
+  return r;
+}
+
+TEST(Sample, TopP) {
+  const std::vector<float> row = log_probs({0.5, 0.3, 0.15, 0.05});
+  SampleParams p = dream();
+  p.top_p = 0.7f;  // cumulative 0.5 <= 0.7 keeps token 1; 0.8 > 0.7 drops the rest
+  EXPECT_NEAR(sample1(row, p).conf[0], 0.5 / 0.8, 1e-5);
+  p.top_p = 0.4f;  // the most likely token is always kept
+  EXPECT_NEAR(sample1(row, p).conf[0], 1.0, 1e-6);
+  p.top_p = 0.85f;
+  EXPECT_NEAR(sample1(row, p).conf[0], 0.5 / 0.95, 1e-5);
+  p.conf = ConfKind::Margin;
+  EXPECT_NEAR(sample1(row, p).conf[0], 0.2 / 0.95, 1e-5);
+}
+
+// Long tails far below the maximum: the nucleus reaches deep into the row.
+TEST(Sample, TopPMatchesFullSortOnLongTails) {
+  const int V = 5000;
+  std::vector<float> row(V);
+  row[0] = 0.0f;
+  for (int v = 1; v < V; ++v) row[static_cast<size_t>(v)] = -9.0f - 1e-3f * static_cast<float>((v * 37) % V);
+  for (float tp : {0.3f, 0.7f, 0.9f, 0.99f}) {
+    std::vector<double> s(row.begin(), row.end());
+    std::sort(s.begin(), s.end(), std::greater<double>());
+    double z = 0;
+    for (double x : s) z += std::exp(x);
+    double cum = 0, kept = 0, cut = -1e300;
+    for (double x : s) {
+      kept += std::exp(x);
+      cum += std::exp(x) / z;
+      if (cum > tp) {
+        cut = x;
+        break;
+      }
+    }
+    SampleParams p = dream();
+    p.top_p = tp;
+    EXPECT_NEAR(sample1(row, p).conf[0], 1.0 / kept, 1e-4) << tp << " cut " << cut;
+  }
+}
+
+TEST(Sample, TopPThenTopKAsDream) {
+  // top_p 0.5 first keeps {0, 1}; top_k 2 then keeps both. (top_k first would renormalise to
+  // (0.533, 0.467) and top_p would keep only token 0.)
+  const std::vector<float> row = log_probs({0.4, 0.35, 0.25});
+  SampleParams p = dream();
+  p.top_p = 0.5f;
+  p.top_k = 2;
+  EXPECT_NEAR(sample1(row, p).conf[0], 0.4 / 0.75, 1e-5);
+}
+
+TEST(Sample, DreamTemperatureSamplesByInverseCdf) {
+  const std::vector<float> row = log_probs({0.5, 0.3, 0.2});
+  for (int key = 0; key < 50; ++key) {
+    SampleParams p = dream();
+    p.temperature = 1.0f;
+    p.seed = 5;
+    const double u = rng_uniform(5, static_cast<uint64_t>(key), 3);
+    const int want = u < 0.5 ? 0 : (u < 0.8 ? 1 : 2);
+    const double pw[] = {0.5, 0.3, 0.2};
+    Out o = sample1(row, p, key);
+    ASSERT_EQ(o.tok[0], want) << "key " << key;
+    EXPECT_NEAR(o.conf[0], pw[want], 1e-5);
+  }
+  // Temperature 2 flattens: P ~ p^(1/2); the confidence is the tempered probability.
+  SampleParams p = dream();
+  p.temperature = 2.0f;
+  const double z = std::sqrt(0.5) + std::sqrt(0.3) + std::sqrt(0.2);
+  Out o = sample1(row, p, 3);
+  const double u = rng_uniform(0, 3, 3);
+  const int want = u < std::sqrt(0.5) / z ? 0 : (u < (std::sqrt(0.5) + std::sqrt(0.3)) / z ? 1 : 2);
+  EXPECT_EQ(o.tok[0], want);
+  EXPECT_NEAR(o.conf[0], std::sqrt(std::vector<double>{0.5, 0.3, 0.2}[static_cast<size_t>(want)]) / z, 1e-5);
+}
+
+TEST(Sample, GumbelMatchesHandNoise) {
+  for (int key = 0; key < 50; ++key) {
+    SampleParams p = llada();
+    p.temperature = 0.7f;
+    p.seed = 11;
+    int want = 0;
+    double best = -1e300;
+    for (int v = 0; v < 4; ++v) {
+      const double u = rng_uniform(11, static_cast<uint64_t>(key), static_cast<uint64_t>(v));
+      // LLaDA: argmax exp(L) / (-log U)^T
+      const double s =
+          std::exp(static_cast<double>(kRow[static_cast<size_t>(v)])) / std::pow(-std::log(u), 0.7);
+      if (s > best) {
+        best = s;
+        want = v;
+      }
+    }
+    Out o = sample1(kRow, p, key);
+    ASSERT_EQ(o.tok[0], want) << "key " << key;
+    const double ev[] = {e1, e3, e2, e0};
+    EXPECT_NEAR(o.conf[0], ev[want] / kZ, 1e-6);  // softmax without temperature
+  }
+}
+
+// Over many row keys, both samplers at T = 1 draw tokens with the softmax frequencies.
+TEST(Sample, FrequenciesFollowSoftmax) {
+  const int R = 20000;
+  const std::vector<float> row = log_probs({0.6, 0.25, 0.15});
+  std::vector<float> logits;
+  std::vector<int32_t> keys;
+  for (int r = 0; r < R; ++r) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    keys.push_back(r);
+  }
+  for (bool g : {false, true}) {
+    SampleParams p = g ? llada() : dream();
+    p.temperature = 1.0f;
+    p.seed = 3;
+    Out o = sample(logits, 3, keys, p);
+    int cnt[3] = {0, 0, 0};
+    for (int32_t t : o.tok) ++cnt[t];
+    EXPECT_NEAR(cnt[0] / double(R), 0.6, 0.02) << (g ? "gumbel" : "dream");
+    EXPECT_NEAR(cnt[1] / double(R), 0.25, 0.02);
+    EXPECT_NEAR(cnt[2] / double(R), 0.15, 0.02);
+  }
+}
+
+TEST(Sample, DeterministicAndKeyed) {
+  std::vector<float> logits;
+  std::vector<int32_t> keys;
+  for (int r = 0; r < 64; ++r) {
+    for (int v = 0; v < 16; ++v) logits.push_back(0.1f * static_cast<float>((r * 7 + v * 3) % 11));
+    keys.push_back(100 + r);
+  }
+  for (bool g : {false, true}) {
+    SampleParams p = g ? llada(ConfKind::Random) : dream(ConfKind::Random);
+    p.temperature = 1.0f;
+    p.seed = 99;
+    Out a = sample(logits, 16, keys, p), b = sample(logits, 16, keys, p);
+    EXPECT_EQ(a.tok, b.tok);
+    EXPECT_EQ(a.conf, b.conf);
+    // Each row equals the row sampled alone (no dependence on packing or threads).
+    for (int r = 0; r < 64; r += 9) {
+      std::vector<float> row(logits.begin() + r * 16, logits.begin() + (r + 1) * 16);
+      Out s = sample1(row, p, keys[static_cast<size_t>(r)]);
+      EXPECT_EQ(s.tok[0], a.tok[static_cast<size_t>(r)]);
+      EXPECT_EQ(s.conf[0], a.conf[static_cast<size_t>(r)]);
+    }
+    // Same logits under different row keys draw different noise.
+    std::vector<float> same;
+    std::vector<int32_t> k2;
+    for (int r = 0; r < 32; ++r) {
+      same.insert(same.end(), logits.begin(), logits.begin() + 16);
+      k2.push_back(r);
+    }
+    Out c = sample(same, 16, k2, p);
+    int distinct_tok = 0;
+    for (size_t r = 1; r < c.tok.size(); ++r) distinct_tok += c.tok[r] != c.tok[0];
+    EXPECT_GT(distinct_tok, 0);
+    for (size_t r = 1; r < c.conf.size(); ++r) EXPECT_NE(c.conf[r], c.conf[0]);
+    // A different seed changes the draw.
+    SampleParams q = p;
+    q.seed = 100;
+    EXPECT_NE(sample(same, 16, k2, q).conf, c.conf);
+  }
+}
+
+TEST(Sample, TokenLogprob) {
+  std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f, 0.5f, 0.5f};
+  std::vector<int32_t> target = {2, 0};
+  std::vector<float> lp(2);
+  Tensor L(logits.data(), DType::F32, {2, 3});
+  Tensor T(target.data(), DType::I32, {2});
+  Tensor O(lp.data(), DType::F32, {2});
+  cpu_token_logprob(L, T, O);
+  EXPECT_NEAR(lp[0], 3.0 - std::log(e1 + e2 + e3), 1e-6);
+  EXPECT_NEAR(lp[1], -std::log(3.0), 1e-6);
+}
+
+}  // namespace
+}  // namespace tessera
