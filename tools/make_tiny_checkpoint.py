@@ -1,34 +1,115 @@
 #!/usr/bin/env python3
-"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA or Dream: config.json
-with the real field names, sharded safetensors + model.safetensors.index.json, a byte-level BPE
-tokenizer.json with the family's special tokens, tokenizer_config.json, generation_config.json.
+"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA or Dream.
 
   make_tiny_checkpoint.py --family llada|dream --out DIR [--seed 0] [--hidden 64] [--layers 2]
       [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512] [--shards 2]
-      [--dtype bf16|f32] [--no-qkv-bias]
-Special tokens take the top ids of the vocabulary (see SPECIALS).
+      [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
+
+Output (same file names, config field names, tensor names and dtypes as the real checkpoints, see
+shared/specs/models.md):
+  config.json                       real field names of the family (LLaDA: d_model, n_layers, ...;
+                                    Dream: hidden_size, num_hidden_layers, ...)
+  model-0000K-of-0000N.safetensors  + model.safetensors.index.json  (--shards N > 1)
+  model.safetensors                 (--shards 1, no index)
+  tokenizer.json                    byte-level BPE: ids 0..255 = the GPT-2 byte symbols (id == byte
+                                    value), then merges learnt greedily from a built-in English text,
+                                    then (only if the text runs out of pairs) <|reserved_N|> added
+                                    tokens, then the family's special tokens at the top of the vocab
+  tokenizer_config.json, generation_config.json
+
+Special-token ids (V = --vocab):
+  llada: <|endoftext|> V-6 (eos = pad), <|startoftext|> V-5 (bos), <|mdm_mask|> V-4 (mask),
+         <|eot_id|> V-3, <|start_header_id|> V-2, <|end_header_id|> V-1
+  dream: <|endoftext|> V-4 (eos = pad = bos), <|im_start|> V-3, <|im_end|> V-2, <|mask|> V-1 (mask)
+
+Weights: linears N(0, 1/fan_in) stored [out, in]; embeddings N(0, 1); norm weights 1 + 0.1 N(0, 1);
+biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer, then final
+norm, then LM head), so a given --seed and geometry always gives the same weights.
 """
 import argparse
 import json
 import os
-import sys
+import re
+import struct
+from collections import Counter
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
-import safetensors_np  # noqa: E402
-
+# Special tokens of each family, in the order they take the top ids of the vocabulary.
 SPECIALS = {
     "llada": ["<|endoftext|>", "<|startoftext|>", "<|mdm_mask|>", "<|eot_id|>", "<|start_header_id|>",
               "<|end_header_id|>"],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],
 }
-CORPUS = ("the quick brown fox jumps over the lazy dog. once upon a time there was a little girl who "
-          "loved to play in the park with her friends. the model writes text by denoising masked tokens.")
 
+# Built-in English text the BPE merges are learnt from.
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time there was a little girl who loved to play in the park with her friends.",
+    "She saw a big red ball and ran to get it, but the ball rolled into the water.",
+    "The model writes text by denoising masked tokens in parallel.",
+    "Every day the sun rises in the east and sets in the west.",
+    "He said that the weather would be nice, so they went for a walk.",
+    "There is nothing better than a good book and a cup of tea on a rainy evening.",
+    "The children were happy when their mother made them a cake for the party.",
+    "In the morning the birds sing and the flowers open to the light.",
+    "What is the answer to the question? Let me think about it for a moment.",
+    "They are going to the store to buy some bread, milk and eggs.",
+    "It was the best of times, it was the worst of times.",
+    "I think that the cat is sleeping on the bed in the other room.",
+    "We can learn a lot from the things that happen to us every day.",
+    "The teacher asked the students to read the story and write about it.",
+]
+
+# GPT-2 pre-tokenizer regex restricted to ASCII (Python's re has no \p{L}); the corpus is ASCII.
+PRETOK = re.compile(r"'(?:s|t|re|ve|m|ll|d)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors writer
+# ---------------------------------------------------------------------------------------------
+
+def f32_to_bf16_bits(x):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest, ties to even (NaN kept NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    lsb = (u >> np.uint32(16)) & np.uint32(1)
+    rounded = ((u + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    rounded[nan] = np.uint16(0x7FC0)
+    return rounded
+
+
+def write_safetensors(path, tensors, dtype):
+    """Writes {name: float32 ndarray} with every tensor stored as `dtype` ("BF16" or "F32").
+
+    Layout: u64 little-endian header length, JSON header (padded with spaces to a multiple of 8),
+    then the raw little-endian tensor bytes in header order. Returns the number of data bytes."""
+    header = {"__metadata__": {"format": "pt"}}
+    blobs, off = [], 0
+    for name, arr in tensors.items():
+        arr = np.asarray(arr, dtype=np.float32)
+        blob = f32_to_bf16_bits(arr).astype("<u2").tobytes() if dtype == "BF16" else arr.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob)
+        off += len(blob)
+    hs = json.dumps(header, separators=(",", ":")).encode()
+    hs += b" " * ((8 - len(hs) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hs)))
+        f.write(hs)
+        for b in blobs:
+            f.write(b)
+    return off
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------------
 
 def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    """GPT-2's reversible byte -> printable unicode symbol map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -39,53 +120,70 @@ def bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def make_tokenizer(family, vocab):
-    b2u = bytes_to_unicode()
-    pieces = [b2u[b] for b in range(256)]
-    specials = SPECIALS[family]
-    n_merges = vocab - 256 - len(specials)
-    if n_merges < 0:
-        raise SystemExit(f"--vocab must be at least {256 + len(specials)}")
-    # Greedy BPE merges learnt from a tiny built-in corpus (words with their leading space).
-    words = [[b2u[b] for b in (" " + w if i else w).encode()] for i, w in enumerate(CORPUS.split(" "))]
-    merges = []
-    while len(merges) < n_merges:
-        counts = {}
-        for w in words:
-            for a, b in zip(w, w[1:]):
-                counts[(a, b)] = counts.get((a, b), 0) + 1
+def learn_merges(n_pieces, b2u):
+    """Greedy BPE on CORPUS: repeatedly merge the most frequent adjacent pair (ties: the
+    lexicographically largest pair, so the result is deterministic). Returns (merges, new_pieces);
+    stops at n_pieces new pieces or when no pair is left."""
+    words = Counter()
+    for line in CORPUS:
+        for w in PRETOK.findall(line):
+            words[tuple(b2u[b] for b in w.encode())] += 1
+    words = {tuple(w): c for w, c in words.items()}
+    merges, pieces, seen = [], [], set()
+    while len(pieces) < n_pieces:
+        counts = Counter()
+        for w, c in words.items():
+            for pair in zip(w, w[1:]):
+                counts[pair] += c
         if not counts:
             break
         (a, b), _ = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
         merges.append((a, b))
-        pieces.append(a + b)
-        for w in words:
-            i = 0
-            while i < len(w) - 1:
-                if w[i] == a and w[i + 1] == b:
-                    w[i:i + 2] = [a + b]
+        if a + b not in seen:  # two merge paths can spell the same string: one vocab entry
+            seen.add(a + b)
+            pieces.append(a + b)
+        new_words = {}
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
                 else:
+                    out.append(w[i])
                     i += 1
-    reserved = 0
-    added = []
-    while len(pieces) + len(added) + len(specials) < vocab:
-        added.append(f"<|reserved_{reserved}|>")
-        reserved += 1
+            new_words[tuple(out)] = new_words.get(tuple(out), 0) + c
+        words = new_words
+    return merges, pieces
+
+
+def make_tokenizer(family, vocab):
+    """Returns (tokenizer.json dict, {special string: id}); the vocabulary has exactly `vocab` ids."""
+    b2u = bytes_to_unicode()
+    specials = SPECIALS[family]
+    n_free = vocab - 256 - len(specials)
+    if n_free < 0:
+        raise SystemExit(f"--vocab must be at least {256 + len(specials)} for {family}")
+    merges, merged = learn_merges(n_free, b2u)
+    pieces = [b2u[b] for b in range(256)] + merged
+    reserved = [f"<|reserved_{i}|>" for i in range(n_free - len(merged))]
     vocab_map = {p: i for i, p in enumerate(pieces)}
-    added_tokens = []
-    ids = {}
-    for content in added + specials:
+    assert len(vocab_map) == len(pieces), "duplicate BPE piece"
+    added_tokens, ids = [], {}
+    for content in reserved + specials:
         tid = len(pieces) + len(added_tokens)
         added_tokens.append({"id": tid, "content": content, "single_word": False, "lstrip": False,
                              "rstrip": False, "normalized": False, "special": True})
         ids[content] = tid
+    assert len(pieces) + len(added_tokens) == vocab
     tok = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added_tokens,
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
@@ -95,29 +193,43 @@ def make_tokenizer(family, vocab):
     return tok, ids
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=["llada", "dream"], required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=0)
-    ap.add_argument("--intermediate", type=int, default=160)
-    ap.add_argument("--vocab", type=int, default=300)
-    ap.add_argument("--max-pos", type=int, default=512)
-    ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
-    ap.add_argument("--no-qkv-bias", action="store_true")
-    a = ap.parse_args()
+# Chat templates of the real instruct checkpoints (Jinja), abridged only where noted.
+LLADA_CHAT = ("{% set loop_messages = messages %}{% for message in loop_messages %}"
+              "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+              "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+              "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+DREAM_CHAT = ("{% if messages[0]['role'] != 'system' %}"  # Qwen2.5 ChatML without tool calls
+              "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+              "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+              " + '<|im_end|>' + '\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# ---------------------------------------------------------------------------------------------
+# weights and configs
+# ---------------------------------------------------------------------------------------------
+
+def build(a):
+    """Returns (tensors {name: float32}, config.json, tokenizer.json, tokenizer_config.json,
+    generation_config.json) for the parsed arguments."""
     fam = a.family
-    kv = a.kv_heads or (a.heads if fam == "llada" else max(1, a.heads // 2))
+    if a.hidden % a.heads:
+        raise SystemExit("--hidden must be a multiple of --heads")
+    if a.kv_heads:
+        kv = a.kv_heads
+    elif fam == "llada":
+        kv = a.heads
+    else:
+        kv = 2 if a.heads % 2 == 0 else 1
+    if a.heads % kv:
+        raise SystemExit("--heads must be a multiple of --kv-heads")
+    qkv_bias = (fam == "dream") if a.qkv_bias is None else a.qkv_bias
     d, f, V, hd = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads
     rng = np.random.default_rng(a.seed)
 
     def lin(o, i):
-        return rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i)
+        return rng.standard_normal((o, i)).astype(np.float32) / np.float32(np.sqrt(i))
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -126,6 +238,7 @@ def main():
         return (0.1 * rng.standard_normal(n)).astype(np.float32)
 
     tok, ids = make_tokenizer(fam, V)
+    torch_dtype = "bfloat16" if a.dtype == "bf16" else "float32"
     t = {}
     if fam == "llada":
         p = "model.transformer."
@@ -136,6 +249,10 @@ def main():
             t[b + "q_proj.weight"] = lin(a.heads * hd, d)
             t[b + "k_proj.weight"] = lin(kv * hd, d)
             t[b + "v_proj.weight"] = lin(kv * hd, d)
+            if qkv_bias:
+                t[b + "q_proj.bias"] = bias(a.heads * hd)
+                t[b + "k_proj.bias"] = bias(kv * hd)
+                t[b + "v_proj.bias"] = bias(kv * hd)
             t[b + "attn_out.weight"] = lin(d, a.heads * hd)
             t[b + "ff_norm.weight"] = norm(d)
             t[b + "ff_proj.weight"] = lin(f, d)
@@ -148,13 +265,13 @@ def main():
                "d_model": d, "n_layers": a.layers, "n_heads": a.heads, "n_kv_heads": kv,
                "mlp_hidden_size": f, "mlp_ratio": 4, "vocab_size": V, "embedding_size": V,
                "max_sequence_length": a.max_pos, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-               "weight_tying": False, "include_bias": False, "include_qkv_bias": False,
+               "weight_tying": False, "include_bias": False, "include_qkv_bias": bool(qkv_bias),
                "mask_token_id": ids["<|mdm_mask|>"], "eos_token_id": ids["<|endoftext|>"],
                "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|startoftext|>"],
-               "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32"}
+               "eot_token_id": ids["<|eot_id|>"], "torch_dtype": torch_dtype}
         tcfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-                "mask_token": "<|mdm_mask|>", "add_bos_token": True,
-                "chat_template": "{{ '<|startoftext|>' }}{% for m in messages %}<|start_header_id|>...{% endfor %}"}
+                "mask_token": "<|mdm_mask|>", "add_bos_token": True, "add_eos_token": False,
+                "model_max_length": a.max_pos, "chat_template": LLADA_CHAT}
     else:
         t["model.embed_tokens.weight"] = rng.standard_normal((V, d)).astype(np.float32)
         for i in range(a.layers):
@@ -163,7 +280,7 @@ def main():
             t[b + "self_attn.q_proj.weight"] = lin(a.heads * hd, d)
             t[b + "self_attn.k_proj.weight"] = lin(kv * hd, d)
             t[b + "self_attn.v_proj.weight"] = lin(kv * hd, d)
-            if not a.no_qkv_bias:
+            if qkv_bias:
                 t[b + "self_attn.q_proj.bias"] = bias(a.heads * hd)
                 t[b + "self_attn.k_proj.bias"] = bias(kv * hd)
                 t[b + "self_attn.v_proj.bias"] = bias(kv * hd)
@@ -179,40 +296,66 @@ def main():
                "num_key_value_heads": kv, "vocab_size": V, "max_position_embeddings": a.max_pos,
                "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
                "hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False,
-               "attention_dropout": 0.0, "mask_token_id": ids["<|mask|>"], "pad_token_id": ids["<|endoftext|>"],
+               "sliding_window": None, "attention_dropout": 0.0,
+               "mask_token_id": ids["<|mask|>"], "pad_token_id": ids["<|endoftext|>"],
                "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|endoftext|>"],
-               "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32"}
-        if a.no_qkv_bias:
+               "torch_dtype": torch_dtype}
+        if not qkv_bias:
             cfg["attention_bias"] = False
-        tcfg = {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-                "mask_token": "<|mask|>", "add_bos_token": False,
-                "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"}
+        tcfg = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                "mask_token": "<|mask|>", "add_bos_token": False, "model_max_length": a.max_pos,
+                "chat_template": DREAM_CHAT}
+    tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+           "pad_token_id": cfg["pad_token_id"], "transformers_version": "4.46.0"}
+    return t, cfg, tok, tcfg, gen
 
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", choices=["llada", "dream"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=0, help="default: heads (llada), 2 (dream)")
+    ap.add_argument("--intermediate", type=int, default=160)
+    ap.add_argument("--vocab", type=int, default=300)
+    ap.add_argument("--max-pos", type=int, default=512)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--qkv-bias", dest="qkv_bias", action="store_true", default=None,
+                    help="biases on q/k/v (default: on for dream, off for llada)")
+    ap.add_argument("--no-qkv-bias", dest="qkv_bias", action="store_false")
+    a = ap.parse_args()
+
+    t, cfg, tok, tcfg, gen = build(a)
     os.makedirs(a.out, exist_ok=True)
     dt = "BF16" if a.dtype == "bf16" else "F32"
     names = list(t.keys())
     if a.shards <= 1:
-        safetensors_np.write_file(os.path.join(a.out, "model.safetensors"), t, dt)
+        write_safetensors(os.path.join(a.out, "model.safetensors"), t, dt)
     else:
-        per = (len(names) + a.shards - 1) // a.shards
+        if a.shards > len(names):
+            raise SystemExit(f"--shards {a.shards} exceeds the {len(names)} tensors")
+        # Contiguous runs of tensors, as evenly as possible; every shard gets at least one.
+        bounds = [round(s * len(names) / a.shards) for s in range(a.shards + 1)]
         weight_map, total = {}, 0
         for s in range(a.shards):
             fn = f"model-{s + 1:05d}-of-{a.shards:05d}.safetensors"
-            part = {n: t[n] for n in names[s * per:(s + 1) * per]}
-            total += safetensors_np.write_file(os.path.join(a.out, fn), part, dt)
+            part = {n: t[n] for n in names[bounds[s]:bounds[s + 1]]}
+            total += write_safetensors(os.path.join(a.out, fn), part, dt)
             weight_map.update({n: fn for n in part})
         with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as fh:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
-    with open(os.path.join(a.out, "config.json"), "w") as fh:
-        json.dump(cfg, fh, indent=2)
-    with open(os.path.join(a.out, "tokenizer.json"), "w") as fh:
-        json.dump(tok, fh, ensure_ascii=False)
-    with open(os.path.join(a.out, "tokenizer_config.json"), "w") as fh:
-        json.dump(tcfg, fh, indent=2)
-    with open(os.path.join(a.out, "generation_config.json"), "w") as fh:
-        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
-                   "pad_token_id": cfg["pad_token_id"]}, fh, indent=2)
-    print(f"wrote {a.out}: {fam}, {sum(v.size for v in t.values())} parameters")
+    for name, obj, ascii_only in (("config.json", cfg, True), ("tokenizer.json", tok, False),
+                                  ("tokenizer_config.json", tcfg, True), ("generation_config.json", gen, True)):
+        with open(os.path.join(a.out, name), "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=None if name == "tokenizer.json" else 2, ensure_ascii=ascii_only)
+            fh.write("\n")
+    print(f"wrote {a.out}: {a.family}, {sum(v.size for v in t.values())} parameters, "
+          f"{a.shards if a.shards > 1 else 1} file(s), {dt}")
 
 
 if __name__ == "__main__":

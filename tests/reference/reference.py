@@ -1,13 +1,42 @@
 #!/usr/bin/env python3
-"""Independent numpy forward pass and reference samplers for LLaDA and Dream, written from
-shared/specs/models.md and shared/specs/algorithms.md (fp32 math).
+"""Independent numpy forward pass and temperature-0 reference samplers for LLaDA and Dream.
+
+Written from shared/specs/models.md and shared/specs/algorithms.md section 1 only (never from tessera's
+C++ code). All math is fp32 (weights widened from bf16 exactly); sampler probabilities are computed in
+float64, as LLaDA's reference code does.
 
   reference.py logits --model DIR --tokens 5,9,3 [--rows 0,2] --out FILE
-      writes float32 logits [len(rows), vocab] (rows default: all positions), little-endian.
+      Writes raw little-endian float32 logits [len(rows), vocab] (rows default: every position, in
+      order; listed rows are written in the order given). Dream logits are already shifted.
   reference.py generate --model DIR --prompt 5,9,3 --gen-length 16 --steps 8 --block-length 8
                         --alg low_confidence|entropy|maskgit_plus|topk_margin
-      temperature-0 sampler; prints JSON {"tokens": [...], "order": [[positions per step]...]}.
-      Ties in confidence go to the lower position.
+      Temperature-0 sampler; prints JSON {"tokens": [...final canvas incl. prompt...],
+      "order": [[positions unmasked at step 0], [step 1], ...]} (one list per step; each sorted).
+
+Model (models.md): family from config.json model_type ("llada" or "Dream"/"dream").
+  x = embed(tokens); per layer: h = x + o(Attn(RoPE(q(n)), RoPE(k(n)), v(n))), n = RMSNorm(x);
+  x = h + down(silu(gate(m)) * up(m)), m = RMSNorm(h); logits = RMSNorm(x) @ head^T.
+  - RMSNorm: x / sqrt(mean(x^2) + eps) * w, in fp32.
+  - RoPE: rotate-half (NeoX) on absolute positions 0..L-1, inv_freq_i = theta^(-2i/head_dim);
+    angles computed in float64 and rounded to fp32, then cos/sin in fp32.
+    Config "rope_interleaved": true (tessera's llama2.c conversions) rotates pairs (2i, 2i+1) instead.
+  - Attention: scale 1/sqrt(head_dim), GQA (kv head j serves query heads j*H/KV .. (j+1)*H/KV-1),
+    bidirectional unless config "is_causal": true. Optional q/k/v biases (Dream; LLaDA include_qkv_bias).
+  - LM head: untied, or the embedding when LLaDA "weight_tying" / Dream "tie_word_embeddings".
+  - Dream logit shift: logits[i] = head(hidden[i-1]) for i >= 1, logits[0] = head(hidden[0]).
+
+Samplers (algorithms.md 1A/1B), temperature 0. The schedule follows the algorithm:
+  - low_confidence: 1A. Blocks of --block-length (must divide gen-length; blocks must divide steps);
+    per block n = #masked, step i unmasks n // S + (i < n % S) positions; confidence = softmax(L)[argmax].
+  - entropy | maskgit_plus | topk_margin: 1B. ts = linspace(1, 1e-3, S + 1); step i unmasks
+    k = int(#masked * (1 - ts[i+1]/ts[i])) positions (all of them on the last step); confidence =
+    max prob | sum p log(p + 1e-10) | p1 - p2. With --block-length < gen-length the generation is split
+    into blocks the same way as 1A (steps / blocks steps each) and 1B runs inside each block on that
+    block's masked positions; with --block-length = gen-length (or 0) it is plain Dream over everything.
+  - Candidates are only the masked positions of the current block (never prompt positions).
+  - x0 = argmax of the logits; equal logits -> the lowest token id.
+  - TIE-BREAKING: positions with equal confidence are ranked lower position first (a stable sort by
+    descending confidence). The C++ sampler must do the same.
 """
 import argparse
 import json
@@ -20,179 +49,237 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
 
 
+# ---------------------------------------------------------------------------------------------
+# building blocks (also used by selftest.py)
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    """RMSNorm over the last axis in fp32."""
+    x = np.asarray(x, dtype=np.float32)
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ms + np.float32(eps))) * np.asarray(w, dtype=np.float32)
+
+
+def rope_cos_sin(positions, head_dim, theta):
+    """cos, sin [L, head_dim/2] (fp32) for integer positions; inv_freq_i = theta^(-2i/head_dim)."""
+    inv = 1.0 / (float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    ang = (np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]).astype(np.float32)
+    return np.cos(ang), np.sin(ang)
+
+
+def apply_rope(x, positions, theta, interleaved=False):
+    """x [L, heads, head_dim] -> rotated copy. Rotate-half pairs (i, i + hd/2); interleaved pairs
+    (2i, 2i+1). Pair i rotates by angle pos * inv_freq_i in both layouts."""
+    x = np.asarray(x, dtype=np.float32)
+    hd = x.shape[-1]
+    cos, sin = rope_cos_sin(positions, hd, theta)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
+    a, b = x[..., : hd // 2], x[..., hd // 2:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def attention(q, k, v, causal=False):
+    """q [L, H, hd], k/v [L, KV, hd] (post-RoPE) -> [L, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
+    GQA by repeating each kv head H/KV times; causal masks keys j > i."""
+    n, H, hd = q.shape
+    KV = k.shape[1]
+    if H % KV:
+        raise ValueError(f"{H} query heads are not a multiple of {KV} kv heads")
+    k = np.repeat(k, H // KV, axis=1)
+    v = np.repeat(v, H // KV, axis=1)
+    s = np.einsum("qhd,khd->hqk", q, k).astype(np.float32) / np.float32(np.sqrt(hd))
+    if causal:
+        s = np.where(np.tril(np.ones((n, k.shape[0]), dtype=bool))[None], s, np.float32(-np.inf))
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", p, v).astype(np.float32)
+
+
+def shift_logits(logits):
+    """Dream: row i <- row i-1 for i >= 1; row 0 stays."""
+    return np.concatenate([logits[:1], logits[:-1]], axis=0)
+
+
+def silu(x):
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+# ---------------------------------------------------------------------------------------------
+
 class Model:
+    """A LLaDA or Dream checkpoint directory, loaded into fp32 numpy arrays."""
+
     def __init__(self, model_dir):
         with open(os.path.join(model_dir, "config.json")) as f:
             c = json.load(f)
-        self.c = c
+        self.config = c
         w = safetensors_np.read_dir(model_dir)
         self.causal = bool(c.get("is_causal", False))
         self.interleaved = bool(c.get("rope_interleaved", False))
         mt = c["model_type"]
         if mt == "llada":
-            self.family = "llada"
-            d, L, H = c["d_model"], c["n_layers"], c["n_heads"]
+            self.family, self.shift = "llada", False
+            d, nl, H = c["d_model"], c["n_layers"], c["n_heads"]
             KV = c.get("n_kv_heads") or H
-            self.theta = c.get("rope_theta", 10000.0)
-            self.eps = c.get("rms_norm_eps", 1e-5)
+            self.theta, self.eps = c.get("rope_theta", 10000.0), c.get("rms_norm_eps", 1e-5)
             p = "model.transformer."
-            self.emb = w[p + "wte.weight"]
-            self.norm_f = w[p + "ln_f.weight"]
+            self.emb, self.norm_f = w[p + "wte.weight"], w[p + "ln_f.weight"]
             self.head = self.emb if c.get("weight_tying", False) else w[p + "ff_out.weight"]
-            self.layers = []
-            for i in range(L):
-                b = f"{p}blocks.{i}."
-                self.layers.append(dict(
-                    an=w[b + "attn_norm.weight"], q=w[b + "q_proj.weight"], k=w[b + "k_proj.weight"],
-                    v=w[b + "v_proj.weight"], o=w[b + "attn_out.weight"], fn=w[b + "ff_norm.weight"],
-                    g=w[b + "ff_proj.weight"], u=w[b + "up_proj.weight"], dn=w[b + "ff_out.weight"],
-                    bq=w.get(b + "q_proj.bias"), bk=w.get(b + "k_proj.bias"), bv=w.get(b + "v_proj.bias")))
-            self.shift = False
-            self.mask_id = c.get("mask_token_id", 126336)
+            names = dict(an="attn_norm", q="q_proj", k="k_proj", v="v_proj", o="attn_out", fn="ff_norm",
+                         g="ff_proj", u="up_proj", dn="ff_out")
+            prefix = lambda i: f"{p}blocks.{i}."  # noqa: E731
         elif mt in ("Dream", "dream"):
-            self.family = "dream"
-            d, L, H = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
-            KV = c.get("num_key_value_heads", H)
-            self.theta = c.get("rope_theta", 10000.0)
-            self.eps = c.get("rms_norm_eps", 1e-6)
-            self.emb = w["model.embed_tokens.weight"]
-            self.norm_f = w["model.norm.weight"]
+            self.family, self.shift = "dream", True
+            d, nl, H = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+            KV = c.get("num_key_value_heads") or H
+            self.theta, self.eps = c.get("rope_theta", 10000.0), c.get("rms_norm_eps", 1e-6)
+            self.emb, self.norm_f = w["model.embed_tokens.weight"], w["model.norm.weight"]
             self.head = self.emb if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
-            self.layers = []
-            for i in range(L):
-                b = f"model.layers.{i}."
-                self.layers.append(dict(
-                    an=w[b + "input_layernorm.weight"], q=w[b + "self_attn.q_proj.weight"],
-                    k=w[b + "self_attn.k_proj.weight"], v=w[b + "self_attn.v_proj.weight"],
-                    o=w[b + "self_attn.o_proj.weight"], fn=w[b + "post_attention_layernorm.weight"],
-                    g=w[b + "mlp.gate_proj.weight"], u=w[b + "mlp.up_proj.weight"],
-                    dn=w[b + "mlp.down_proj.weight"], bq=w.get(b + "self_attn.q_proj.bias"),
-                    bk=w.get(b + "self_attn.k_proj.bias"), bv=w.get(b + "self_attn.v_proj.bias")))
-            self.shift = True
-            self.mask_id = c.get("mask_token_id", 151666)
+            names = dict(an="input_layernorm", q="self_attn.q_proj", k="self_attn.k_proj",
+                         v="self_attn.v_proj", o="self_attn.o_proj", fn="post_attention_layernorm",
+                         g="mlp.gate_proj", u="mlp.up_proj", dn="mlp.down_proj")
+            prefix = lambda i: f"model.layers.{i}."  # noqa: E731
         else:
-            raise SystemExit(f"unsupported model_type {mt}")
+            raise SystemExit(f"unsupported model_type {mt!r}")
+        if "mask_token_id" not in c:
+            raise SystemExit("config.json has no mask_token_id")
+        self.mask_id = int(c["mask_token_id"])
+        self.layers = []
+        for i in range(nl):
+            b = prefix(i)
+            ly = {key: w[b + n + ".weight"] for key, n in names.items()}
+            for key in ("q", "k", "v"):
+                ly["b" + key] = w.get(b + names[key] + ".bias")
+            self.layers.append(ly)
         self.d, self.H, self.KV = d, H, KV
-        self.hd = c.get("head_dim", d // H)
-        self.vocab = self.emb.shape[0]
+        self.hd = c.get("head_dim") or d // H
+        self.vocab = self.head.shape[0]
 
-    def rms(self, x, w):
-        x = x.astype(np.float32)
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
-
-    def rope(self, x, pos):
-        # x [L, heads, hd]; rotate-half (NeoX) unless rope_interleaved
-        hd = self.hd
-        inv = 1.0 / (self.theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-        ang = (pos[:, None].astype(np.float64) * inv[None, :]).astype(np.float32)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        if self.interleaved:
-            a, b = x[..., 0::2], x[..., 1::2]
-            out = np.empty_like(x)
-            out[..., 0::2] = a * cos - b * sin
-            out[..., 1::2] = b * cos + a * sin
-            return out
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-
-    def forward(self, tokens):
-        """Logits [L, vocab] (Dream: already shifted)."""
-        tokens = np.asarray(tokens)
+    def hidden(self, tokens):
+        """Final-norm hidden states [L, d] (before the LM head)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.min() < 0 or tokens.max() >= self.emb.shape[0]:
+            raise SystemExit("token id outside the vocabulary")
         n = len(tokens)
         pos = np.arange(n)
         x = self.emb[tokens].astype(np.float32)
-        grp = self.H // self.KV
         for ly in self.layers:
-            h = self.rms(x, ly["an"])
+            h = rms_norm(x, ly["an"], self.eps)
             q, k, v = h @ ly["q"].T, h @ ly["k"].T, h @ ly["v"].T
             if ly["bq"] is not None:
                 q, k, v = q + ly["bq"], k + ly["bk"], v + ly["bv"]
-            q = self.rope(q.reshape(n, self.H, self.hd), pos)
-            k = self.rope(k.reshape(n, self.KV, self.hd), pos)
-            v = v.reshape(n, self.KV, self.hd)
-            k = np.repeat(k, grp, axis=1)
-            v = np.repeat(v, grp, axis=1)
-            s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(self.hd)
-            if self.causal:
-                s = np.where(np.tril(np.ones((n, n), dtype=bool))[None], s, -np.inf)
-            s = s - s.max(axis=-1, keepdims=True)
-            p = np.exp(s)
-            p /= p.sum(axis=-1, keepdims=True)
-            att = np.einsum("hqk,khd->qhd", p, v).reshape(n, self.H * self.hd)
+            q = apply_rope(q.reshape(n, self.H, self.hd), pos, self.theta, self.interleaved)
+            k = apply_rope(k.reshape(n, self.KV, self.hd), pos, self.theta, self.interleaved)
+            v = v.reshape(n, self.KV, self.hd).astype(np.float32)
+            att = attention(q, k, v, self.causal).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
-            m = self.rms(x, ly["fn"])
-            g, u = m @ ly["g"].T, m @ ly["u"].T
-            x = x + ((g / (1.0 + np.exp(-g))) * u) @ ly["dn"].T
-        logits = self.rms(x, self.norm_f) @ self.head.T
-        if self.shift:
-            logits = np.concatenate([logits[:1], logits[:-1]], axis=0)
-        return logits.astype(np.float32)
+            m = rms_norm(x, ly["fn"], self.eps)
+            x = x + (silu(m @ ly["g"].T) * (m @ ly["u"].T)) @ ly["dn"].T
+        return rms_norm(x, self.norm_f, self.eps)
+
+    def forward(self, tokens):
+        """Logits [L, vocab] in fp32 (Dream: shifted)."""
+        logits = (self.hidden(tokens) @ self.head.T).astype(np.float32)
+        return shift_logits(logits) if self.shift else logits
 
 
-def softmax(l):
+# ---------------------------------------------------------------------------------------------
+# samplers (temperature 0)
+# ---------------------------------------------------------------------------------------------
+
+def softmax64(logits):
+    l = np.asarray(logits, dtype=np.float64)
     l = l - l.max(axis=-1, keepdims=True)
     p = np.exp(l)
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def topk_positions(conf, k):
-    """Indices of the k largest confidences; ties go to the lower position."""
-    order = sorted(range(len(conf)), key=lambda i: (-conf[i], i))
-    return [i for i in order[:k] if conf[i] != -np.inf]
+def confidence(probs, alg):
+    """(x0, conf) per row of probs [n, V]; higher conf = more certain."""
+    x0 = probs.argmax(axis=-1)  # first maximum = lowest token id on ties
+    if alg in ("low_confidence", "maskgit_plus"):
+        c = probs[np.arange(len(x0)), x0]
+    elif alg == "topk_margin":
+        srt = np.sort(probs, axis=-1)
+        c = srt[:, -1] - srt[:, -2]
+    elif alg == "entropy":
+        c = (probs * np.log(probs + 1e-10)).sum(axis=-1)
+    else:
+        raise SystemExit(f"unsupported alg {alg!r} (low_confidence, entropy, maskgit_plus, topk_margin)")
+    return x0, c
 
 
-def generate(m, prompt, gen_length, steps, block_length, alg):
+def top_positions(positions, conf, k):
+    """The k candidate positions with the highest confidence; equal confidences -> lower position
+    first (stable sort by descending confidence, candidates given in increasing position)."""
+    order = sorted(range(len(positions)), key=lambda r: (-conf[r], positions[r]))
+    return [r for r in order[:k]]
+
+
+def llada_schedule(n, steps):
+    """1A: n // S + (i < n % S) tokens at step i."""
+    return [n // steps + (1 if i < n % steps else 0) for i in range(steps)]
+
+
+def dream_count(n_masked, i, steps, eps=1e-3):
+    """1B: int(#masked * (1 - s/t)) with ts = linspace(1, eps, steps+1); all of them on the last step."""
+    ts = np.linspace(1, eps, steps + 1)
+    if i == steps - 1:
+        return n_masked
+    return int(n_masked * (1 - ts[i + 1] / ts[i]))
+
+
+def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3):
+    """Returns (final canvas, order: one sorted list of unmasked positions per step)."""
+    if block_length <= 0:
+        block_length = gen_length
+    if gen_length % block_length:
+        raise SystemExit("gen-length must be a multiple of block-length")
+    nb = gen_length // block_length
+    if steps % nb:
+        raise SystemExit("steps must be a multiple of gen-length / block-length")
+    spb = steps // nb
     x = list(prompt) + [m.mask_id] * gen_length
     P = len(prompt)
     order = []
-    if alg in ("low_confidence",):
-        nb = gen_length // block_length
-        spb = steps // nb
-        for b in range(nb):
-            lo, hi = P + b * block_length, P + (b + 1) * block_length
-            n = sum(1 for i in range(lo, hi) if x[i] == m.mask_id)
-            sched = [n // spb + (1 if i < n % spb else 0) for i in range(spb)]
-            for i in range(spb):
-                L = m.forward(x)
-                x0 = L.argmax(axis=-1)
-                pr = softmax(L.astype(np.float64))
-                conf = [pr[j, x0[j]] if (lo <= j < hi and x[j] == m.mask_id) else -np.inf for j in range(len(x))]
-                sel = topk_positions(conf, sched[i])
-                for j in sel:
-                    x[j] = int(x0[j])
-                order.append(sorted(sel))
-    else:
-        eps = 1e-3
-        ts = np.linspace(1, eps, steps + 1)
-        for i in range(steps):
-            masked = [j for j in range(len(x)) if x[j] == m.mask_id]
-            if not masked:
-                break
-            t, s = ts[i], ts[i + 1]
-            L = m.forward(x)
-            pr = softmax(L[masked].astype(np.float64))
-            x0 = pr.argmax(axis=-1)
-            if alg == "maskgit_plus":
-                c = pr.max(axis=-1)
-            elif alg == "topk_margin":
-                srt = np.sort(pr, axis=-1)
-                c = srt[:, -1] - srt[:, -2]
-            elif alg == "entropy":
-                c = (pr * np.log(pr + 1e-10)).sum(axis=-1)
-            else:
-                raise SystemExit(f"unsupported alg {alg}")
-            k = len(masked) if i == steps - 1 else int(len(masked) * (1 - s / t))
-            sel = topk_positions(list(c), k)
-            chosen = []
+    for b in range(nb):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length
+        sched = llada_schedule(sum(1 for j in range(lo, hi) if x[j] == m.mask_id), spb)
+        for i in range(spb):
+            cand = [j for j in range(lo, hi) if x[j] == m.mask_id]
+            k = sched[i] if alg == "low_confidence" else dream_count(len(cand), i, spb, eps)
+            k = min(k, len(cand))
+            if k == 0:
+                order.append([])
+                continue
+            probs = softmax64(m.forward(x)[cand])
+            x0, conf = confidence(probs, alg)
+            sel = top_positions(cand, conf, k)
             for r in sel:
-                x[masked[r]] = int(x0[r])
-                chosen.append(masked[r])
-            order.append(sorted(chosen))
+                x[cand[r]] = int(x0[r])
+            order.append(sorted(cand[r] for r in sel))
     return x, order
 
 
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+
+def ids(s):
+    return [int(t) for t in s.split(",") if t.strip()]
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description="numpy reference for tessera (LLaDA / Dream)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("logits")
     a.add_argument("--model", required=True)
@@ -209,15 +296,16 @@ def main():
     args = ap.parse_args()
     m = Model(args.model)
     if args.cmd == "logits":
-        toks = [int(t) for t in args.tokens.split(",")]
+        toks = ids(args.tokens)
         L = m.forward(toks)
-        if args.rows:
-            L = L[[int(r) for r in args.rows.split(",")]]
+        rows = ids(args.rows)
+        if rows:
+            if min(rows) < 0 or max(rows) >= len(toks):
+                raise SystemExit("row outside the token list")
+            L = L[rows]
         np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
     else:
-        prompt = [int(t) for t in args.prompt.split(",") if t]
-        bl = args.block_length or args.gen_length
-        x, order = generate(m, prompt, args.gen_length, args.steps, bl, args.alg)
+        x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
         print(json.dumps({"tokens": x, "order": order}))
 
 

@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Checks of the numpy reference itself (reference.py, safetensors_np.py) and of
+tools/make_tiny_checkpoint.py. Every check can fail; exits non-zero if any does.
+
+  /usr/bin/python3 tests/reference/selftest.py        -> prints "N passed, 0 failed"
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import make_tiny_checkpoint as mtc  # noqa: E402
+import reference as ref  # noqa: E402
+import safetensors_np  # noqa: E402
+
+CHECKS = []
+TMP = tempfile.mkdtemp(prefix="tessera_selftest_")
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def close(a, b, tol=1e-6, what=""):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    err = np.max(np.abs(a - b)) if a.size else 0.0
+    assert err <= tol, f"{what}: max abs error {err} > {tol}\n{a}\n{b}"
+
+
+def make(family, name, *extra):
+    out = os.path.join(TMP, name)
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "make_tiny_checkpoint.py"), "--family", family,
+           "--out", out, *extra]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) building blocks against hand-computed values
+# ---------------------------------------------------------------------------------------------
+
+@check
+def rms_norm_hand_values():
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    w = np.array([1.0, 1.0, 2.0, 0.5], dtype=np.float32)
+    r = math.sqrt((1 + 4 + 9 + 16) / 4)  # sqrt(7.5)
+    close(ref.rms_norm(x, w, 0.0), [[1 / r, 2 / r, 6 / r, 2 / r]], 1e-6, "rmsnorm")
+    # eps inside the square root: all-zero input stays zero, tiny input is damped by eps
+    close(ref.rms_norm(np.zeros((1, 4)), w, 1e-5), np.zeros((1, 4)), 0, "rmsnorm zeros")
+    close(ref.rms_norm(np.full((1, 2), 1e-3), [1, 1], 1e-6), [[1e-3 / math.sqrt(1e-6 + 1e-6)] * 2], 1e-6,
+          "rmsnorm eps")
+
+
+@check
+def rope_hand_values():
+    # head_dim 4, theta 100: inv_freq = [1, 0.1]; rotate-half pairs (0, 2) and (1, 3).
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]]] * 3, dtype=np.float32)  # positions 0, 1, 2
+    out = ref.apply_rope(x, np.arange(3), 100.0)
+    close(out[0, 0], [1, 2, 3, 4], 1e-7, "rope pos 0 is identity")
+    for p in (1, 2):
+        c0, s0, c1, s1 = math.cos(p), math.sin(p), math.cos(0.1 * p), math.sin(0.1 * p)
+        want = [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 3 * c0 + 1 * s0, 4 * c1 + 2 * s1]
+        close(out[p, 0], want, 1e-6, f"rope rotate-half pos {p}")
+    # interleaved pairs (0, 1) and (2, 3)
+    out = ref.apply_rope(x, np.arange(3), 100.0, interleaved=True)
+    c0, s0, c1, s1 = math.cos(2), math.sin(2), math.cos(0.2), math.sin(0.2)
+    close(out[2, 0], [1 * c0 - 2 * s0, 2 * c0 + 1 * s0, 3 * c1 - 4 * s1, 4 * c1 + 3 * s1], 1e-6,
+          "rope interleaved pos 2")
+    # inv_freq = theta^(-2i/hd) for a larger head
+    cos, sin = ref.rope_cos_sin(np.array([1]), 8, 10000.0)
+    close(np.arctan2(sin[0], cos[0]), [1.0, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75], 1e-7, "inv_freq")
+
+
+@check
+def attention_hand_values():
+    # one head, head_dim 1: q = [1, 0], k = [1, 0], v = [2, 4]
+    q = np.array([[[1.0]], [[0.0]]], dtype=np.float32)
+    k = np.array([[[1.0]], [[0.0]]], dtype=np.float32)
+    v = np.array([[[2.0]], [[4.0]]], dtype=np.float32)
+    e = math.e
+    close(ref.attention(q, k, v)[:, 0, 0], [(2 * e + 4) / (e + 1), 3.0], 1e-6, "bidirectional")
+    close(ref.attention(q, k, v, causal=True)[:, 0, 0], [2.0, 3.0], 1e-6, "causal")
+    # scale 1/sqrt(head_dim): head_dim 4, q.k = 4 -> score 2
+    q4 = np.ones((2, 1, 4), dtype=np.float32)
+    k4 = np.array([[[1, 1, 1, 1]], [[0, 0, 0, 0]]], dtype=np.float32)
+    v4 = np.array([[[1, 0, 0, 0]], [[0, 0, 0, 0]]], dtype=np.float32)
+    close(ref.attention(q4, k4, v4)[0, 0, 0], e ** 2 / (e ** 2 + 1), 1e-6, "scale")
+
+
+@check
+def attention_gqa_grouping():
+    # 4 query heads, 2 kv heads: heads 0,1 read kv head 0 and heads 2,3 read kv head 1
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    v = np.zeros((3, 2, 8), dtype=np.float32)
+    v[:, 0, :], v[:, 1, :] = 1.0, -1.0
+    out = ref.attention(q, k, v)
+    close(out[:, :2], np.ones((3, 2, 8)), 1e-6, "gqa group 0")
+    close(out[:, 2:], -np.ones((3, 2, 8)), 1e-6, "gqa group 1")
+    # equals multi-head attention with explicitly repeated kv heads
+    v = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    close(ref.attention(q, k, v), ref.attention(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1)), 1e-6, "gqa = mha")
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) RoPE layouts
+# ---------------------------------------------------------------------------------------------
+
+@check
+def rope_layouts_differ_and_preserve_norms():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 3, 8)).astype(np.float32)
+    pos = np.arange(16) * 7
+    a = ref.apply_rope(x, pos, 10000.0)
+    b = ref.apply_rope(x, pos, 10000.0, interleaved=True)
+    assert np.max(np.abs(a - b)) > 0.1, "rotate-half and interleaved RoPE give the same result"
+    for y, name in ((a, "rotate-half"), (b, "interleaved")):
+        close(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), 1e-4, f"{name} norm")
+    # interleaved == rotate-half after permuting dims (2i, 2i+1) -> (i, i + hd/2)
+    perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])
+    close(ref.apply_rope(x[..., perm], pos, 10000.0), b[..., perm], 1e-5, "layouts are a permutation")
+
+
+@check
+def rope_is_relative():
+    # <R(p) q, R(p') k> depends only on p - p'
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    for inter in (False, True):
+        dots = []
+        for p in (3, 10, 40):
+            rq = ref.apply_rope(q, np.array([p + 5]), 500000.0, inter)
+            rk = ref.apply_rope(k, np.array([p]), 500000.0, inter)
+            dots.append(float(np.sum(rq * rk)))
+        close(dots, [dots[0]] * 3, 1e-4, f"relative (interleaved={inter})")
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) logit shift and whole-model properties
+# ---------------------------------------------------------------------------------------------
+
+@check
+def logit_shift():
+    L = np.arange(12, dtype=np.float32).reshape(4, 3)
+    close(ref.shift_logits(L), [[0, 1, 2], [0, 1, 2], [3, 4, 5], [6, 7, 8]], 0, "shift")
+    m = ref.Model(make("dream", "shift"))
+    toks = [5, 9, 3, 299, 299, 7]
+    h = m.hidden(toks)
+    L = m.forward(toks)
+    close(L[0], h[0] @ m.head.T, 1e-4, "dream row 0")
+    for i in range(1, len(toks)):
+        close(L[i], h[i - 1] @ m.head.T, 1e-4, f"dream row {i} from hidden {i - 1}")
+    assert np.max(np.abs(L[2] - h[2] @ m.head.T)) > 1e-3, "dream logits are not shifted"
+    ml = ref.Model(make("llada", "noshift"))
+    close(ml.forward(toks), ml.hidden(toks) @ ml.head.T, 1e-4, "llada is not shifted")
+
+
+@check
+def bidirectional_vs_causal():
+    m = ref.Model(make("llada", "causal"))
+    a, b = [5, 9, 3, 7, 11], [5, 9, 3, 7, 200]
+    La, Lb = m.forward(a), m.forward(b)
+    assert np.max(np.abs(La[0] - Lb[0])) > 1e-3, "bidirectional: a later token must change row 0"
+    m.causal = True
+    La, Lb = m.forward(a), m.forward(b)
+    close(La[:4], Lb[:4], 1e-5, "causal: rows before the change are unchanged")
+
+
+@check
+def gqa_model_equals_expanded_mha():
+    m = ref.Model(make("dream", "gqa", "--heads", "4", "--kv-heads", "2"))
+    toks = [1, 2, 3, 4, 5, 6, 7]
+    L = m.forward(toks)
+    hd = m.hd
+    for ly in m.layers:  # repeat each kv head's rows (and bias) twice -> 4 kv heads
+        for key in ("k", "v"):
+            w = ly[key].reshape(m.KV, hd, -1)
+            ly[key] = np.repeat(w, m.H // m.KV, axis=0).reshape(m.H * hd, -1)
+            bb = ly["b" + key]
+            ly["b" + key] = np.repeat(bb.reshape(m.KV, hd), m.H // m.KV, axis=0).reshape(-1)
+    m.KV = m.H
+    close(m.forward(toks), L, 1e-4, "gqa == expanded mha")
+
+
+@check
+def tied_embeddings():
+    d = make("dream", "tied", "--seed", "3")
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["tie_word_embeddings"] = True
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+    m = ref.Model(d)
+    assert m.head is m.emb, "tie_word_embeddings must use embed_tokens as the LM head"
+
+
+# ---------------------------------------------------------------------------------------------
+# samplers
+# ---------------------------------------------------------------------------------------------
+
+@check
+def schedules_and_ties():
+    assert ref.llada_schedule(10, 4) == [3, 3, 2, 2]
+    assert ref.llada_schedule(8, 8) == [1] * 8
+    assert sum(ref.llada_schedule(13, 5)) == 13
+    # Dream: steps 4, 8 masked -> ts = [1, .75025, .5005, .25075, .001]
+    assert ref.dream_count(8, 0, 4) == int(8 * (1 - 0.75025))  # 1
+    assert ref.dream_count(3, 3, 4) == 3
+    # ties in confidence go to the lower position
+    assert ref.top_positions([4, 7, 9, 12], [0.5, 0.9, 0.9, 0.9], 2) == [1, 2]
+    x0, c = ref.confidence(np.array([[0.5, 0.3, 0.2], [0.4, 0.4, 0.2]]), "topk_margin")
+    close(c, [0.2, 0.0], 1e-12, "margin")
+    assert list(x0) == [0, 0], "argmax ties go to the lower token id"
+    _, c = ref.confidence(np.array([[1.0, 0.0], [0.5, 0.5]]), "entropy")
+    assert c[0] > c[1], "entropy confidence: certain > uncertain"
+
+
+@check
+def generate_invariants():
+    for fam, alg, block in (("llada", "low_confidence", 8), ("dream", "entropy", 16), ("dream", "topk_margin", 8)):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt = [5, 17, 230]
+        x, order = ref.generate(m, prompt, 16, 8, block, alg)
+        assert x[:3] == prompt, "prompt changed"
+        assert m.mask_id not in x, f"{fam} {alg}: masks left"
+        flat = sorted(p for s in order for p in s)
+        assert flat == list(range(3, 19)), f"{fam} {alg}: each position unmasked exactly once"
+        assert len(order) == 8, "one order entry per step"
+        if alg == "low_confidence":
+            assert [len(s) for s in order] == [2] * 8, "llada schedule: 8 masked / 4 steps per block"
+            assert all(lo <= p < lo + 8 for s, lo in zip(order, [3] * 4 + [11] * 4) for p in s), "block order"
+        # temperature 0 is deterministic
+        assert ref.generate(m, prompt, 16, 8, block, alg) == (x, order)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) make_tiny_checkpoint output
+# ---------------------------------------------------------------------------------------------
+
+def expected_tensors(family, L, d, H, KV, f, V, bias):
+    hd = d // H
+    if family == "llada":
+        p = "model.transformer."
+        t = {p + "wte.weight": [V, d], p + "ln_f.weight": [d], p + "ff_out.weight": [V, d]}
+        for i in range(L):
+            b = f"{p}blocks.{i}."
+            t.update({b + "attn_norm.weight": [d], b + "q_proj.weight": [H * hd, d],
+                      b + "k_proj.weight": [KV * hd, d], b + "v_proj.weight": [KV * hd, d],
+                      b + "attn_out.weight": [d, H * hd], b + "ff_norm.weight": [d], b + "ff_proj.weight": [f, d],
+                      b + "up_proj.weight": [f, d], b + "ff_out.weight": [d, f]})
+            if bias:
+                t.update({b + "q_proj.bias": [H * hd], b + "k_proj.bias": [KV * hd], b + "v_proj.bias": [KV * hd]})
+        return t
+    t = {"model.embed_tokens.weight": [V, d], "model.norm.weight": [d], "lm_head.weight": [V, d]}
+    for i in range(L):
+        b = f"model.layers.{i}."
+        t.update({b + "input_layernorm.weight": [d], b + "self_attn.q_proj.weight": [H * hd, d],
+                  b + "self_attn.k_proj.weight": [KV * hd, d], b + "self_attn.v_proj.weight": [KV * hd, d],
+                  b + "self_attn.o_proj.weight": [d, H * hd], b + "post_attention_layernorm.weight": [d],
+                  b + "mlp.gate_proj.weight": [f, d], b + "mlp.up_proj.weight": [f, d],
+                  b + "mlp.down_proj.weight": [d, f]})
+        if bias:
+            t.update({b + "self_attn.q_proj.bias": [H * hd], b + "self_attn.k_proj.bias": [KV * hd],
+                      b + "self_attn.v_proj.bias": [KV * hd]})
+    return t
+
+
+@check
+def checkpoint_names_shapes_dtypes_sharding():
+    cases = [("llada", ["--shards", "2"], 4, False), ("llada", ["--shards", "1", "--dtype", "f32"], 4, False),
+             ("dream", ["--shards", "3", "--layers", "3"], 2, True),
+             ("dream", ["--no-qkv-bias", "--kv-heads", "1"], 1, False),
+             ("llada", ["--qkv-bias", "--kv-heads", "2", "--vocab", "400"], 2, True)]
+    for n, (fam, extra, KV, bias) in enumerate(cases):
+        d = make(fam, f"ckpt{n}", *extra)
+        shards = int(extra[extra.index("--shards") + 1]) if "--shards" in extra else 2
+        layers = int(extra[extra.index("--layers") + 1]) if "--layers" in extra else 2
+        V = int(extra[extra.index("--vocab") + 1]) if "--vocab" in extra else 300
+        dt = "F32" if "f32" in extra else "BF16"
+        want = expected_tensors(fam, layers, 64, 4, KV, 160, V, bias)
+        files = sorted(p for p in os.listdir(d) if p.endswith(".safetensors"))
+        index = os.path.join(d, "model.safetensors.index.json")
+        if shards == 1:
+            assert files == ["model.safetensors"] and not os.path.exists(index), f"{fam}: single file layout"
+        else:
+            assert files == [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)], files
+            with open(index) as f:
+                idx = json.load(f)
+            assert set(idx["weight_map"]) == set(want), "index names"
+            assert set(idx["weight_map"].values()) == set(files), "every shard is used"
+        total = 0
+        for fn in files:
+            path = os.path.join(d, fn)
+            with open(path, "rb") as f:
+                hlen = int.from_bytes(f.read(8), "little")
+            assert hlen % 8 == 0, "header not padded to 8"
+            hdr = safetensors_np.read_header(path)
+            assert hdr["__metadata__"] == {"format": "pt"}
+            for name, t in hdr.items():
+                if name == "__metadata__":
+                    continue
+                assert t["dtype"] == dt, f"{name} dtype {t['dtype']}"
+                assert t["shape"] == want[name], f"{name} shape {t['shape']} != {want[name]}"
+                total += t["data_offsets"][1] - t["data_offsets"][0]
+            assert os.path.getsize(path) == 8 + hlen + max(t["data_offsets"][1] for k, t in hdr.items()
+                                                           if k != "__metadata__"), "file size"
+        if shards > 1:
+            assert idx["metadata"]["total_size"] == total, "total_size"
+        w = safetensors_np.read_dir(d)
+        assert set(w) == set(want) and all(list(w[k].shape) == s for k, s in want.items())
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        if fam == "llada":
+            assert c["model_type"] == "llada" and c["architectures"] == ["LLaDAModelLM"]
+            assert (c["d_model"], c["n_layers"], c["n_kv_heads"], c["vocab_size"]) == (64, layers, KV, V)
+            assert c["include_qkv_bias"] == bias and c["weight_tying"] is False
+        else:
+            assert c["model_type"] == "Dream" and c["architectures"] == ["DreamModel"]
+            assert (c["hidden_size"], c["num_hidden_layers"], c["num_key_value_heads"]) == (64, layers, KV)
+            assert c["tie_word_embeddings"] is False and c["rope_scaling"] is None
+        ref.Model(d).forward([1, 2, 3])  # loads and runs
+
+
+@check
+def checkpoint_tokenizer_and_specials():
+    for fam, specials in (("llada", {"<|endoftext|>": 294, "<|startoftext|>": 295, "<|mdm_mask|>": 296,
+                                     "<|eot_id|>": 297, "<|start_header_id|>": 298, "<|end_header_id|>": 299}),
+                          ("dream", {"<|endoftext|>": 296, "<|im_start|>": 297, "<|im_end|>": 298,
+                                     "<|mask|>": 299})):
+        d = make(fam, "tok_" + fam)
+        with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+            tok = json.load(f)
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        with open(os.path.join(d, "tokenizer_config.json")) as f:
+            tc = json.load(f)
+        vocab = tok["model"]["vocab"]
+        added = {a["content"]: a["id"] for a in tok["added_tokens"]}
+        ids = sorted(list(vocab.values()) + list(added.values()))
+        assert ids == list(range(300)), f"{fam}: ids must be exactly 0..299"
+        assert all(added[s] == i for s, i in specials.items()), f"{fam}: special ids {added}"
+        assert all(a["special"] for a in tok["added_tokens"])
+        b2u = mtc.bytes_to_unicode()
+        assert all(vocab[b2u[b]] == b for b in range(256)), "byte symbols are ids 0..255"
+        merged = [p for p, i in vocab.items() if i >= 256]
+        assert len(merged) == 300 - 256 - len(specials) and "Ġthe" in merged, f"{fam}: merges {merged[:8]}"
+        for m in tok["model"]["merges"]:  # every merge result is in the vocab
+            a, b = m.split(" ")
+            assert a in vocab and b in vocab and a + b in vocab, m
+        assert tok["model"]["type"] == "BPE" and tok["pre_tokenizer"]["type"] == "ByteLevel"
+        assert tok["pre_tokenizer"]["use_regex"] is True and tok["pre_tokenizer"]["add_prefix_space"] is False
+        assert tok["decoder"]["type"] == "ByteLevel"
+        mask = "<|mdm_mask|>" if fam == "llada" else "<|mask|>"
+        assert c["mask_token_id"] == specials[mask] and c["eos_token_id"] == specials["<|endoftext|>"]
+        assert c["pad_token_id"] == specials["<|endoftext|>"]
+        assert tc["mask_token"] == mask and tc["eos_token"] == "<|endoftext|>"
+        if fam == "llada":
+            assert c["bos_token_id"] == specials["<|startoftext|>"] and "<|start_header_id|>" in tc["chat_template"]
+        else:
+            assert "<|im_start|>" in tc["chat_template"]
+        assert os.path.exists(os.path.join(d, "generation_config.json"))
+
+
+@check
+def bf16_round_to_nearest_even():
+    one = 1.0
+    vals = np.array([one, one + 2 ** -8, one + 3 * 2 ** -8, one + 2 ** -8 + 2 ** -20, -2.5, 3.4e38, np.inf],
+                    dtype=np.float32)
+    want = np.array([one, one, one + 2 ** -6, one + 2 ** -7, -2.5, np.inf, np.inf], dtype=np.float32)
+    got = safetensors_np.bf16_bits_to_f32(mtc.f32_to_bf16_bits(vals))
+    assert np.array_equal(got, want), f"bf16 rounding {got} != {want}"
+    assert np.isnan(safetensors_np.bf16_bits_to_f32(mtc.f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    # a bf16 checkpoint holds exactly the bf16-rounded weights of the f32 checkpoint of the same seed
+    a = safetensors_np.read_dir(make("dream", "rt_f32", "--dtype", "f32", "--seed", "7"))
+    b = safetensors_np.read_dir(make("dream", "rt_bf16", "--dtype", "bf16", "--seed", "7"))
+    for k in a:
+        assert np.array_equal(safetensors_np.bf16_bits_to_f32(mtc.f32_to_bf16_bits(a[k])), b[k]), k
+        rel = np.max(np.abs(a[k] - b[k]) / np.maximum(np.abs(a[k]), 1e-30))
+        assert rel <= 2 ** -8, f"{k}: bf16 relative error {rel}"
+
+
+@check
+def weight_statistics():
+    w = safetensors_np.read_dir(make("llada", "stats", "--dtype", "f32", "--hidden", "128", "--vocab", "600"))
+    p = "model.transformer."
+    assert abs(w[p + "wte.weight"].std() - 1.0) < 0.05, "embedding std 1"
+    q = w[p + "blocks.0.q_proj.weight"]
+    assert abs(q.std() * math.sqrt(128) - 1.0) < 0.05, "linear std 1/sqrt(fan_in)"
+    n = w[p + "blocks.0.attn_norm.weight"]
+    assert abs(n.mean() - 1.0) < 0.05 and 0.05 < n.std() < 0.15, "norm weights 1 + 0.1 N"
+
+
+@check
+def cli_logits_rows():
+    d = make("dream", "cli")
+    out = os.path.join(TMP, "l.bin")
+    script = os.path.join(HERE, "reference.py")
+    subprocess.run([sys.executable, script, "logits", "--model", d, "--tokens", "5,9,3,299", "--rows", "3,0",
+                    "--out", out], check=True)
+    got = np.fromfile(out, dtype="<f4").reshape(2, 300)
+    full = ref.Model(d).forward([5, 9, 3, 299])
+    close(got, full[[3, 0]], 0, "rows in the order given")
+    assert got.std() > 0.3, "logits should vary meaningfully"
+    r = subprocess.run([sys.executable, script, "generate", "--model", d, "--prompt", "5,9", "--gen-length", "8",
+                        "--steps", "4", "--block-length", "8", "--alg", "maskgit_plus"], check=True,
+                       capture_output=True, text=True)
+    j = json.loads(r.stdout)
+    assert len(j["tokens"]) == 10 and len(j["order"]) == 4
+
+
+def main():
+    passed = failed = 0
+    for fn in CHECKS:
+        try:
+            fn()
+            passed += 1
+        except Exception:  # noqa: BLE001 - report every failure, keep going
+            failed += 1
+            print(f"FAIL {fn.__name__}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    shutil.rmtree(TMP, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
