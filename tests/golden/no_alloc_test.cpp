@@ -2,6 +2,9 @@
 // this test binary (glibc exports __libc_* entry points) and counted while a step runs.
 #include <gtest/gtest.h>
 
+// operator delete below frees what the interposed operator new got from __libc_malloc.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 #include <atomic>
 #include <dlfcn.h>
 
