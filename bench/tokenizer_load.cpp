@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
           "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
           "park. One day, she saw a big, red ball. It's 3:45 pm and the price is $12.99!\n"
           "    def f(x):\n        return x ** 2  # squares\n"
-          "Ünïcödé naïve café, 東京は日本の首都です。Привет, мир! 🦙🚀 مرحبا "
+          "Ünïcödé naïve café, 東京は日本の首都です。Привет, мир! 🦙🚀 "
+          "مرحبا "
           "بالعالم\n\n";
       while (text.size() < (1u << 20)) text += para;
     }

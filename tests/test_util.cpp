@@ -10,12 +10,16 @@ std::filesystem::path shared_dir() {
   if (const char* e = std::getenv("TESSERA_SHARED_DIR")) return e;
   return TESSERA_SHARED_DIR;
 }
-std::filesystem::path source_dir() { return TESSERA_SOURCE_DIR; }
-std::string python() { return TESSERA_PYTHON; }
+std::filesystem::path source_dir() {
+  return TESSERA_SOURCE_DIR;
+}
+std::string python() {
+  return TESSERA_PYTHON;
+}
 
 std::filesystem::path temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("tessera_test_" + name + "_" + std::to_string(::getpid()));
+  auto p =
+      std::filesystem::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;

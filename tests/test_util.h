@@ -22,8 +22,8 @@ double rel_error(const float* a, const float* b, size_t n);
 
 }  // namespace tessera::test
 
-#define TESSERA_SKIP_WITHOUT_SHARED(sub)                                                   \
-  do {                                                                                     \
-    if (!std::filesystem::exists(::tessera::test::shared_dir() / (sub)))                   \
-      GTEST_SKIP() << "../shared/" << (sub) << " is absent; this test needs it";          \
+#define TESSERA_SKIP_WITHOUT_SHARED(sub)                                         \
+  do {                                                                           \
+    if (!std::filesystem::exists(::tessera::test::shared_dir() / (sub)))         \
+      GTEST_SKIP() << "../shared/" << (sub) << " is absent; this test needs it"; \
   } while (0)

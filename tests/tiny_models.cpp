@@ -15,7 +15,8 @@ std::string join_ids(const std::vector<int32_t>& v) {
   return s;
 }
 
-std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args, std::string* why) {
+std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args,
+                                      std::string* why) {
   static std::map<std::string, std::filesystem::path> made;
   const std::string key = family + "|" + extra_args;
   if (auto it = made.find(key); it != made.end()) return it->second;

@@ -9,7 +9,8 @@ namespace tessera::test {
 
 // Path of a tiny checkpoint of `family` ("llada" | "dream") made with `extra_args`; empty with a
 // reason in *why when python3 + numpy are unavailable.
-std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args, std::string* why);
+std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args,
+                                      std::string* why);
 // Reference logits [rows.size(), vocab] for `tokens` at positions `rows`.
 std::vector<float> reference_logits(const std::filesystem::path& model, const std::vector<int32_t>& tokens,
                                     const std::vector<int32_t>& rows, int64_t vocab);
@@ -17,7 +18,7 @@ std::string join_ids(const std::vector<int32_t>& v);
 
 }  // namespace tessera::test
 
-#define TESSERA_TINY_OR_SKIP(var, family, args)                   \
-  std::string var##_why;                                          \
+#define TESSERA_TINY_OR_SKIP(var, family, args)                                \
+  std::string var##_why;                                                       \
   const auto var = ::tessera::test::tiny_checkpoint(family, args, &var##_why); \
   if (var.empty()) GTEST_SKIP() << var##_why

@@ -9,7 +9,8 @@
 namespace tessera::cli {
 
 void add_convert(CLI::App& app, Registry& reg) {
-  auto* sub = app.add_subcommand("convert-llama2c", "Convert a llama2.c model + tokenizer into a checkpoint directory");
+  auto* sub = app.add_subcommand("convert-llama2c",
+                                 "Convert a llama2.c model + tokenizer into a checkpoint directory");
   auto args = std::make_shared<std::array<std::string, 3>>();
   sub->add_option("model", (*args)[0], "llama2.c model .bin")->required();
   sub->add_option("tokenizer", (*args)[1], "llama2.c tokenizer .bin")->required();

@@ -22,18 +22,19 @@ void print_stats(const Session::Output& o, Session& s, FILE* f) {
 }
 
 nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
-  return {{"model", s.model_dir()},
-          {"text", o.text},
-          {"tokens", o.result.tokens},
-          {"prompt_tokens", prompt_tokens},
-          {"steps", o.result.steps_run},
-          {"seconds", o.seconds},
-          {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
-          {"peak_rss_bytes", peak_rss_bytes()},
-          {"activation_peak_bytes", s.engine().max_planned_peak()},
-          {"gen_length", s.options().gen_length},
-          {"block_length", s.options().block_length},
-          {"alg", s.options().alg}};
+  return {
+      {"model", s.model_dir()},
+      {"text", o.text},
+      {"tokens", o.result.tokens},
+      {"prompt_tokens", prompt_tokens},
+      {"steps", o.result.steps_run},
+      {"seconds", o.seconds},
+      {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
+      {"peak_rss_bytes", peak_rss_bytes()},
+      {"activation_peak_bytes", s.engine().max_planned_peak()},
+      {"gen_length", s.options().gen_length},
+      {"block_length", s.options().block_length},
+      {"alg", s.options().alg}};
 }
 
 }  // namespace
@@ -66,7 +67,8 @@ void add_generate(CLI::App& app, Registry& reg) {
   add_session_options(chat, *c);
   reg.handlers.emplace_back(chat, [c] {
     Session s(*c);
-    if (!s.has_chat_template()) std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
+    if (!s.has_chat_template())
+      std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
     std::vector<ChatMessage> history;
     const bool interactive = isatty(fileno(stdin));
     std::string line;

@@ -35,7 +35,8 @@ void add_inspect(CLI::App& app, Registry& reg) {
   auto a = std::make_shared<Args>();
   sub->add_option("dir", a->dir, "model directory")->required();
   sub->add_option("--context", a->context, "context for the activation estimate (default: the model's)");
-  sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")
+      ->check(CLI::Range(0.0, 1.0));
   reg.handlers.emplace_back(sub, [a] {
     const ModelConfig c = load_config(a->dir);
     const Checkpoint ck = Checkpoint::open(a->dir);
@@ -57,11 +58,13 @@ void add_inspect(CLI::App& app, Registry& reg) {
                 static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
                 static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads),
                 static_cast<long long>(c.head_dim));
-    std::printf("ffn          %lld\nvocab        %lld\ncontext      %lld\n", static_cast<long long>(c.intermediate),
-                static_cast<long long>(c.vocab), static_cast<long long>(c.max_positions));
+    std::printf("ffn          %lld\nvocab        %lld\ncontext      %lld\n",
+                static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab),
+                static_cast<long long>(c.max_positions));
     std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
-    std::printf("weights      %s in %zu tensors (compute dtype %s)\n", human(static_cast<double>(ck.total_bytes())).c_str(),
-                ck.tensors().size(), std::string(dtype_name(act)).c_str());
+    std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
+                human(static_cast<double>(ck.total_bytes())).c_str(), ck.tensors().size(),
+                std::string(dtype_name(act)).c_str());
     std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
                 human(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
                 human(static_cast<double>(p.lower_bound)).c_str());

@@ -20,18 +20,22 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--gen-length", a.gen_length, "tokens to generate");
   sub->add_option("--steps", a.steps, "denoising steps");
   sub->add_option("--block-length", a.block_length, "semi-autoregressive block length");
-  sub->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0));
   sub->add_option("--alg", a.alg, "unmasking policy")
-      ->check(CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
+      ->check(
+          CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
   sub->add_option("--threshold", a.threshold, "confidence-threshold parallel decoding (0 = off)")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(CLI::Range(0.0, 100.0));
   sub->add_option("--top-k", a.top_k, "top-k filter (Dream algorithms)")->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", a.top_p, "nucleus filter (Dream algorithms)")->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--alg-temp", a.alg_temp, "Dream: sample positions with this temperature")->check(CLI::NonNegativeNumber);
+  sub->add_option("--alg-temp", a.alg_temp, "Dream: sample positions with this temperature")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", a.seed, "random seed");
   sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  sub->add_option("--precision", a.precision, "auto, bf16 or f32")->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_option("--precision", a.precision, "auto, bf16 or f32")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -72,9 +76,14 @@ std::string human_bytes(double b) {
 void check_utf8(const std::string& s, const char* what) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 0 : (c >= 0xC2 && c <= 0xDF) ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c >= 0xF0 && c <= 0xF4) ? 3 : -1;
+    const int n = c < 0x80                   ? 0
+                  : (c >= 0xC2 && c <= 0xDF) ? 1
+                  : (c & 0xF0) == 0xE0       ? 2
+                  : (c >= 0xF0 && c <= 0xF4) ? 3
+                                             : -1;
     bool ok = n >= 0 && i + static_cast<size_t>(n) < s.size();
-    for (int k = 1; ok && k <= n; ++k) ok = (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0xC0) == 0x80;
+    for (int k = 1; ok && k <= n; ++k)
+      ok = (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0xC0) == 0x80;
     if (!ok) fail(std::string(what) + " is not valid UTF-8 (bad byte at offset " + std::to_string(i) + ")");
     i += static_cast<size_t>(n) + 1;
   }
@@ -99,7 +108,9 @@ Session::Session(const SessionArgs& a) {
   if (!fs::is_directory(dir_)) fail("model directory " + dir_ + " does not exist");
   EngineOptions eo;
   eo.device = a.device;
-  eo.precision = a.precision == "bf16" ? Precision::BF16 : a.precision == "f32" ? Precision::F32 : Precision::Auto;
+  eo.precision = a.precision == "bf16"  ? Precision::BF16
+                 : a.precision == "f32" ? Precision::F32
+                                        : Precision::Auto;
   engine_ = Engine::load(dir_, eo);
   const fs::path tj = fs::path(dir_) / "tokenizer.json";
   if (!fs::exists(tj)) fail(dir_ + ": tokenizer.json is missing");
@@ -119,10 +130,10 @@ Session::Session(const SessionArgs& a) {
   gen_.gen_length = gen_len;
   gen_.block_length = a.block_length.value_or(gc.value("block_length", gen_len));
   gen_.steps = a.steps.value_or(gc.value("steps", gen_len));
-  gen_.alg = a.alg.value_or(gc.value("alg", std::string(engine_->config().family == Family::Dream &&
-                                                                !engine_->config().causal
-                                                            ? "entropy"
-                                                            : "low_confidence")));
+  gen_.alg = a.alg.value_or(
+      gc.value("alg", std::string(engine_->config().family == Family::Dream && !engine_->config().causal
+                                      ? "entropy"
+                                      : "low_confidence")));
   gen_.temperature = a.temperature;
   gen_.threshold = a.threshold;
   gen_.cfg_scale = a.cfg;
@@ -170,7 +181,8 @@ namespace {
 // frame is written in one call (no flicker).
 class LiveView {
  public:
-  LiveView(FILE* f, const Tokenizer& t, size_t prompt_len, int32_t mask) : f_(f), t_(t), plen_(prompt_len), mask_(mask) {
+  LiveView(FILE* f, const Tokenizer& t, size_t prompt_len, int32_t mask)
+      : f_(f), t_(t), plen_(prompt_len), mask_(mask) {
     winsize w{};
     if (ioctl(fileno(f), TIOCGWINSZ, &w) == 0 && w.ws_col > 0) cols_ = w.ws_col;
   }
@@ -179,7 +191,8 @@ class LiveView {
     for (size_t i = plen_; i < ev.canvas.size(); ++i) {
       body += ev.canvas[i] == mask_ ? std::string("\xe2\x96\x91") : t_.token_text(ev.canvas[i]);
     }
-    std::string frame = body + "\n\x1b[2m[step " + std::to_string(ev.step + 1) + "/" + std::to_string(total_steps) + "]\x1b[0m\n";
+    std::string frame = body + "\n\x1b[2m[step " + std::to_string(ev.step + 1) + "/" +
+                        std::to_string(total_steps) + "]\x1b[0m\n";
     std::string out;
     if (rows_ > 0) out += "\x1b[" + std::to_string(rows_) + "F";
     out += "\x1b[J" + frame;

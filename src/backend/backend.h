@@ -19,8 +19,8 @@ enum class MaskKind : uint8_t { None, Causal, BlockCausal };
 // absolute positions used by RoPE and by causal masks. All four arrays are i32 device buffers.
 struct AttnParams {
   MaskKind mask = MaskKind::None;
-  int block_size = 0;        // for BlockCausal
-  float scale = 0.0f;        // usually 1/sqrt(head_dim)
+  int block_size = 0;  // for BlockCausal
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
   int n_seqs = 1;
   const int32_t* cu_q = nullptr;   // [n_seqs + 1]
   const int32_t* cu_k = nullptr;   // [n_seqs + 1]
@@ -34,10 +34,10 @@ struct AttnParams {
 
 // How one row of logits is turned into (token, confidence) on the device.
 enum class ConfKind : uint8_t {
-  Prob,      // softmax probability of the chosen token (LLaDA low_confidence, Dream maskgit_plus)
-  Margin,    // p1 - p2 (Dream topk_margin)
+  Prob,        // softmax probability of the chosen token (LLaDA low_confidence, Dream maskgit_plus)
+  Margin,      // p1 - p2 (Dream topk_margin)
   NegEntropy,  // sum p log(p + 1e-10) (Dream entropy); higher = more certain
-  Random,    // uniform [0,1) from the counter RNG (LLaDA random remasking)
+  Random,      // uniform [0,1) from the counter RNG (LLaDA random remasking)
 };
 
 struct SampleParams {
@@ -90,8 +90,7 @@ class Backend {
   // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a is f32 or bf16; w f32 or bf16 (bf16 w with
   // f32 a is allowed: a is then rounded to bf16); bias f32 or nullptr; c f32 or bf16.
   // accumulate=true adds into c (c must be f32).
-  virtual void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c,
-                    bool accumulate) = 0;
+  virtual void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) = 0;
 
   // Mask-only logits: c[i, :] = a[rows[i], :] * w^T for i < rows.numel(). Reads the selected rows
   // of `a` by index; never builds a gathered copy of them in device memory.
@@ -105,16 +104,16 @@ class Backend {
 
   // Flash-style attention, never materialising scores: q [Mq, Hq*D] f32, k/v [Mk, Hk*D] f32,
   // out [Mq, Hq*D] f32 or bf16. GQA: query head h uses kv head h / (Hq / Hk).
-  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                         int n_heads, int n_kv_heads, int head_dim, const AttnParams& p) = 0;
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
+                         int n_kv_heads, int head_dim, const AttnParams& p) = 0;
 
   // out = silu(gate) * up, elementwise; gate/up/out same shape, f32 or bf16; out may alias gate.
   virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
 
   // Per row of logits [R, V] f32: token[r] (i32) and conf[r] (f32) per SampleParams. row_keys [R]
   // i32 (usually the absolute position) index the counter RNG so results do not depend on packing.
-  virtual void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p,
-                           Tensor& token, Tensor& conf) = 0;
+  virtual void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
+                           Tensor& conf) = 0;
 
   // Per row of logits [R, V] f32: logprob[r] = log_softmax(logits[r])[target[r]] (f32).
   virtual void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob) = 0;

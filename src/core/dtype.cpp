@@ -6,10 +6,14 @@ namespace tessera {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
@@ -62,7 +66,9 @@ uint16_t f32_to_f16(float f) {
 
 void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
   switch (from) {
-    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::BF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -83,7 +89,9 @@ void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
 
 void convert_from_f32(const float* src, void* dst, DType to, size_t n) {
   switch (to) {
-    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::BF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);

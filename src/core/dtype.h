@@ -12,10 +12,14 @@ enum class DType : uint8_t { F32, BF16, F16, I32 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::I32: return 4;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
   }
   return 0;
 }
@@ -37,7 +41,9 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 // Rounds an f32 value through bf16 and back.
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

@@ -10,10 +10,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
-[[noreturn]] inline void fail(const std::string& msg) { throw Error(msg); }
+[[noreturn]] inline void fail(const std::string& msg) {
+  throw Error(msg);
+}
 
-#define TESSERA_CHECK(cond, msg)                 \
-  do {                                           \
+#define TESSERA_CHECK(cond, msg)                    \
+  do {                                              \
     if (!(cond)) ::tessera::fail(std::string(msg)); \
   } while (0)
 

@@ -93,8 +93,8 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   shape.k_ffn = opt_.k_ffn;
   shape.k_logits = opt_.k_logits;
   const graph::GraphTemplate& g = model_->graph(mode);
-  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv, shape.n_logits, shape.n_seqs,
-                    shape.k_ffn, shape.k_logits};
+  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv,    shape.n_logits,
+                    shape.n_seqs,           shape.k_ffn,   shape.k_logits};
   auto it = plans_.find(key);
   last_.plan_cached = it != plans_.end();
   if (it == plans_.end()) {
@@ -157,7 +157,8 @@ void Engine::read_output(const graph::Program& p, int id, void* dst, size_t byte
   TESSERA_CHECK(id >= 0, "engine: the graph lacks this output");
   TESSERA_CHECK(p.tensors[static_cast<size_t>(id)].bytes == bytes, "engine: output size mismatch");
   if (bytes == 0) return;
-  backend_->copy_to_host(dst, static_cast<char*>(ws_->base()) + p.tensors[static_cast<size_t>(id)].offset, bytes);
+  backend_->copy_to_host(dst, static_cast<char*>(ws_->base()) + p.tensors[static_cast<size_t>(id)].offset,
+                         bytes);
 }
 
 void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
@@ -177,13 +178,14 @@ void Engine::forward_logprob(std::span<const SeqInput> seqs, std::span<float> lo
   read_output(p, io(OutputMode::LogProb).out[0], logprob.data(), logprob.size_bytes());
 }
 
-void Engine::predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
-                     std::span<int32_t> tokens, std::span<float> conf) {
+void Engine::predict(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+                     const SampleParams& sp, std::span<int32_t> tokens, std::span<float> conf) {
   const SeqInput s{canvas, positions};
   forward_sample(std::span<const SeqInput>(&s, 1), sp, tokens, conf);
 }
 
-void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> positions, std::span<float> out) {
+void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+                    std::span<float> out) {
   const SeqInput s{canvas, positions};
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }

@@ -10,9 +10,9 @@ namespace tessera {
 
 struct ExecContext {
   Backend* backend = nullptr;
-  char* base = nullptr;                    // workspace base (device pointer)
-  const SampleParams* sample = nullptr;    // for SampleRows
-  std::string dump_dir;                    // non-empty: dump every op output (debug)
+  char* base = nullptr;                  // workspace base (device pointer)
+  const SampleParams* sample = nullptr;  // for SampleRows
+  std::string dump_dir;                  // non-empty: dump every op output (debug)
 };
 
 // A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).

@@ -8,29 +8,46 @@ namespace tessera::graph {
 
 const char* sym_name(Sym s) {
   switch (s) {
-    case Sym::One: return "1";
-    case Sym::NQuery: return "n_query";
-    case Sym::NKv: return "n_kv";
-    case Sym::NLogits: return "n_logits";
-    case Sym::NSeqsPlus1: return "n_seqs+1";
-    case Sym::FfnRows: return "ffn_rows";
-    case Sym::LogitRows: return "logit_rows";
-    case Sym::kCount: break;
+    case Sym::One:
+      return "1";
+    case Sym::NQuery:
+      return "n_query";
+    case Sym::NKv:
+      return "n_kv";
+    case Sym::NLogits:
+      return "n_logits";
+    case Sym::NSeqsPlus1:
+      return "n_seqs+1";
+    case Sym::FfnRows:
+      return "ffn_rows";
+    case Sym::LogitRows:
+      return "logit_rows";
+    case Sym::kCount:
+      break;
   }
   return "?";
 }
 
 const char* op_name(OpKind k) {
   switch (k) {
-    case OpKind::Embed: return "embed";
-    case OpKind::RmsNorm: return "rmsnorm";
-    case OpKind::Gemm: return "gemm";
-    case OpKind::GatherGemm: return "gather_gemm";
-    case OpKind::Rope: return "rope";
-    case OpKind::Attention: return "attention";
-    case OpKind::Swiglu: return "swiglu";
-    case OpKind::SampleRows: return "sample_rows";
-    case OpKind::TokenLogprob: return "token_logprob";
+    case OpKind::Embed:
+      return "embed";
+    case OpKind::RmsNorm:
+      return "rmsnorm";
+    case OpKind::Gemm:
+      return "gemm";
+    case OpKind::GatherGemm:
+      return "gather_gemm";
+    case OpKind::Rope:
+      return "rope";
+    case OpKind::Attention:
+      return "attention";
+    case OpKind::Swiglu:
+      return "swiglu";
+    case OpKind::SampleRows:
+      return "sample_rows";
+    case OpKind::TokenLogprob:
+      return "token_logprob";
   }
   return "?";
 }
@@ -71,8 +88,7 @@ int GraphTemplate::add_input(std::string name, DType dt, Sym rows, int64_t cols)
   return id;
 }
 
-int GraphTemplate::add_tensor(std::string name, int layer, DType dt, Sym rows, int64_t cols,
-                              int64_t mul) {
+int GraphTemplate::add_tensor(std::string name, int layer, DType dt, Sym rows, int64_t cols, int64_t mul) {
   TensorDecl d;
   d.name = std::move(name);
   d.layer = layer;
@@ -96,14 +112,15 @@ void GraphTemplate::add_alias(int out, int in) {
   TESSERA_CHECK(o.kind == TensorKind::Transient && i.kind == TensorKind::Transient,
                 "add_alias: only transient tensors can alias");
   TESSERA_CHECK(o.rows == i.rows && o.rows_mul * o.cols * static_cast<int64_t>(dtype_size(o.dtype)) <=
-                                         i.rows_mul * i.cols * static_cast<int64_t>(dtype_size(i.dtype)),
+                                        i.rows_mul * i.cols * static_cast<int64_t>(dtype_size(i.dtype)),
                 "add_alias: " + o.full_name() + " does not fit in " + i.full_name());
   o.alias_of = i.alias_of >= 0 ? i.alias_of : in;
 }
 
-int GraphTemplate::add_op(OpKind k, std::string name, int layer, std::vector<Ref> in,
-                          std::vector<Ref> out, const OpParams& p) {
-  for (const Ref& r : in) TESSERA_CHECK(r.id >= 0 && r.id < static_cast<int>(tensors_.size()), "add_op: bad input");
+int GraphTemplate::add_op(OpKind k, std::string name, int layer, std::vector<Ref> in, std::vector<Ref> out,
+                          const OpParams& p) {
+  for (const Ref& r : in)
+    TESSERA_CHECK(r.id >= 0 && r.id < static_cast<int>(tensors_.size()), "add_op: bad input");
   for (const Ref& r : out) {
     TESSERA_CHECK(r.id >= 0 && r.id < static_cast<int>(tensors_.size()), "add_op: bad output");
     TESSERA_CHECK(tensors_[static_cast<size_t>(r.id)].kind != TensorKind::Weight &&
@@ -121,8 +138,8 @@ void GraphTemplate::begin_loop(Sym total, Sym chunk_rows) {
   TESSERA_CHECK((total == Sym::NQuery && chunk_rows == Sym::FfnRows) ||
                     (total == Sym::NLogits && chunk_rows == Sym::LogitRows),
                 "begin_loop: FFN loops chunk n_query by ffn_rows, logits loops n_logits by logit_rows");
-  loops_.push_back(LoopDecl{chunk_rows, total, chunk_rows, static_cast<int>(ops_.size()),
-                            static_cast<int>(ops_.size()), {}});
+  loops_.push_back(LoopDecl{
+      chunk_rows, total, chunk_rows, static_cast<int>(ops_.size()), static_cast<int>(ops_.size()), {}});
   open_loop_ = static_cast<int>(loops_.size()) - 1;
 }
 

@@ -14,13 +14,13 @@ namespace tessera::graph {
 
 // Symbolic row counts. Every tensor is 2-D: rows = mul * value(sym), cols fixed.
 enum class Sym : uint8_t {
-  One,        // 1
-  NQuery,     // positions computed this step
-  NKv,        // positions attended to
-  NLogits,    // positions that need logits
-  NSeqsPlus1, // packed sequences + 1 (boundary arrays)
-  FfnRows,    // ceil(n_query / K_ffn): rows of one FFN chunk
-  LogitRows,  // ceil(n_logits / K_logits): rows of one logits chunk
+  One,         // 1
+  NQuery,      // positions computed this step
+  NKv,         // positions attended to
+  NLogits,     // positions that need logits
+  NSeqsPlus1,  // packed sequences + 1 (boundary arrays)
+  FfnRows,     // ceil(n_query / K_ffn): rows of one FFN chunk
+  LogitRows,   // ceil(n_logits / K_logits): rows of one logits chunk
   kCount
 };
 const char* sym_name(Sym s);
@@ -43,13 +43,21 @@ struct TensorDecl {
   Sym rows = Sym::One;
   int64_t rows_mul = 1;
   int64_t cols = 1;
-  Tensor weight;     // Weight tensors: the bound view (device memory)
-  int alias_of = -1; // written straight into this tensor's memory (add_alias)
+  Tensor weight;      // Weight tensors: the bound view (device memory)
+  int alias_of = -1;  // written straight into this tensor's memory (add_alias)
   std::string full_name() const;
 };
 
 enum class OpKind : uint8_t {
-  Embed, RmsNorm, Gemm, GatherGemm, Rope, Attention, Swiglu, SampleRows, TokenLogprob
+  Embed,
+  RmsNorm,
+  Gemm,
+  GatherGemm,
+  Rope,
+  Attention,
+  Swiglu,
+  SampleRows,
+  TokenLogprob
 };
 const char* op_name(OpKind k);
 
@@ -76,7 +84,7 @@ struct OpDecl {
   std::vector<Ref> in;   // read
   std::vector<Ref> out;  // written (an operand may appear in both: in-place)
   OpParams p;
-  int loop = -1;         // index into loops, -1 = not in a chunk loop
+  int loop = -1;  // index into loops, -1 = not in a chunk loop
 };
 
 // A chunk loop: ops [begin, end) run `count` times (K_ffn or K_logits), each time on the next

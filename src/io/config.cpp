@@ -11,8 +11,10 @@ using json = nlohmann::json;
 
 const char* family_name(Family f) {
   switch (f) {
-    case Family::LLaDA: return "llada";
-    case Family::Dream: return "dream";
+    case Family::LLaDA:
+      return "llada";
+    case Family::Dream:
+      return "dream";
   }
   return "?";
 }
@@ -69,7 +71,8 @@ ModelConfig load_config(const fs::path& dir) {
   if (!j.is_object()) fail(p.string() + ": expected a JSON object");
   const Reader r{j, p.string()};
   ModelConfig c;
-  if (!j.contains("model_type") || !j["model_type"].is_string()) fail(p.string() + ": missing field 'model_type'");
+  if (!j.contains("model_type") || !j["model_type"].is_string())
+    fail(p.string() + ": missing field 'model_type'");
   c.model_type = j["model_type"].get<std::string>();
   if (c.model_type == "llada") {
     c.family = Family::LLaDA;
@@ -108,8 +111,7 @@ ModelConfig load_config(const fs::path& dir) {
     }
     c.mask_id = r.token_or("mask_token_id", -1);
   } else {
-    fail(p.string() + ": model_type '" + c.model_type +
-         "' is not supported (supported: llada, Dream)");
+    fail(p.string() + ": model_type '" + c.model_type + "' is not supported (supported: llada, Dream)");
   }
   if (c.hidden % c.n_heads != 0) fail(p.string() + ": hidden size is not a multiple of the head count");
   if (c.n_heads % c.n_kv_heads != 0) fail(p.string() + ": head count is not a multiple of the KV head count");

@@ -99,11 +99,14 @@ void convert_llama2c(const fs::path& model_bin, const fs::path& tokenizer_bin, c
   };
   std::ofstream(out_dir / "config.json") << cfg.dump(2) << "\n";
   std::ofstream(out_dir / "tokenizer.json") << llama2c_tokenizer_to_json(tokenizer_bin);
-  nlohmann::json tc = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
-                       {"add_bos_token", true}};
+  nlohmann::json tc = {
+      {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"add_bos_token", true}};
   std::ofstream(out_dir / "tokenizer_config.json") << tc.dump(2) << "\n";
   // tessera keys: a causal model decodes one position per block, left to right.
-  nlohmann::json gc = {{"bos_token_id", 1}, {"eos_token_id", 2}, {"temperature", 0.0}, {"block_length", 1},
+  nlohmann::json gc = {{"bos_token_id", 1},
+                       {"eos_token_id", 2},
+                       {"temperature", 0.0},
+                       {"block_length", 1},
                        {"alg", "low_confidence"}};
   std::ofstream(out_dir / "generation_config.json") << gc.dump(2) << "\n";
 }

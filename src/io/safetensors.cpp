@@ -88,7 +88,8 @@ void Checkpoint::add_file(const fs::path& p) {
     }
     st.dtype = parse_dtype(t["dtype"].get<std::string>(), st.name, fname);
     for (const auto& d : t["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(fname + ": tensor '" + st.name + "' has a bad shape");
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        fail(fname + ": tensor '" + st.name + "' has a bad shape");
       st.shape.push_back(d.get<int64_t>());
     }
     const auto& off = t["data_offsets"];

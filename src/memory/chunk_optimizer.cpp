@@ -45,7 +45,8 @@ graph::Program planned(const graph::GraphTemplate& g, graph::StepShape s, int64_
 
 }  // namespace
 
-size_t planned_peak(const graph::GraphTemplate& g, graph::StepShape shape, int64_t k_ffn, int64_t k_logits, Fit fit) {
+size_t planned_peak(const graph::GraphTemplate& g, graph::StepShape shape, int64_t k_ffn, int64_t k_logits,
+                    Fit fit) {
   return planned(g, shape, k_ffn, k_logits, fit).peak;
 }
 
@@ -56,7 +57,8 @@ size_t chunk_floor(const graph::GraphTemplate& g, const graph::StepShape& shape)
 ChunkChoice choose_chunks(const graph::GraphTemplate& g, const graph::StepShape& shape, size_t budget) {
   const auto t0 = std::chrono::steady_clock::now();
   ChunkChoice c;
-  const int64_t max_ffn = std::max<int64_t>(1, shape.n_query), max_logits = std::max<int64_t>(1, shape.n_logits);
+  const int64_t max_ffn = std::max<int64_t>(1, shape.n_query),
+                max_logits = std::max<int64_t>(1, shape.n_logits);
   graph::Program p = planned(g, shape, 1, 1, Fit::First);
   c.plans = 1;
   while (p.peak > budget) {
@@ -68,7 +70,10 @@ ChunkChoice choose_chunks(const graph::GraphTemplate& g, const graph::StepShape&
       ++c.k_logits;
     } else if (b != Bottleneck::None && (c.k_ffn < max_ffn || c.k_logits < max_logits)) {
       // The bottleneck op is at one row per chunk; the other chunkable op may still set a peak.
-      if (c.k_ffn < max_ffn) ++c.k_ffn; else ++c.k_logits;
+      if (c.k_ffn < max_ffn)
+        ++c.k_ffn;
+      else
+        ++c.k_logits;
     } else {
       break;  // only non-chunkable tensors are live at the peak: the floor
     }
@@ -83,8 +88,8 @@ ChunkChoice choose_chunks(const graph::GraphTemplate& g, const graph::StepShape&
   return c;
 }
 
-ChunkChoice choose_chunks_brute_force(const graph::GraphTemplate& g, const graph::StepShape& shape, size_t budget,
-                                      int64_t max_k) {
+ChunkChoice choose_chunks_brute_force(const graph::GraphTemplate& g, const graph::StepShape& shape,
+                                      size_t budget, int64_t max_k) {
   const auto t0 = std::chrono::steady_clock::now();
   ChunkChoice best;
   bool found = false;

@@ -13,10 +13,10 @@ namespace tessera::memory {
 
 struct ChunkChoice {
   int64_t k_ffn = 1, k_logits = 1;
-  size_t peak = 0;      // planned activation peak with these chunk counts
-  size_t floor = 0;     // peak with every chunkable op at one row per chunk (the non-chunkable floor)
+  size_t peak = 0;   // planned activation peak with these chunk counts
+  size_t floor = 0;  // peak with every chunkable op at one row per chunk (the non-chunkable floor)
   bool fits = false;
-  int plans = 0;        // plans evaluated by the search
+  int plans = 0;  // plans evaluated by the search
   double search_ms = 0.0;
 };
 

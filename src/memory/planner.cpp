@@ -10,8 +10,12 @@
 namespace tessera::memory {
 namespace {
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-bool overlaps(const Buffer& a, const Buffer& b) { return a.first <= b.last && b.first <= a.last; }
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
+bool overlaps(const Buffer& a, const Buffer& b) {
+  return a.first <= b.last && b.first <= a.last;
+}
 
 // Lowest (first-fit) or tightest (best-fit) offset for buffer i given the placed ones.
 size_t find_offset(std::span<const Buffer> bufs, const std::vector<size_t>& off,

@@ -69,8 +69,8 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
-    g.add_op(OpKind::Attention, "attention", l, {{q}, {k}, {v}, {cu_q}, {cu_k}, {q_pos}, {k_pos}},
-             {{att}}, attn);
+    g.add_op(OpKind::Attention, "attention", l, {{q}, {k}, {v}, {cu_q}, {cu_k}, {q_pos}, {k_pos}}, {{att}},
+             attn);
     g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);  // x += att wo^T
 
     // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk.

@@ -7,8 +7,7 @@
 
 namespace tessera {
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend,
-                                   Precision precision) {
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision) {
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = load_config(dir);
   m->ckpt_ = Checkpoint::open(dir);
@@ -25,8 +24,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   }
   m->opts_ = graph_options(c, act);
   switch (c.family) {
-    case Family::LLaDA: bind_llada(*m); break;
-    case Family::Dream: bind_dream(*m); break;
+    case Family::LLaDA:
+      bind_llada(*m);
+      break;
+    case Family::Dream:
+      bind_dream(*m);
+      break;
   }
   return m;
 }
@@ -105,7 +108,8 @@ Tensor Model::random_weight(std::vector<int64_t> shape, DType dt, float scale, u
     for (int64_t i = 0; i < m; ++i) {
       s = rng_mix(s);
       // Uniform in [-scale*sqrt(3), scale*sqrt(3)): standard deviation `scale`.
-      f[static_cast<size_t>(i)] = (static_cast<float>(s >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale * 1.7320508f;
+      f[static_cast<size_t>(i)] =
+          (static_cast<float>(s >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale * 1.7320508f;
     }
     convert_from_f32(f.data(), conv.data(), dt, static_cast<size_t>(m));
     backend_->copy_to_device(static_cast<char*>(dst) + static_cast<size_t>(at) * dtype_size(dt), conv.data(),

@@ -50,7 +50,8 @@ class Model {
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
                                      Precision precision = Precision::Auto);
   // Random weights of the given geometry (benchmarks): no files, weights in `act` dtype.
-  static std::unique_ptr<Model> synthetic(const ModelConfig& c, Backend& backend, DType act, uint64_t seed = 1);
+  static std::unique_ptr<Model> synthetic(const ModelConfig& c, Backend& backend, DType act,
+                                          uint64_t seed = 1);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -11,7 +11,9 @@
 namespace tessera {
 namespace {
 
-std::string tessera_bin() { return TESSERA_BINARY; }
+std::string tessera_bin() {
+  return TESSERA_BINARY;
+}
 
 std::filesystem::path stories_dir() {
   static std::filesystem::path dir;
@@ -19,8 +21,8 @@ std::filesystem::path stories_dir() {
     dir = test::temp_dir("cli_stories");
     const auto src = test::shared_dir() / "models/stories260K";
     std::string out;
-    EXPECT_EQ(test::run_command(tessera_bin() + " convert-llama2c " + (src / "stories260K.bin").string() + " " +
-                                    (src / "tok512.bin").string() + " " + dir.string(),
+    EXPECT_EQ(test::run_command(tessera_bin() + " convert-llama2c " + (src / "stories260K.bin").string() +
+                                    " " + (src / "tok512.bin").string() + " " + dir.string(),
                                 &out),
               0)
         << out;
@@ -33,11 +35,12 @@ TEST(Cli, GoldenStoriesCommandPrintsTheGoldenText) {
   const auto dir = stories_dir();
   const auto out_file = dir / "stdout.txt";
   std::string log;
-  ASSERT_EQ(test::run_command("(" + tessera_bin() + " generate -m " + dir.string() +
-                                  " -p \"\" --gen-length 256 --block-length 1 --steps 256 --temperature 0 2>" +
-                                  (dir / "stderr.txt").string() + " >" + out_file.string() + ")",
-                              &log),
-            0)
+  ASSERT_EQ(
+      test::run_command("(" + tessera_bin() + " generate -m " + dir.string() +
+                            " -p \"\" --gen-length 256 --block-length 1 --steps 256 --temperature 0 2>" +
+                            (dir / "stderr.txt").string() + " >" + out_file.string() + ")",
+                        &log),
+      0)
       << log;
   std::ifstream f(out_file);
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -75,7 +78,8 @@ TEST(Cli, BadInputsGiveClearErrors) {
   // Broken checkpoints: copies of the tiny model with one thing wrong each.
   auto broken = [&](const std::string& name) {
     const auto d = test::temp_dir("broken_" + name);
-    for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::copy(e.path(), d / e.path().filename());
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      std::filesystem::copy(e.path(), d / e.path().filename());
     return d;
   };
   {  // truncated shard

@@ -5,14 +5,14 @@
 // operator delete below frees what the interposed operator new got from __libc_malloc.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <atomic>
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <new>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "engine/engine.h"
 #include "tiny_models.h"
@@ -26,27 +26,28 @@ void* __libc_memalign(size_t, size_t);
 }
 namespace {
 std::atomic<bool> g_counting{false};
-std::atomic<long> g_allocs{0};     // allocations from tessera's own code
-std::atomic<long> g_lib_allocs{0}; // inside the runtimes: oneDNN's per-execute argument map, libgomp teams
+std::atomic<long> g_allocs{0};      // allocations from tessera's own code
+std::atomic<long> g_lib_allocs{0};  // inside the runtimes: oneDNN's per-execute argument map, libgomp teams
 std::atomic<long> g_lib_bytes{0};
 void* g_callers[64];
 bool from_dnnl(void* caller) {
   Dl_info info{};
   return dladdr(caller, &info) != 0 && info.dli_fname != nullptr &&
-         (std::strstr(info.dli_fname, "libdnnl") != nullptr || std::strstr(info.dli_fname, "libgomp") != nullptr);
+         (std::strstr(info.dli_fname, "libdnnl") != nullptr ||
+          std::strstr(info.dli_fname, "libgomp") != nullptr);
 }
-#define note_n(bytes)                                                                   \
-  do {                                                                                  \
-    if (g_counting.load(std::memory_order_relaxed)) {                                   \
-      void* caller = __builtin_extract_return_addr(__builtin_return_address(0));        \
-      if (from_dnnl(caller)) {                                                          \
-        g_lib_allocs.fetch_add(1);                                                      \
-        g_lib_bytes.fetch_add(static_cast<long>(bytes));                                \
-      } else {                                                                          \
-        const long k = g_allocs.fetch_add(1, std::memory_order_relaxed);                \
-        if (k < 64) g_callers[k] = caller;                                              \
-      }                                                                                 \
-    }                                                                                   \
+#define note_n(bytes)                                                            \
+  do {                                                                           \
+    if (g_counting.load(std::memory_order_relaxed)) {                            \
+      void* caller = __builtin_extract_return_addr(__builtin_return_address(0)); \
+      if (from_dnnl(caller)) {                                                   \
+        g_lib_allocs.fetch_add(1);                                               \
+        g_lib_bytes.fetch_add(static_cast<long>(bytes));                         \
+      } else {                                                                   \
+        const long k = g_allocs.fetch_add(1, std::memory_order_relaxed);         \
+        if (k < 64) g_callers[k] = caller;                                       \
+      }                                                                          \
+    }                                                                            \
   } while (0)
 }  // namespace
 extern "C" {
@@ -83,11 +84,21 @@ void* operator new(size_t n) {
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { free(p); }
-void operator delete[](void* p) noexcept { free(p); }
-void operator delete(void* p, size_t) noexcept { free(p); }
-void operator delete[](void* p, size_t) noexcept { free(p); }
+void* operator new[](size_t n) {
+  return operator new(n);
+}
+void operator delete(void* p) noexcept {
+  free(p);
+}
+void operator delete[](void* p) noexcept {
+  free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  free(p);
+}
 
 namespace tessera {
 namespace {
@@ -123,14 +134,16 @@ TEST(NoAllocation, ForwardStepAfterWarmupAllocatesNothing) {
       for (long i = 0; i < std::min(g_allocs.load(), 8L); ++i) {
         Dl_info info{};
         dladdr(g_callers[i], &info);
-        std::printf("allocation from %s %s +%ld\n", info.dli_fname ? info.dli_fname : "?", info.dli_sname ? info.dli_sname : "?",
+        std::printf("allocation from %s %s +%ld\n", info.dli_fname ? info.dli_fname : "?",
+                    info.dli_sname ? info.dli_sname : "?",
                     static_cast<long>(static_cast<char*>(g_callers[i]) - static_cast<char*>(info.dli_fbase)));
       }
       // oneDNN 2.6 builds a small argument map inside every primitive execution and libgomp may
       // allocate a team descriptor: the only heap traffic of a step, small and independent of the
       // sequence length. Every tensor lives in the planned workspace; tessera itself allocates nothing.
-      std::printf("%s %s: %ld allocations in tessera, %ld inside oneDNN/libgomp (%ld bytes) over 3 steps\n", fam,
-                  prec == Precision::BF16 ? "bf16" : "f32", g_allocs.load(), g_lib_allocs.load(), g_lib_bytes.load());
+      std::printf("%s %s: %ld allocations in tessera, %ld inside oneDNN/libgomp (%ld bytes) over 3 steps\n",
+                  fam, prec == Precision::BF16 ? "bf16" : "f32", g_allocs.load(), g_lib_allocs.load(),
+                  g_lib_bytes.load());
       EXPECT_LT(g_lib_bytes.load(), 3 * 64 * 1024);
       EXPECT_EQ(g_allocs.load(), 0) << fam << (prec == Precision::BF16 ? " bf16" : " f32");
     }

@@ -45,15 +45,23 @@ void check_against_reference(const std::string& family, Precision prec, double t
     ASSERT_EQ(ref.size(), got.size());
     const double err = test::rel_error(got.data(), ref.data(), got.size());
     EXPECT_LE(err, tol) << family << " L=" << n;
-    std::printf("%s %s L=%lld: relative error %.2e\n", family.c_str(), prec == Precision::F32 ? "f32" : "bf16",
-                static_cast<long long>(n), err);
+    std::printf("%s %s L=%lld: relative error %.2e\n", family.c_str(),
+                prec == Precision::F32 ? "f32" : "bf16", static_cast<long long>(n), err);
   }
 }
 
-TEST(Reference, LladaF32) { check_against_reference("llada", Precision::F32, 1e-3); }
-TEST(Reference, DreamF32GqaBiasShift) { check_against_reference("dream", Precision::F32, 1e-3); }
-TEST(Reference, LladaBf16) { check_against_reference("llada", Precision::BF16, 3e-2); }
-TEST(Reference, DreamBf16) { check_against_reference("dream", Precision::BF16, 3e-2); }
+TEST(Reference, LladaF32) {
+  check_against_reference("llada", Precision::F32, 1e-3);
+}
+TEST(Reference, DreamF32GqaBiasShift) {
+  check_against_reference("dream", Precision::F32, 1e-3);
+}
+TEST(Reference, LladaBf16) {
+  check_against_reference("llada", Precision::BF16, 3e-2);
+}
+TEST(Reference, DreamBf16) {
+  check_against_reference("dream", Precision::BF16, 3e-2);
+}
 
 TEST(MaskOnlyLogits, EqualTheMatchingRowsOfFullLogits) {
   for (const char* fam : {"llada", "dream"}) {
@@ -84,7 +92,8 @@ TEST(Packing, TwoSequencesInOneForwardEqualSeparateForwards) {
   const int64_t V = e->vocab_size();
   const auto a = canvas_of(41, V, 1, e->mask_token(), 0.5), b = canvas_of(70, V, 2, e->mask_token(), 0.5);
   const std::vector<int32_t> pa = {0, 3, 40}, pb = {1, 69};
-  std::vector<float> sa(3 * static_cast<size_t>(V)), sb(2 * static_cast<size_t>(V)), both(5 * static_cast<size_t>(V));
+  std::vector<float> sa(3 * static_cast<size_t>(V)), sb(2 * static_cast<size_t>(V)),
+      both(5 * static_cast<size_t>(V));
   e->logits(a, pa, sa);
   e->logits(b, pb, sb);
   const SeqInput seqs[2] = {{a, pa}, {b, pb}};

@@ -15,8 +15,8 @@ namespace {
 void check_order(const std::string& family, const std::string& alg, int gen, int steps, int block) {
   TESSERA_TINY_OR_SKIP(dir, family, "--seed 11");
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  for (const std::vector<int32_t>& prompt :
-       {std::vector<int32_t>{5, 17, 230}, std::vector<int32_t>{1}, std::vector<int32_t>{100, 101, 102, 7, 9, 44, 250}}) {
+  for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{5, 17, 230}, std::vector<int32_t>{1},
+                                             std::vector<int32_t>{100, 101, 102, 7, 9, 44, 250}}) {
     GenerateOptions o;
     o.gen_length = gen;
     o.steps = steps;
@@ -25,7 +25,8 @@ void check_order(const std::string& family, const std::string& alg, int gen, int
     o.stop_at_eos = false;
     const GenerateResult r = generate(*e, prompt, o);
     std::string out;
-    const std::string cmd = test::python() + " " + (test::source_dir() / "tests/reference/reference.py").string() +
+    const std::string cmd = test::python() + " " +
+                            (test::source_dir() / "tests/reference/reference.py").string() +
                             " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
                             " --gen-length " + std::to_string(gen) + " --steps " + std::to_string(steps) +
                             " --block-length " + std::to_string(block) + " --alg " + alg + " 2>/dev/null";
@@ -47,11 +48,21 @@ void check_order(const std::string& family, const std::string& alg, int gen, int
   }
 }
 
-TEST(SamplerOrder, LladaLowConfidenceBlocks) { check_order("llada", "low_confidence", 16, 8, 8); }
-TEST(SamplerOrder, LladaLowConfidenceOneBlock) { check_order("llada", "low_confidence", 12, 6, 12); }
-TEST(SamplerOrder, DreamEntropy) { check_order("dream", "entropy", 16, 8, 16); }
-TEST(SamplerOrder, DreamMaskgitPlus) { check_order("dream", "maskgit_plus", 12, 5, 12); }
-TEST(SamplerOrder, DreamTopkMargin) { check_order("dream", "topk_margin", 12, 12, 12); }
+TEST(SamplerOrder, LladaLowConfidenceBlocks) {
+  check_order("llada", "low_confidence", 16, 8, 8);
+}
+TEST(SamplerOrder, LladaLowConfidenceOneBlock) {
+  check_order("llada", "low_confidence", 12, 6, 12);
+}
+TEST(SamplerOrder, DreamEntropy) {
+  check_order("dream", "entropy", 16, 8, 16);
+}
+TEST(SamplerOrder, DreamMaskgitPlus) {
+  check_order("dream", "maskgit_plus", 12, 5, 12);
+}
+TEST(SamplerOrder, DreamTopkMargin) {
+  check_order("dream", "topk_margin", 12, 12, 12);
+}
 
 }  // namespace
 }  // namespace tessera

@@ -76,14 +76,16 @@ TEST(Stories260K, MatchesTheNumpyReference) {
     ids += (i ? "," : "") + std::to_string(canvas[i]);
     rows += (i ? "," : "") + std::to_string(pos[i]);
   }
-  ASSERT_EQ(test::run_command(test::python() + " " + (test::source_dir() / "tests/reference/reference.py").string() +
+  ASSERT_EQ(test::run_command(test::python() + " " +
+                                  (test::source_dir() / "tests/reference/reference.py").string() +
                                   " logits --model " + dir.string() + " --tokens " + ids + " --rows " + rows +
                                   " --out " + ref_path,
                               &out),
             0)
       << out;
   std::vector<float> ref(got.size());
-  std::ifstream(ref_path, std::ios::binary).read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
+  std::ifstream(ref_path, std::ios::binary)
+      .read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
   EXPECT_LE(test::rel_error(got.data(), ref.data(), got.size()), 1e-4);
 }
 

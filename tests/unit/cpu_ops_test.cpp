@@ -20,8 +20,8 @@ struct AttnCase {
   int block = 0;
 };
 
-std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                                   const std::vector<float>& v) {
+std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& q,
+                                   const std::vector<float>& k, const std::vector<float>& v) {
   const int64_t nq = c.cu_q.back();
   std::vector<float> out(static_cast<size_t>(nq * c.hq * c.d), 0.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
@@ -129,7 +129,8 @@ TEST(CpuGemm, Bf16AndF32AgainstNaive) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = bias[static_cast<size_t>(j)];
-      for (int64_t t = 0; t < k; ++t) s += static_cast<double>(a[static_cast<size_t>(i * k + t)]) * w[static_cast<size_t>(j * k + t)];
+      for (int64_t t = 0; t < k; ++t)
+        s += static_cast<double>(a[static_cast<size_t>(i * k + t)]) * w[static_cast<size_t>(j * k + t)];
       ref[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
     }
   std::vector<float> c(ref.size(), NAN);
@@ -158,11 +159,12 @@ TEST(CpuGemm, GatherGemmEqualsRowsOfFullGemm) {
   auto a = random_floats(static_cast<size_t>(rows * k), 21);
   auto w = random_floats(static_cast<size_t>(n * k), 22);
   std::vector<float> full(static_cast<size_t>(rows * n));
-  Tensor ta(a.data(), DType::F32, {rows, k}), tw(w.data(), DType::F32, {n, k}), tf(full.data(), DType::F32, {rows, n});
+  Tensor ta(a.data(), DType::F32, {rows, k}), tw(w.data(), DType::F32, {n, k}),
+      tf(full.data(), DType::F32, {rows, n});
   be->gemm(ta, tw, nullptr, tf, false);
   std::vector<int32_t> idx;
   for (int32_t i = 0; i < rows; i += 1 + (i % 3)) idx.push_back(i);  // > one 256-row tile
-  idx.push_back(5);  // repeated and unsorted rows are fine
+  idx.push_back(5);                                                  // repeated and unsorted rows are fine
   std::vector<float> out(idx.size() * static_cast<size_t>(n), NAN);
   Tensor ti(idx.data(), DType::I32, {static_cast<int64_t>(idx.size())});
   Tensor to(out.data(), DType::F32, {static_cast<int64_t>(idx.size()), n});
@@ -223,7 +225,8 @@ TEST(CpuOps, SwigluAndEmbed) {
   std::vector<float> table = {0, 1, 10, 11, 20, 21};
   std::vector<int32_t> ids = {2, 0};
   std::vector<float> e(4, NAN);
-  Tensor tt(table.data(), DType::F32, {3, 2}), ti(ids.data(), DType::I32, {2}), te(e.data(), DType::F32, {2, 2});
+  Tensor tt(table.data(), DType::F32, {3, 2}), ti(ids.data(), DType::I32, {2}),
+      te(e.data(), DType::F32, {2, 2});
   be->embed(ti, tt, te);
   EXPECT_EQ(e, (std::vector<float>{20, 21, 0, 1}));
   ids[0] = 3;

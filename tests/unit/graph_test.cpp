@@ -1,8 +1,9 @@
 // Graph registrar: symbolic sizes, lifetimes, chunk loops, barriers, aliases.
+#include "graph/graph.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "graph/graph.h"
 #include "memory/planner.h"
 
 namespace tessera::graph {

@@ -1,11 +1,11 @@
 // Memory planner: hand-computed offsets and peaks, best-fit, and first-fit against the exhaustive
 // optimum on random small graphs.
+#include "memory/planner.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <random>
-
-#include "memory/planner.h"
 
 namespace tessera::memory {
 namespace {

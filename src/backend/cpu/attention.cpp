@@ -17,9 +17,12 @@ constexpr int kMaxD = 256;
 
 inline bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
   switch (mask) {
-    case MaskKind::None: return true;
-    case MaskKind::Causal: return kp <= qp;
-    case MaskKind::BlockCausal: return kp / block <= qp / block;
+    case MaskKind::None:
+      return true;
+    case MaskKind::Causal:
+      return kp <= qp;
+    case MaskKind::BlockCausal:
+      return kp / block <= qp / block;
   }
   return true;
 }
@@ -56,8 +59,8 @@ inline float exp_neg(float x) {
 
 // One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb). K tiles are
 // transposed into a local buffer so that scores are computed with the key index innermost.
-void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka,
-                 int64_t kb, int64_t hq, int64_t hk, void* out, DType out_dtype) {
+void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
+                 int64_t hq, int64_t hk, void* out, DType out_dtype) {
   const int d = c.d;
   const int nq = static_cast<int>(qb - qa);
   alignas(64) float acc[kBQ][kMaxD];
@@ -96,7 +99,8 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
       if (masked) {
         const int32_t qp = p.q_pos[qa + i];
         for (int j = 0; j < nk; ++j) {
-          if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j])) s[j] = -std::numeric_limits<float>::infinity();
+          if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j]))
+            s[j] = -std::numeric_limits<float>::infinity();
         }
       }
       float rowmax = -std::numeric_limits<float>::infinity();
@@ -141,19 +145,18 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
 
 }  // namespace
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
-               int n_kv_heads, int head_dim, const AttnParams& p) {
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
+               int head_dim, const AttnParams& p) {
   TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32 && v.dtype == DType::F32,
                 "attention (cpu): q, k, v must be f32");
-  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16,
-                "attention: output must be f32 or bf16");
+  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "attention: output must be f32 or bf16");
   TESSERA_CHECK(head_dim <= kMaxD, "attention: head_dim above 256 is not supported");
   TESSERA_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
   TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
                 "attention: q/k widths do not match the head counts");
   TESSERA_CHECK(p.block_mask == nullptr, "attention (cpu): block-sparse patterns are not supported");
-  const TileCtx c{q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(),
-                  head_dim, p.scale};
+  const TileCtx c{
+      q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];

@@ -41,8 +41,8 @@ class CpuBackend final : public Backend {
   void rope(Tensor& x, const Tensor& pos, int hd, int rot, float theta, bool neox) override {
     cpu::rope(x, pos, hd, rot, theta, neox);
   }
-  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv,
-                 int hd, const AttnParams& p) override {
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
+                 const AttnParams& p) override {
     cpu::attention(q, k, v, out, nh, nkv, hd, p);
   }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::swiglu(g, u, out); }
@@ -60,6 +60,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace tessera

@@ -11,7 +11,7 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
-               int n_kv_heads, int head_dim, const AttnParams& p);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
+               int head_dim, const AttnParams& p);
 
 }  // namespace tessera::cpu

@@ -10,10 +10,14 @@ namespace {
 
 inline float load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
   }
   return 0.0f;
 }
@@ -32,13 +36,13 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
   }
 #pragma omp parallel for
   for (int64_t r = 0; r < n; ++r) {
-    const char* src = static_cast<const char*>(table.data) +
-                      static_cast<size_t>(ids[r] * d) * dtype_size(table.dtype);
+    const char* src =
+        static_cast<const char*>(table.data) + static_cast<size_t>(ids[r] * d) * dtype_size(table.dtype);
     if (out.dtype == DType::F32) {
       convert_to_f32(src, table.dtype, out.as<float>() + r * d, static_cast<size_t>(d));
     } else if (out.dtype == table.dtype) {
-      std::memcpy(static_cast<char*>(out.data) + static_cast<size_t>(r * d) * dtype_size(out.dtype),
-                  src, static_cast<size_t>(d) * dtype_size(out.dtype));
+      std::memcpy(static_cast<char*>(out.data) + static_cast<size_t>(r * d) * dtype_size(out.dtype), src,
+                  static_cast<size_t>(d) * dtype_size(out.dtype));
     } else {
       fail("embed: unsupported output dtype");
     }

@@ -12,10 +12,14 @@ namespace {
 
 dnnl::memory::data_type dnnl_type(DType t) {
   switch (t) {
-    case DType::F32: return dnnl::memory::data_type::f32;
-    case DType::BF16: return dnnl::memory::data_type::bf16;
-    case DType::F16: return dnnl::memory::data_type::f16;
-    case DType::I32: return dnnl::memory::data_type::s32;
+    case DType::F32:
+      return dnnl::memory::data_type::f32;
+    case DType::BF16:
+      return dnnl::memory::data_type::bf16;
+    case DType::F16:
+      return dnnl::memory::data_type::f16;
+    case DType::I32:
+      return dnnl::memory::data_type::s32;
   }
   return dnnl::memory::data_type::undef;
 }
@@ -52,8 +56,8 @@ struct GemmEngine::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::unordered_map<Key, Entry, KeyHash> cache;
-  std::vector<char> scratch;           // shared by all primitives (one stream, run in order)
-  std::vector<char> tile;              // gather tile
+  std::vector<char> scratch;  // shared by all primitives (one stream, run in order)
+  std::vector<char> tile;     // gather tile
   std::vector<dnnl::memory*> scratch_users;
 
   Entry& get(const Key& key) {
@@ -86,8 +90,7 @@ struct GemmEngine::Impl {
     e.args.push_back({DNNL_ARG_WEIGHTS, e.w.get()});
     e.args.push_back({DNNL_ARG_DST, e.c.get()});
     if (key.bias) {
-      e.bias = dnnl::memory(dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32,
-                                               dims{key.n, 1}),
+      e.bias = dnnl::memory(dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1}),
                             eng, DNNL_MEMORY_NONE);
       e.args.push_back({DNNL_ARG_BIAS, e.bias.get()});
     }
@@ -116,8 +119,7 @@ struct GemmEngine::Impl {
 GemmEngine::GemmEngine() : impl_(std::make_unique<Impl>()) {}
 GemmEngine::~GemmEngine() = default;
 
-void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c,
-                      bool accumulate) {
+void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) {
   const int64_t m = a.rows(), k = a.cols(), n = w.rows();
   TESSERA_CHECK(w.cols() == k, "gemm: inner dimensions differ");
   TESSERA_CHECK(c.rows() == m && c.cols() == n, "gemm: output shape mismatch");
