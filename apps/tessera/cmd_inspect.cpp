@@ -4,26 +4,13 @@
 #include <string>
 
 #include "apps/tessera/commands.h"
+#include "apps/tessera/session.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "memory/planner.h"
 #include "models/model.h"
 
 namespace tessera::cli {
-
-namespace {
-std::string human(double b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024 && i < 4) {
-    b /= 1024;
-    ++i;
-  }
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f %s", b, u[i]);
-  return s;
-}
-}  // namespace
 
 void add_inspect(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("inspect", "Describe a model directory");
@@ -63,11 +50,11 @@ void add_inspect(CLI::App& app, Registry& reg) {
                 static_cast<long long>(c.max_positions));
     std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
     std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
-                human(static_cast<double>(ck.total_bytes())).c_str(), ck.tensors().size(),
+                human_bytes(static_cast<double>(ck.total_bytes())).c_str(), ck.tensors().size(),
                 std::string(dtype_name(act)).c_str());
     std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
-                human(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
-                human(static_cast<double>(p.lower_bound)).c_str());
+                human_bytes(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
+                human_bytes(static_cast<double>(p.lower_bound)).c_str());
     return 0;
   });
 }
