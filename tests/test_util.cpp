@@ -14,6 +14,7 @@ std::filesystem::path source_dir() {
   return TESSERA_SOURCE_DIR;
 }
 std::string python() {
+  if (const char* e = std::getenv("TESSERA_PYTHON")) return e;
   return TESSERA_PYTHON;
 }
 

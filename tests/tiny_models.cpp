@@ -37,23 +37,33 @@ std::filesystem::path tiny_checkpoint(const std::string& family, const std::stri
   return dir;
 }
 
+namespace {
+std::vector<float> read_floats(const std::filesystem::path& p, size_t n) {
+  std::vector<float> v(n);
+  std::ifstream f(p, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+  EXPECT_EQ(static_cast<size_t>(f.gcount()), n * 4) << "reference output size of " << p;
+  std::filesystem::remove(p);
+  return v;
+}
+}  // namespace
+
 std::vector<float> reference_logits(const std::filesystem::path& model, const std::vector<int32_t>& tokens,
-                                    const std::vector<int32_t>& rows, int64_t vocab) {
+                                    const std::vector<int32_t>& rows, int64_t vocab,
+                                    std::vector<float>* margins) {
   const auto out = model / ("ref_" + std::to_string(::getpid()) + ".bin");
+  const auto mout = model / ("ref_margins_" + std::to_string(::getpid()) + ".bin");
   const std::string cmd = python() + " " + (source_dir() / "tests/reference/reference.py").string() +
                           " logits --model " + model.string() + " --tokens " + join_ids(tokens) + " --rows " +
-                          join_ids(rows) + " --out " + out.string();
+                          join_ids(rows) + " --out " + out.string() +
+                          (margins != nullptr ? " --margins " + mout.string() : "");
   std::string log;
   if (run_command(cmd, &log) != 0) {
     ADD_FAILURE() << "reference failed: " << cmd << "\n" << log;
     return {};
   }
-  std::vector<float> v(rows.size() * static_cast<size_t>(vocab));
-  std::ifstream f(out, std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  EXPECT_EQ(static_cast<size_t>(f.gcount()), v.size() * 4) << "reference output size";
-  std::filesystem::remove(out);
-  return v;
+  if (margins != nullptr) *margins = read_floats(mout, rows.size());
+  return read_floats(out, rows.size() * static_cast<size_t>(vocab));
 }
 
 }  // namespace tessera::test

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA or Dream.
+"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream or LLaDA-MoE.
 
-  make_tiny_checkpoint.py --family llada|dream --out DIR [--seed 0] [--hidden 64] [--layers 2]
+  make_tiny_checkpoint.py --family llada|dream|llada_moe --out DIR [--seed 0] [--hidden 64] [--layers 2]
       [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512] [--shards 2]
       [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
+      llada_moe only: [--experts 8] [--top-k 2] [--expert-inter 32] [--first-dense 0] [--shared-inter 0]
+      [--norm-topk] [--routed-scale 1.0] [--partial-rotary 1.0] [--no-qk-norm]
 
 Output (same file names, config field names, tensor names and dtypes as the real checkpoints, see
 shared/specs/models.md):
   config.json                       real field names of the family (LLaDA: d_model, n_layers, ...;
-                                    Dream: hidden_size, num_hidden_layers, ...)
+                                    Dream: hidden_size, num_hidden_layers, ...; LLaDA-MoE: model_type
+                                    "lladamoe", num_experts, num_experts_per_tok,
+                                    expert_intermediate_size, moe_layer_freq, qk_layernorm, ...)
   model-0000K-of-0000N.safetensors  + model.safetensors.index.json  (--shards N > 1)
   model.safetensors                 (--shards 1, no index)
   tokenizer.json                    byte-level BPE: ids 0..255 = the GPT-2 byte symbols (id == byte
@@ -21,10 +25,19 @@ Special-token ids (V = --vocab):
   llada: <|endoftext|> V-6 (eos = pad), <|startoftext|> V-5 (bos), <|mdm_mask|> V-4 (mask),
          <|eot_id|> V-3, <|start_header_id|> V-2, <|end_header_id|> V-1
   dream: <|endoftext|> V-4 (eos = pad = bos), <|im_start|> V-3, <|im_end|> V-2, <|mask|> V-1 (mask)
+  llada_moe: <|endoftext|> V-5 (eos = pad), <|mask|> V-4 (mask), <role> V-3, </role> V-2,
+         <|role_end|> V-1
+
+LLaDA-MoE layout (modeling_lladamoe.py): Qwen2-style names without biases plus
+self_attn.{q,k}_norm.weight [head_dim]; MoE layers mlp.gate.weight [E, d] (router) and
+mlp.experts.E.{gate,up,down}_proj.weight; dense layers (the first --first-dense, moe_layer_freq 0)
+mlp.{gate,up,down}_proj.weight of --intermediate (dense_intermediate_size); with --shared-inter N
+a shared expert shared_expert.{gate,up,down}_proj.weight on MoE layers.
 
 Weights: linears N(0, 1/fan_in) stored [out, in]; embeddings N(0, 1); norm weights 1 + 0.1 N(0, 1);
-biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer, then final
-norm, then LM head), so a given --seed and geometry always gives the same weights.
+biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer in the order
+the tensors are listed, then final norm, then LM head), so a given --seed and geometry always gives
+the same weights.
 """
 import argparse
 import json
@@ -40,6 +53,7 @@ SPECIALS = {
     "llada": ["<|endoftext|>", "<|startoftext|>", "<|mdm_mask|>", "<|eot_id|>", "<|start_header_id|>",
               "<|end_header_id|>"],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],
+    "llada_moe": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
 }
 
 # Built-in English text the BPE merges are learnt from.
@@ -204,11 +218,70 @@ DREAM_CHAT = ("{% if messages[0]['role'] != 'system' %}"  # Qwen2.5 ChatML witho
               "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
               " + '<|im_end|>' + '\n' }}{% endfor %}"
               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLADA_MOE_CHAT = ("{% if messages[0]['role'] != 'system' %}"  # abridged: roles and markers only
+                  "{{ '<role>SYSTEM</role>detailed thinking off<|role_end|>' }}{% endif %}"
+                  "{% for message in messages %}{% set role = {'system': 'SYSTEM', 'user': 'HUMAN',"
+                  " 'assistant': 'ASSISTANT'}[message['role']] %}"
+                  "{{ '<role>' + role + '</role>' + message['content'] + '<|role_end|>' }}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ '<role>ASSISTANT</role>' }}{% endif %}")
 
 
 # ---------------------------------------------------------------------------------------------
 # weights and configs
 # ---------------------------------------------------------------------------------------------
+
+def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
+    """LLaDA-MoE tensors (in draw order), config.json and tokenizer_config.json."""
+    d, f, V, hd, E = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads, a.experts
+    if not 1 <= a.top_k <= E:
+        raise SystemExit("--top-k must be in [1, --experts]")
+    if not 0 <= a.first_dense <= a.layers:
+        raise SystemExit("--first-dense must be in [0, --layers]")
+    freq = [0 if i < a.first_dense else 1 for i in range(a.layers)]
+    t = {"model.embed_tokens.weight": rng.standard_normal((V, d)).astype(np.float32)}
+    for i in range(a.layers):
+        b = f"model.layers.{i}."
+        t[b + "input_layernorm.weight"] = norm(d)
+        t[b + "self_attn.q_proj.weight"] = lin(a.heads * hd, d)
+        t[b + "self_attn.k_proj.weight"] = lin(kv * hd, d)
+        t[b + "self_attn.v_proj.weight"] = lin(kv * hd, d)
+        t[b + "self_attn.o_proj.weight"] = lin(d, a.heads * hd)
+        if a.qk_norm:
+            t[b + "self_attn.q_norm.weight"] = norm(hd)
+            t[b + "self_attn.k_norm.weight"] = norm(hd)
+        t[b + "post_attention_layernorm.weight"] = norm(d)
+        if freq[i] == 0:
+            for proj, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+                t[b + f"mlp.{proj}.weight"] = lin(*shape)
+            continue
+        t[b + "mlp.gate.weight"] = lin(E, d)
+        for e in range(E):
+            for proj, shape in (("gate_proj", (a.expert_inter, d)), ("up_proj", (a.expert_inter, d)),
+                                ("down_proj", (d, a.expert_inter))):
+                t[b + f"mlp.experts.{e}.{proj}.weight"] = lin(*shape)
+        if a.shared_inter:
+            for proj, shape in (("gate_proj", (a.shared_inter, d)), ("up_proj", (a.shared_inter, d)),
+                                ("down_proj", (d, a.shared_inter))):
+                t[b + f"shared_expert.{proj}.weight"] = lin(*shape)
+    t["model.norm.weight"] = norm(d)
+    t["lm_head.weight"] = lin(V, d)
+    cfg = {"architectures": ["LLaDAMoEModelLM"], "model_type": "lladamoe", "hidden_size": d,
+           "dense_intermediate_size": f, "expert_intermediate_size": a.expert_inter,
+           "shared_expert_intermediate_size": a.shared_inter or None, "num_hidden_layers": a.layers,
+           "num_attention_heads": a.heads, "num_key_value_heads": kv, "hidden_act": "silu",
+           "max_position_embeddings": a.max_pos, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+           "partial_rotary_factor": a.partial_rotary, "rope_scaling": None, "attention_bias": False,
+           "attention_dropout": 0.0, "clip_qkv": None, "num_experts": E, "num_experts_per_tok": a.top_k,
+           "norm_topk_prob": bool(a.norm_topk), "qk_layernorm": bool(a.qk_norm), "moe_layer_freq": freq,
+           "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
+           "routed_scaling_factor": a.routed_scale, "router_aux_loss_coef": 0.01, "output_router_logits": False,
+           "tie_word_embeddings": False, "vocab_size": V, "use_cache": False,
+           "mask_token_id": ids["<|mask|>"], "eos_token_id": ids["<|endoftext|>"],
+           "pad_token_id": ids["<|endoftext|>"], "bos_token_id": None, "torch_dtype": torch_dtype}
+    tcfg = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>",
+            "add_bos_token": False, "model_max_length": a.max_pos, "chat_template": LLADA_MOE_CHAT}
+    return t, cfg, tcfg
+
 
 def build(a):
     """Returns (tensors {name: float32}, config.json, tokenizer.json, tokenizer_config.json,
@@ -218,13 +291,15 @@ def build(a):
         raise SystemExit("--hidden must be a multiple of --heads")
     if a.kv_heads:
         kv = a.kv_heads
-    elif fam == "llada":
+    elif fam in ("llada", "llada_moe"):
         kv = a.heads
     else:
         kv = 2 if a.heads % 2 == 0 else 1
     if a.heads % kv:
         raise SystemExit("--heads must be a multiple of --kv-heads")
     qkv_bias = (fam == "dream") if a.qkv_bias is None else a.qkv_bias
+    if fam == "llada_moe" and qkv_bias:
+        raise SystemExit("llada_moe has no q/k/v biases (attention_bias false)")
     d, f, V, hd = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads
     rng = np.random.default_rng(a.seed)
 
@@ -272,6 +347,8 @@ def build(a):
         tcfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                 "mask_token": "<|mdm_mask|>", "add_bos_token": True, "add_eos_token": False,
                 "model_max_length": a.max_pos, "chat_template": LLADA_CHAT}
+    elif fam == "llada_moe":
+        t, cfg, tcfg = build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype)
     else:
         t["model.embed_tokens.weight"] = rng.standard_normal((V, d)).astype(np.float32)
         for i in range(a.layers):
@@ -313,7 +390,7 @@ def build(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=["llada", "dream"], required=True)
+    ap.add_argument("--family", choices=["llada", "dream", "llada_moe"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
@@ -328,6 +405,15 @@ def main():
     ap.add_argument("--qkv-bias", dest="qkv_bias", action="store_true", default=None,
                     help="biases on q/k/v (default: on for dream, off for llada)")
     ap.add_argument("--no-qkv-bias", dest="qkv_bias", action="store_false")
+    ap.add_argument("--experts", type=int, default=8, help="llada_moe: routed experts per MoE layer")
+    ap.add_argument("--top-k", type=int, default=2, help="llada_moe: experts per token")
+    ap.add_argument("--expert-inter", type=int, default=32, help="llada_moe: expert intermediate size")
+    ap.add_argument("--first-dense", type=int, default=0, help="llada_moe: leading dense layers")
+    ap.add_argument("--shared-inter", type=int, default=0, help="llada_moe: shared expert size (0 = none)")
+    ap.add_argument("--norm-topk", action="store_true", help="llada_moe: norm_topk_prob true")
+    ap.add_argument("--routed-scale", type=float, default=1.0, help="llada_moe: routed_scaling_factor")
+    ap.add_argument("--partial-rotary", type=float, default=1.0, help="llada_moe: partial_rotary_factor")
+    ap.add_argument("--no-qk-norm", dest="qk_norm", action="store_false", help="llada_moe: qk_layernorm false")
     a = ap.parse_args()
 
     t, cfg, tok, tcfg, gen = build(a)

@@ -11,6 +11,30 @@
 #include "models/model.h"
 
 namespace tessera::cli {
+namespace {
+
+// Experts, routing and which layers are MoE.
+void print_moe(const ModelConfig& c) {
+  const MoeConfig& m = c.moe;
+  int64_t n_moe = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) n_moe += c.is_moe_layer(l) ? 1 : 0;
+  std::printf("experts      %lld routed (inter %lld), top-%lld", static_cast<long long>(m.n_experts),
+              static_cast<long long>(m.expert_inter), static_cast<long long>(m.top_k));
+  if (m.n_shared > 0)
+    std::printf(", %lld shared (inter %lld)", static_cast<long long>(m.n_shared),
+                static_cast<long long>(m.shared_inter));
+  std::printf("; %lld of %lld layers MoE\n", static_cast<long long>(n_moe),
+              static_cast<long long>(c.n_layers));
+  std::printf("router       %s%s", m.score == RouterScore::Sigmoid ? "sigmoid" : "softmax",
+              m.expert_bias ? " + expert bias" : "");
+  if (m.n_group > 1)
+    std::printf(", %lld groups keep %lld", static_cast<long long>(m.n_group),
+                static_cast<long long>(m.topk_group));
+  std::printf(", %s, scale %g\n", m.norm_topk ? "top-k renormalised" : "top-k not renormalised",
+              static_cast<double>(m.routed_scale));
+}
+
+}  // namespace
 
 void add_inspect(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("inspect", "Describe a model directory");
@@ -45,10 +69,17 @@ void add_inspect(CLI::App& app, Registry& reg) {
                 static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
                 static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads),
                 static_cast<long long>(c.head_dim));
+    if (c.qk_norm || c.rotary() != c.head_dim) {
+      std::printf("attention    %sRoPE on %lld of %lld dims per head\n", c.qk_norm ? "qk-norm, " : "",
+                  static_cast<long long>(c.rotary()), static_cast<long long>(c.head_dim));
+    }
     std::printf("ffn          %lld\nvocab        %lld\ncontext      %lld\n",
                 static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab),
                 static_cast<long long>(c.max_positions));
+    if (c.moe.n_experts > 0) print_moe(c);
     std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
+    if (c.moe.n_experts > 0)
+      std::printf("active       %.3f M per token\n", static_cast<double>(c.active_param_count()) / 1e6);
     std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
                 human_bytes(static_cast<double>(ck.total_bytes())).c_str(), ck.tensors().size(),
                 std::string(dtype_name(act)).c_str());

@@ -2,6 +2,7 @@
 // pointers of this backend. Shapes are checked in ops.cpp (check_* helpers) before dispatch, so
 // implementations may assume valid arguments. Optional capabilities are queried, not assumed.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,11 +27,53 @@ struct AttnParams {
   const int32_t* cu_k = nullptr;   // [n_seqs + 1]
   const int32_t* q_pos = nullptr;  // [n_query]
   const int32_t* k_pos = nullptr;  // [n_kv]
-  // Optional block-sparse pattern (SparseD): one byte per (head, query block, key block) of each
-  // sequence; nullptr = dense. Not used by the dense path.
+  // Optional block-sparse pattern (SparseD), device memory; nullptr = dense. Needs n_seqs == 1.
+  // One byte per (query head h, query block qb, key block kb) at [(h * n_qb + qb) * n_kb + kb], with
+  // n_qb = ceil(n_query / sparse_block), n_kb = ceil(n_kv / sparse_block); blocks count query rows and
+  // key rows of the sequence (not positions). A zero byte skips that tile entirely; the causal /
+  // block-causal mask still applies inside kept tiles. A query row that keeps no visible key gets 0.
   const uint8_t* block_mask = nullptr;
   int sparse_block = 0;
+  // Optional planned scratch where a backend may stage K and V in bf16 (the CUDA tensor-core kernel
+  // does; without it the CUDA backend runs its f32 SIMT kernel): attn_kv_scratch_bytes() bytes.
+  void* kv_scratch = nullptr;
 };
+inline size_t attn_kv_scratch_bytes(int64_t n_kv, int64_t kv_width) {
+  return static_cast<size_t>(n_kv * kv_width) * 2 * 2;  // K and V, bf16
+}
+
+// Mixture-of-experts routing (LLaDA-MoE: softmax, no renormalisation; LLaDA2: sigmoid + expert bias
+// for selection, groups, renormalised and scaled).
+enum class MoeScore : uint8_t { Softmax, Sigmoid };
+struct MoeRouteParams {
+  MoeScore score = MoeScore::Softmax;
+  int top_k = 1;
+  bool norm_topk = false;              // weights /= sum of the top-k scores (+1e-20)
+  float scale = 1.0f;                  // routed scaling factor applied to the final weights
+  int n_group = 1, topk_group = 1;     // grouped selection: keep the topk_group groups whose top-2
+                                       // (biased) scores sum highest, then pick top_k inside them
+  const float* expert_bias = nullptr;  // [E] f32 device memory or nullptr; selection only
+};
+
+// The experts of one MoE layer. `table` is backend memory holding 3 * n_experts pointers to
+// backend memory: gate[0..E), up[0..E), down[0..E); gate/up are [inter, hidden], down [hidden, inter],
+// all of dtype `dtype`.
+struct MoeExperts {
+  const void* const* table = nullptr;
+  int n_experts = 0;
+  int64_t hidden = 0, inter = 0;
+  DType dtype = DType::BF16;
+};
+// Scratch bytes moe_ffn may use for M rows with top_k experts each (the graph plans this buffer).
+inline size_t moe_scratch_bytes(int64_t rows, int top_k, const MoeExperts& e) {
+  const int64_t pairs = rows * top_k;
+  const size_t es = dtype_size(e.dtype);
+  return static_cast<size_t>(pairs) * (static_cast<size_t>(e.hidden) * (es + 4) +  // gathered x, f32 out
+                                       static_cast<size_t>(e.inter) * 2 * es +     // gate, up
+                                       16) +                                       // sort keys
+         static_cast<size_t>(e.n_experts + 1) * 8 +
+         4096;  // + alignment of the sub-buffers
+}
 
 // How one row of logits is turned into (token, confidence) on the device.
 enum class ConfKind : uint8_t {
@@ -61,6 +104,12 @@ inline uint64_t rng_mix(uint64_t x) {
 inline double rng_uniform(uint64_t seed, uint64_t a, uint64_t b) {
   const uint64_t h = rng_mix(seed ^ rng_mix(a ^ rng_mix(b + 0x632be59bd9b4e019ull)));
   return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// theta^(-2i/rotary_dim) rounded once to f32 (computed in double so that every backend agrees: an
+// ulp of inv_freq moves the angle of position 30000 by 2e-3 rad).
+inline float rope_inv_freq(float theta, int i, int rotary_dim) {
+  return static_cast<float>(1.0 / std::pow(static_cast<double>(theta), 2.0 * i / rotary_dim));
 }
 
 class Backend {
@@ -98,7 +147,8 @@ class Backend {
 
   // In-place rotary embedding on x [M, H * head_dim] f32 with positions [M] i32. Rotates the first
   // rotary_dim dims of each head. neox=true: rotate-half pairs (i, i + rot/2); false: interleaved
-  // pairs (2i, 2i+1). inv_freq_i = theta^(-2i/rotary_dim), computed in fp32.
+  // pairs (2i, 2i+1). inv_freq_i = rope_inv_freq(theta, i, rotary_dim) (the correctly rounded f32
+  // value, identical on every backend); angle = f32(position * inv_freq_i); cos/sin in f32.
   virtual void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta,
                     bool neox) = 0;
 
@@ -118,8 +168,28 @@ class Backend {
   // Per row of logits [R, V] f32: logprob[r] = log_softmax(logits[r])[target[r]] (f32).
   virtual void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob) = 0;
 
+  // Router: logits [M, E] f32 -> ids [M, top_k] i32 and weights [M, top_k] f32 per MoeRouteParams,
+  // all in f32: s = softmax(logits) (max-subtracted) or sigmoid(logits); selection scores
+  // b = s + expert_bias; with n_group > 1 the experts are split into n_group equal groups of
+  // consecutive ids, each scored by the sum of its two highest b, and only the topk_group best groups
+  // stay eligible; ids = the top_k eligible experts by b in descending order (ties to the lower expert
+  // or group index); weights = s[id] (UNBIASED), / (sum of the top_k s + 1e-20) when norm_topk, then
+  // * scale.
+  virtual void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) = 0;
+
+  // out[m, :] += sum_j weights[m, j] * down_e(silu(gate_e(x_m)) * up_e(x_m)), e = ids[m, j], computing
+  // only the selected experts' rows (x [M, hidden] of the experts' dtype; out [M, hidden] f32). As the
+  // dense FFN: gate_e(x) and up_e(x) are rounded to the act dtype, silu(gate) * up is rounded as swiglu
+  // does, down_e(.) is f32; the sum over j runs in slot order in f32 and is then added to out. ids must
+  // be in [0, n_experts). scratch: at least moe_scratch_bytes(M, top_k, experts) bytes of planned
+  // workspace, the only memory used.
+  virtual void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& experts,
+                       Tensor& scratch, Tensor& out) = 0;
+
   // Optional capabilities.
   virtual bool supports_block_sparse() const { return false; }
+  // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.
+  virtual int64_t device_free_bytes() const { return -1; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -4,10 +4,6 @@
 
 #include "core/error.h"
 
-#ifdef TESSERA_HAVE_CUDA
-#include "backend/cuda/cuda_workspace.h"
-#endif
-
 namespace tessera {
 
 std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
@@ -20,9 +16,7 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
     std::string why;
     e->backend_ = make_cuda_backend(&why);
     if (!e->backend_) fail("--device cuda: " + why);
-#ifdef TESSERA_HAVE_CUDA
     e->ws_ = make_cuda_workspace(opt.reserve_bytes);
-#endif
   } else {
     fail("unknown device '" + opt.device + "' (use cpu or cuda)");
   }

@@ -96,6 +96,7 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
       ap.cu_k = cu_k.as<const int32_t>();
       ap.q_pos = q_pos.as<const int32_t>();
       ap.k_pos = k_pos.as<const int32_t>();
+      if (op.out.size() > 1) ap.kv_scratch = out(1).data;  // planned bf16 K/V staging
       b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);
       break;
     }
@@ -113,6 +114,23 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
     case OpKind::TokenLogprob: {
       Tensor o = out(0);
       b.token_logprob(in(0), in(1), o);
+      break;
+    }
+    case OpKind::MoeRoute: {
+      Tensor ids = out(0), w = out(1);
+      MoeRouteParams rp = op.p.route;
+      if (op.in.size() > 1) rp.expert_bias = in(1).as<const float>();
+      b.moe_route(in(0), rp, ids, w);
+      break;
+    }
+    case OpKind::MoeFfn: {
+      // The scratch is the whole planned buffer (its fixed part included), seen as bytes.
+      const Tensor s = out(0);
+      Tensor scratch(s.data, DType::I32,
+                     {static_cast<int64_t>(p.tensors[static_cast<size_t>(op.out[0].id)].bytes / 4)},
+                     s.device);
+      Tensor o = out(1);
+      b.moe_ffn(in(0), in(1), in(2), op.p.experts, scratch, o);
       break;
     }
   }

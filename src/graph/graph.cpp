@@ -48,6 +48,10 @@ const char* op_name(OpKind k) {
       return "sample_rows";
     case OpKind::TokenLogprob:
       return "token_logprob";
+    case OpKind::MoeRoute:
+      return "moe_route";
+    case OpKind::MoeFfn:
+      return "moe_ffn";
   }
   return "?";
 }
@@ -103,6 +107,14 @@ int GraphTemplate::add_tensor(std::string name, int layer, DType dt, Sym rows, i
 int GraphTemplate::add_output(std::string name, DType dt, Sym rows, int64_t cols) {
   const int id = add_tensor(std::move(name), -1, dt, rows, cols);
   tensors_[static_cast<size_t>(id)].kind = TensorKind::Output;
+  return id;
+}
+
+int GraphTemplate::add_scratch(std::string name, int layer, Sym rows, size_t bytes_per_row,
+                               size_t fixed_bytes) {
+  const int id =
+      add_tensor(std::move(name), layer, DType::I32, rows, static_cast<int64_t>((bytes_per_row + 3) / 4));
+  tensors_[static_cast<size_t>(id)].extra_bytes = (fixed_bytes + 3) / 4 * 4;
   return id;
 }
 
@@ -176,7 +188,7 @@ Program instantiate(const GraphTemplate& g, const StepShape& s) {
       continue;
     }
     t.rows = d.rows_mul * prog.sym[static_cast<size_t>(d.rows)];
-    t.bytes = static_cast<size_t>(t.rows * d.cols) * dtype_size(d.dtype);
+    t.bytes = static_cast<size_t>(t.rows * d.cols) * dtype_size(d.dtype) + d.extra_bytes;
   }
   for (const LoopDecl& l : g.loops()) {
     const int64_t total = prog.sym[static_cast<size_t>(l.total)];

@@ -43,8 +43,9 @@ struct TensorDecl {
   Sym rows = Sym::One;
   int64_t rows_mul = 1;
   int64_t cols = 1;
-  Tensor weight;      // Weight tensors: the bound view (device memory)
-  int alias_of = -1;  // written straight into this tensor's memory (add_alias)
+  Tensor weight;           // Weight tensors: the bound view (device memory; null data: shape only)
+  int alias_of = -1;       // written straight into this tensor's memory (add_alias)
+  size_t extra_bytes = 0;  // fixed bytes after the rows (scratch buffers, add_scratch)
   std::string full_name() const;
 };
 
@@ -57,7 +58,9 @@ enum class OpKind : uint8_t {
   Attention,
   Swiglu,
   SampleRows,
-  TokenLogprob
+  TokenLogprob,
+  MoeRoute,  // in: router logits [, expert bias]; out: ids, weights
+  MoeFfn,    // in: x, ids, weights, x (accumulated) [, expert weight shapes]; out: scratch, x
 };
 const char* op_name(OpKind k);
 
@@ -75,6 +78,8 @@ struct OpParams {
   bool neox = true;
   MaskKind mask = MaskKind::None;
   int block_size = 0;
+  MoeRouteParams route;  // MoeRoute (expert_bias comes from the op's optional second input)
+  MoeExperts experts;    // MoeFfn: the layer's expert table
 };
 
 struct OpDecl {
@@ -103,6 +108,8 @@ class GraphTemplate {
   int add_input(std::string name, DType dt, Sym rows, int64_t cols = 1);
   int add_tensor(std::string name, int layer, DType dt, Sym rows, int64_t cols, int64_t mul = 1);
   int add_output(std::string name, DType dt, Sym rows, int64_t cols = 1);
+  // A byte buffer of bytes_per_row * rows + fixed_bytes (an op's workspace, e.g. moe_scratch).
+  int add_scratch(std::string name, int layer, Sym rows, size_t bytes_per_row, size_t fixed_bytes);
   // `out` is written straight into `in`'s memory (same or smaller size); lifetimes merge.
   void add_alias(int out, int in);
   int add_op(OpKind k, std::string name, int layer, std::vector<Ref> in, std::vector<Ref> out,

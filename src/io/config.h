@@ -3,27 +3,59 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
-enum class Family { LLaDA, Dream };
+// LLaDA2 exists as a planning geometry only (named_geometry("llada2-mini")); no loader yet.
+enum class Family { LLaDA, Dream, LLaDAMoE, LLaDA2 };
 const char* family_name(Family f);
+
+// Router score of a mixture-of-experts FFN.
+enum class RouterScore : uint8_t { Softmax, Sigmoid };
+
+// Mixture-of-experts FFN (n_experts == 0: a dense model). MoE layers replace the dense FFN by
+// top_k of n_experts routed SwiGLU experts, plus an optional shared expert (a dense SwiGLU FFN of
+// shared_inter run on every row and added to the routed output).
+struct MoeConfig {
+  int64_t n_experts = 0, top_k = 0, expert_inter = 0;
+  int64_t n_shared = 0, shared_inter = 0;  // shared experts and their total intermediate size
+  RouterScore score = RouterScore::Softmax;
+  bool expert_bias = false;  // a per-expert bias added to the scores for selection only
+  bool norm_topk = false;    // renormalise the top-k weights to sum 1
+  float routed_scale = 1.0f;
+  int64_t n_group = 1, topk_group = 1;  // grouped selection (LLaDA2)
+  std::vector<uint8_t> moe_layer;       // per layer: 1 = MoE FFN, 0 = dense FFN; empty = all MoE
+};
 
 struct ModelConfig {
   Family family = Family::LLaDA;
   std::string model_type;
   int64_t hidden = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  int64_t intermediate = 0;
-  int64_t vocab = 0;  // rows of the embedding / LM head (LLaDA embedding_size)
+  int64_t intermediate = 0;  // the dense FFN (MoE models: the dense layers' FFN, 0 if none)
+  int64_t vocab = 0;         // rows of the embedding / LM head (LLaDA embedding_size)
   int64_t max_positions = 0;
+  int64_t rotary_dim = 0;  // dims of each head that RoPE rotates (partial rotary); 0 = head_dim
   float rope_theta = 10000.0f, rms_eps = 1e-5f;
   bool tie_embeddings = false;
   bool qkv_bias = false;
+  bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE
   bool logit_shift = false;       // Dream: logits of position i come from hidden row i-1
   bool causal = false;            // tessera extension "is_causal" (converted llama2.c models)
   bool rope_interleaved = false;  // tessera extension "rope_interleaved"
+  int64_t mask_block = 0;         // > 0: block-causal attention with this block size (LLaDA2)
+  MoeConfig moe;
   int32_t mask_id = -1, eos_id = -1, bos_id = -1, pad_id = -1;
+
+  bool is_moe_layer(int64_t layer) const {
+    return moe.n_experts > 0 && (moe.moe_layer.empty() || moe.moe_layer.at(static_cast<size_t>(layer)) != 0);
+  }
+  int64_t rotary() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  // Every parameter, all experts included.
   int64_t param_count() const;
+  // The parameters one token uses: as param_count() but only top_k of the routed experts per
+  // MoE layer (the router, the shared expert, embeddings and LM head count in full).
+  int64_t active_param_count() const;
 };
 
 // Reads DIR/config.json. Errors name the field and say what was expected.

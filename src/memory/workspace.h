@@ -25,5 +25,9 @@ class Workspace {
 
 // CPU: mmap(PROT_NONE, MAP_NORESERVE) reserve; mprotect to commit; madvise(DONTNEED) to release.
 std::unique_ptr<Workspace> make_cpu_workspace(size_t reserve_bytes);
+// CUDA (backend/cuda/cuda_workspace.cpp): cuMemAddressReserve once; cuMemCreate / cuMemMap /
+// cuMemSetAccess chunks of the allocation granularity up to the planned peak; unmap and release
+// after a device synchronize on shrink. Fails where tessera was built without CUDA.
+std::unique_ptr<Workspace> make_cuda_workspace(size_t reserve_bytes);
 
 }  // namespace tessera

@@ -11,6 +11,59 @@ using graph::OpParams;
 using graph::Ref;
 using graph::Sym;
 
+namespace {
+
+// x[chunk] += down(silu(gate(m)) * up(m)); tensor names get `sfx` ("_shexp" for a shared expert).
+void add_swiglu_ffn(graph::GraphTemplate& g, const LayerWeights& L, const GraphOptions& o, int l, int m,
+                    int x, const std::string& sfx) {
+  const int64_t inter = L.w_gate.rows();
+  const int wg = g.add_weight("ffn_gate" + sfx + ".weight", l, L.w_gate);
+  const int wu = g.add_weight("ffn_up" + sfx + ".weight", l, L.w_up);
+  const int wd = g.add_weight("ffn_down" + sfx + ".weight", l, L.w_down);
+  const int gate = g.add_tensor("ffn_gate" + sfx, l, o.act, Sym::FfnRows, inter);
+  const int up = g.add_tensor("ffn_up" + sfx, l, o.act, Sym::FfnRows, inter);
+  g.add_op(OpKind::Gemm, "ffn_gate" + sfx, l, {{m}, {wg}}, {{gate}});
+  g.add_op(OpKind::Gemm, "ffn_up" + sfx, l, {{m}, {wu}}, {{up}});
+  const int act = g.add_tensor("ffn_act" + sfx, l, o.act, Sym::FfnRows, inter);
+  g.add_alias(act, gate);  // silu(gate) * up written over gate
+  g.add_op(OpKind::Swiglu, "ffn_act" + sfx, l, {{gate}, {up}}, {{act}});
+  OpParams acc;
+  acc.accumulate = true;
+  g.add_op(OpKind::Gemm, "ffn_down" + sfx, l, {{act}, {wd}, {x, true}}, {{x, true}}, acc);
+}
+
+// Routed experts: router logits -> (ids, weights) -> x[chunk] += sum of the selected experts.
+void add_moe_ffn(graph::GraphTemplate& g, const LayerWeights& L, const GraphOptions& o, int l, int m, int x) {
+  const MoeExperts& e = L.experts;
+  const int64_t k = o.route.top_k;
+  const int logits = g.add_tensor("ffn_router", l, DType::F32, Sym::FfnRows, e.n_experts);
+  g.add_op(OpKind::Gemm, "ffn_router", l, {{m}, {g.add_weight("ffn_router.weight", l, L.router)}},
+           {{logits}});
+  std::vector<Ref> route_in{{logits}};
+  if (L.expert_bias.ndim > 0) route_in.push_back({g.add_weight("ffn_router_bias.weight", l, L.expert_bias)});
+  const int ids = g.add_tensor("moe_ids", l, DType::I32, Sym::FfnRows, k);
+  const int weights = g.add_tensor("moe_weights", l, DType::F32, Sym::FfnRows, k);
+  OpParams rp;
+  rp.route = o.route;
+  g.add_op(OpKind::MoeRoute, "moe_route", l, route_in, {{ids}, {weights}}, rp);
+  // moe_scratch_bytes is linear in the rows: a per-row part and a fixed part.
+  const size_t fixed = moe_scratch_bytes(0, static_cast<int>(k), e);
+  const int scratch = g.add_scratch("moe_scratch", l, Sym::FfnRows,
+                                    moe_scratch_bytes(1, static_cast<int>(k), e) - fixed, fixed);
+  // The experts are reached through the table; these shape-only weights document (and count) them.
+  std::vector<Ref> in{{m}, {ids}, {weights}, {x, true}};
+  const char* names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rows = i < 2 ? e.inter : e.hidden, cols = i < 2 ? e.hidden : e.inter;
+    in.push_back({g.add_weight(names[i], l, Tensor(nullptr, e.dtype, {e.n_experts, rows, cols}))});
+  }
+  OpParams fp;
+  fp.experts = e;
+  g.add_op(OpKind::MoeFfn, "moe_ffn", l, in, {{scratch}, {x, true}}, fp);
+}
+
+}  // namespace
+
 graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions& o, OutputMode mode) {
   graph::GraphTemplate g;
   const int64_t q_width = o.n_heads * o.head_dim, kv_width = o.n_kv_heads * o.head_dim;
@@ -30,7 +83,7 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
 
   OpParams rope;
   rope.head_dim = static_cast<int>(o.head_dim);
-  rope.rotary_dim = static_cast<int>(o.head_dim);
+  rope.rotary_dim = static_cast<int>(o.rotary_dim > 0 ? o.rotary_dim : o.head_dim);
   rope.rope_theta = o.rope_theta;
   rope.neox = o.neox;
   OpParams attn;
@@ -66,30 +119,32 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     proj(q, wq, L.bq, "attn_q");
     proj(k, wk, L.bk, "attn_k");
     proj(v, wv, L.bv, "attn_v");
+    if (L.q_norm.ndim > 0) {  // qk-norm: RMSNorm of every head (groups of head_dim columns), in place
+      g.add_op(OpKind::RmsNorm, "attn_q_norm", l, {{q}, {g.add_weight("attn_q_norm.weight", l, L.q_norm)}},
+               {{q}}, norm);
+      g.add_op(OpKind::RmsNorm, "attn_k_norm", l, {{k}, {g.add_weight("attn_k_norm.weight", l, L.k_norm)}},
+               {{k}}, norm);
+    }
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
-    g.add_op(OpKind::Attention, "attention", l, {{q}, {k}, {v}, {cu_q}, {cu_k}, {q_pos}, {k_pos}}, {{att}},
+    std::vector<Ref> attn_outs{{att}};
+    if (o.stage_kv_bf16) {  // bf16 copies of K and V for tensor-core attention, planned like any tensor
+      attn_outs.push_back({g.add_tensor("attn_kv_bf16", l, DType::BF16, Sym::NKv, 2 * kv_width)});
+    }
+    g.add_op(OpKind::Attention, "attention", l, {{q}, {k}, {v}, {cu_q}, {cu_k}, {q_pos}, {k_pos}}, attn_outs,
              attn);
     g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);  // x += att wo^T
 
-    // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk.
+    // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk. A dense layer runs
+    // the SwiGLU FFN, an MoE layer the routed experts and, if it has one, the shared expert.
     const int fn = g.add_weight("ffn_norm.weight", l, L.ffn_norm);
-    const int wg = g.add_weight("ffn_gate.weight", l, L.w_gate);
-    const int wu = g.add_weight("ffn_up.weight", l, L.w_up);
-    const int wd = g.add_weight("ffn_down.weight", l, L.w_down);
     g.begin_loop(Sym::NQuery, Sym::FfnRows);
     g.add_barrier(x);
     const int m = g.add_tensor("ffn_norm", l, o.act, Sym::FfnRows, o.hidden);
     g.add_op(OpKind::RmsNorm, "ffn_norm", l, {{x, true}, {fn}}, {{m}}, norm);
-    const int gate = g.add_tensor("ffn_gate", l, o.act, Sym::FfnRows, o.intermediate);
-    const int up = g.add_tensor("ffn_up", l, o.act, Sym::FfnRows, o.intermediate);
-    g.add_op(OpKind::Gemm, "ffn_gate", l, {{m}, {wg}}, {{gate}});
-    g.add_op(OpKind::Gemm, "ffn_up", l, {{m}, {wu}}, {{up}});
-    const int act = g.add_tensor("ffn_act", l, o.act, Sym::FfnRows, o.intermediate);
-    g.add_alias(act, gate);  // silu(gate) * up written over gate
-    g.add_op(OpKind::Swiglu, "ffn_act", l, {{gate}, {up}}, {{act}});
-    g.add_op(OpKind::Gemm, "ffn_down", l, {{act}, {wd}, {x, true}}, {{x, true}}, acc);
+    if (L.is_moe()) add_moe_ffn(g, L, o, l, m, x);
+    if (L.w_gate.ndim > 0) add_swiglu_ffn(g, L, o, l, m, x, L.is_moe() ? "_shexp" : "");
     g.end_loop();
   }
 

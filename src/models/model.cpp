@@ -1,6 +1,6 @@
 #include "models/model.h"
 
-#include <cmath>
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -23,14 +23,18 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
     act = f32 > other ? DType::F32 : DType::BF16;
   }
   m->opts_ = graph_options(c, act);
-  switch (c.family) {
-    case Family::LLaDA:
-      bind_llada(*m);
-      break;
-    case Family::Dream:
-      bind_dream(*m);
-      break;
-  }
+  m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;
+  using Binder = void (*)(Model&);
+  constexpr std::pair<Family, Binder> kFamilies[] = {
+      {Family::LLaDA, bind_llada},
+      {Family::Dream, bind_dream},
+      {Family::LLaDAMoE, bind_llada_moe},
+  };
+  const auto* it = std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                                [&](const auto& f) { return f.first == c.family; });
+  if (it == std::end(kFamilies))
+    fail(std::string("no weight loader for the ") + family_name(c.family) + " family");
+  it->second(*m);
   return m;
 }
 
@@ -81,6 +85,29 @@ Tensor Model::bind_bias(const std::string& name, int64_t n) {
   return Tensor(dst, DType::F32, {n}, backend_->device());
 }
 
+MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const char*)>& name,
+                               int64_t n_experts, int64_t inter) {
+  const int64_t d = cfg_.hidden;
+  std::vector<Tensor> t;
+  t.reserve(static_cast<size_t>(3 * n_experts));
+  for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+    const bool down = proj[0] == 'd';
+    for (int64_t e = 0; e < n_experts; ++e)
+      t.push_back(bind(name(e, proj), down ? std::vector{d, inter} : std::vector{inter, d}, true));
+  }
+  return MoeExperts{expert_table(t), static_cast<int>(n_experts), d, inter, opts_.act};
+}
+
+const void* const* Model::expert_table(const std::vector<Tensor>& gate_up_down) {
+  std::vector<const void*> host(gate_up_down.size());
+  for (size_t i = 0; i < host.size(); ++i) host[i] = gate_up_down[i].data;
+  const size_t bytes = host.size() * sizeof(void*);
+  void* dst = backend_->alloc_weights(bytes);
+  owned_.push_back(dst);
+  backend_->copy_to_device(dst, host.data(), bytes);
+  return static_cast<const void* const*>(dst);
+}
+
 const graph::GraphTemplate& Model::graph(OutputMode mode) {
   auto& slot = graphs_[static_cast<int>(mode)];
   if (!slot) slot = std::make_unique<graph::GraphTemplate>(build_dense_graph(w_, opts_, mode));
@@ -129,30 +156,14 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, 
   m->cfg_ = c;
   m->backend_ = &backend;
   m->opts_ = graph_options(c, act);
-  const int64_t d = c.hidden, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, f = c.intermediate;
-  const float sd = 1.0f / std::sqrt(static_cast<float>(d)), sf = 1.0f / std::sqrt(static_cast<float>(f));
-  DenseWeights& w = m->w_;
-  w.embed = m->random_weight({c.vocab, d}, act, 1.0f, seed);
-  w.lm_head = m->random_weight({c.vocab, d}, act, sd, seed + 1);
-  w.final_norm = m->random_weight({d}, act, 0.1f, seed + 2);
-  w.layers.resize(static_cast<size_t>(c.n_layers));
-  uint64_t s = seed + 3;
-  for (LayerWeights& L : w.layers) {
-    L.attn_norm = m->random_weight({d}, act, 0.1f, s++);
-    L.wq = m->random_weight({q, d}, act, sd, s++);
-    L.wk = m->random_weight({kv, d}, act, sd, s++);
-    L.wv = m->random_weight({kv, d}, act, sd, s++);
-    if (c.qkv_bias) {
-      L.bq = m->random_weight({q}, DType::F32, 0.1f, s++);
-      L.bk = m->random_weight({kv}, DType::F32, 0.1f, s++);
-      L.bv = m->random_weight({kv}, DType::F32, 0.1f, s++);
-    }
-    L.wo = m->random_weight({d, q}, act, sd, s++);
-    L.ffn_norm = m->random_weight({d}, act, 0.1f, s++);
-    L.w_gate = m->random_weight({f, d}, act, sd, s++);
-    L.w_up = m->random_weight({f, d}, act, sd, s++);
-    L.w_down = m->random_weight({d, f}, act, sf, s++);
-  }
+  m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;
+  Model* mp = m.get();
+  WeightMaker make;
+  make.tensor = [mp, &seed](const std::vector<int64_t>& shape, DType dt, float sd) {
+    return mp->random_weight(shape, dt, sd, seed++);
+  };
+  make.table = [mp](const std::vector<Tensor>& t) { return mp->expert_table(t); };
+  m->w_ = layout_weights(c, act, make);
   return m;
 }
 

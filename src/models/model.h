@@ -2,6 +2,7 @@
 // template. The model never sees "diffusion": it maps (tokens, positions) to logits of chosen rows.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,9 +25,17 @@ enum class OutputMode {
   LogProb,  // input "target" [n_logits]; output "logprob" [n_logits] f32
 };
 
+// One transformer layer. Optional tensors are empty (ndim 0). A dense layer has the SwiGLU FFN
+// w_gate/w_up/w_down; an MoE layer has the router and the routed experts, and w_gate/w_up/w_down
+// only when it has a shared expert (run on every row, added to the routed output).
 struct LayerWeights {
   Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo;
+  Tensor q_norm, k_norm;  // qk-norm: [head_dim] RMSNorm weights applied to every q / k head
   Tensor ffn_norm, w_gate, w_up, w_down;
+  Tensor router;       // [n_experts, hidden], act dtype
+  Tensor expert_bias;  // [n_experts] f32 selection bias
+  MoeExperts experts;  // table of the routed experts (n_experts == 0: dense layer)
+  bool is_moe() const { return experts.n_experts > 0; }
 };
 
 struct DenseWeights {
@@ -38,10 +47,15 @@ struct DenseWeights {
 struct GraphOptions {
   DType act = DType::BF16;  // compute dtype of GEMM inputs
   int64_t hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+  int64_t rotary_dim = 0;  // rotated dims of each head (partial rotary); FFN sizes come from the weights
   float eps = 1e-5f, rope_theta = 10000.0f;
   bool neox = true;
   MaskKind mask = MaskKind::None;
   int mask_block = 0;
+  MoeRouteParams route;  // MoE layers (expert_bias: the layer's expert_bias weight)
+  // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch): set for GPU
+  // backends computing in bf16, whose tensor-core attention reads bf16 K and V.
+  bool stage_kv_bf16 = false;
 };
 
 class Model {
@@ -66,6 +80,12 @@ class Model {
   // Used by the family files while binding weights.
   Tensor bind(const std::string& name, std::vector<int64_t> shape, bool gemm_weight);
   Tensor bind_bias(const std::string& name, int64_t n);
+  // Binds the n_experts x {gate_proj, up_proj, down_proj} weights named name(e, proj) (zero copy
+  // where possible) and builds their table in backend memory.
+  MoeExperts bind_experts(const std::function<std::string(int64_t, const char*)>& name, int64_t n_experts,
+                          int64_t inter);
+  // The pointer table (backend memory) of the experts gate[E], up[E], down[E] given in that order.
+  const void* const* expert_table(const std::vector<Tensor>& gate_up_down);
   Tensor random_weight(std::vector<int64_t> shape, DType dt, float scale, uint64_t seed);
   DenseWeights& weights() { return w_; }
   GraphOptions& mutable_options() { return opts_; }
@@ -88,13 +108,31 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
 // Family files: bind weights by their checkpoint names and set the family's options.
 void bind_llada(Model& m);
 void bind_dream(Model& m);
+void bind_llada_moe(Model& m);
+
+// Hugging Face Llama-style names shared by Dream and LLaDA-MoE: model.embed_tokens, model.norm,
+// lm_head (or tied); per layer input_layernorm, self_attn.{q,k,v,o}_proj (+ q/k/v biases when the
+// config has them), post_attention_layernorm; a SwiGLU FFN PREFIX{gate,up,down}_proj.
+void bind_hf_embeddings(Model& m);
+void bind_hf_attention(Model& m, LayerWeights& L, const std::string& layer_prefix);
+void bind_swiglu(Model& m, LayerWeights& L, const std::string& prefix, int64_t inter);
 
 }  // namespace tessera
 
 namespace tessera {
+// How layout_weights() gets each tensor: shape-only views (planning) or random weights (benchmarks).
+struct WeightMaker {
+  // A tensor of `shape` and dtype; `sd` is the standard deviation random weights get.
+  std::function<Tensor(const std::vector<int64_t>& shape, DType dt, float sd)> tensor;
+  // The expert table of gate[E], up[E], down[E] (nullptr for shape-only weights).
+  std::function<const void* const*(const std::vector<Tensor>& gate_up_down)> table;
+};
+// Every weight the graph of config c needs, made in a fixed order by `make`.
+DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make);
 // Shape-only weights (no data) for planning without loading a checkpoint.
 DenseWeights shape_only_weights(const ModelConfig& c, DType act);
 GraphOptions graph_options(const ModelConfig& c, DType act);
-// Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024): config only.
+// Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024, llada-moe-7b,
+// llada2-mini): config only.
 ModelConfig named_geometry(const std::string& name);
 }  // namespace tessera

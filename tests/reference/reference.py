@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Independent numpy forward pass and temperature-0 reference samplers for LLaDA and Dream.
+"""Independent numpy forward pass and temperature-0 reference samplers for LLaDA, Dream and LLaDA-MoE.
 
 Written from shared/specs/models.md and shared/specs/algorithms.md section 1 only (never from tessera's
 C++ code). All math is fp32 (weights widened from bf16 exactly); sampler probabilities are computed in
 float64, as LLaDA's reference code does.
 
-  reference.py logits --model DIR --tokens 5,9,3 [--rows 0,2] --out FILE
+  reference.py logits --model DIR --tokens 5,9,3 [--rows 0,2] --out FILE [--margins FILE2]
       Writes raw little-endian float32 logits [len(rows), vocab] (rows default: every position, in
       order; listed rows are written in the order given). Dream logits are already shifted.
+      --margins: float32 [len(rows)], each row's smallest router margin over the MoE layers (k-th
+      minus (k+1)-th router logit; inf for dense models): rows near a routing tie.
   reference.py generate --model DIR --prompt 5,9,3 --gen-length 16 --steps 8 --block-length 8
                         --alg low_confidence|entropy|maskgit_plus|topk_margin
       Temperature-0 sampler; prints JSON {"tokens": [...final canvas incl. prompt...],
       "order": [[positions unmasked at step 0], [step 1], ...]} (one list per step; each sorted).
 
-Model (models.md): family from config.json model_type ("llada" or "Dream"/"dream").
+Model (models.md): family from config.json model_type ("llada", "Dream"/"dream", or "lladamoe"/"llada_moe";
+"llada" with num_experts and no d_model is LLaDA-MoE too).
   x = embed(tokens); per layer: h = x + o(Attn(RoPE(q(n)), RoPE(k(n)), v(n))), n = RMSNorm(x);
   x = h + down(silu(gate(m)) * up(m)), m = RMSNorm(h); logits = RMSNorm(x) @ head^T.
   - RMSNorm: x / sqrt(mean(x^2) + eps) * w, in fp32.
@@ -24,6 +27,14 @@ Model (models.md): family from config.json model_type ("llada" or "Dream"/"dream
     bidirectional unless config "is_causal": true. Optional q/k/v biases (Dream; LLaDA include_qkv_bias).
   - LM head: untied, or the embedding when LLaDA "weight_tying" / Dream "tie_word_embeddings".
   - Dream logit shift: logits[i] = head(hidden[i-1]) for i >= 1, logits[0] = head(hidden[0]).
+  - LLaDA-MoE: Dream-style names, no biases; qk-norm (qk_layernorm, default true): RMSNorm over each
+    head's head_dim values of q and k (weights self_attn.q_norm / k_norm) before RoPE; RoPE on the first
+    partial_rotary_factor * head_dim dims of each head (inv_freq over that rotary dim). FFN of a layer with
+    moe_layer_freq[i] != 0 (default: every layer): p = softmax(m @ gate^T) in fp32; the top
+    num_experts_per_tok experts by p (ties: lower expert id); weights w = p of those experts, NOT
+    renormalised unless norm_topk_prob is true, times routed_scaling_factor (default 1);
+    out = sum_e w_e * down_e(silu(gate_e(m)) * up_e(m)), plus shared_expert.* (a SwiGLU MLP on every
+    row) when shared_expert_intermediate_size is set. moe_layer_freq[i] == 0: the dense mlp.* SwiGLU.
 
 Samplers (algorithms.md 1A/1B), temperature 0. The schedule follows the algorithm:
   - low_confidence: 1A. Blocks of --block-length (must divide gen-length; blocks must divide steps);
@@ -67,10 +78,14 @@ def rope_cos_sin(positions, head_dim, theta):
     return np.cos(ang), np.sin(ang)
 
 
-def apply_rope(x, positions, theta, interleaved=False):
+def apply_rope(x, positions, theta, interleaved=False, rotary_dim=None):
     """x [L, heads, head_dim] -> rotated copy. Rotate-half pairs (i, i + hd/2); interleaved pairs
-    (2i, 2i+1). Pair i rotates by angle pos * inv_freq_i in both layouts."""
+    (2i, 2i+1). Pair i rotates by angle pos * inv_freq_i in both layouts. rotary_dim < head_dim: only
+    the first rotary_dim dims rotate (with inv_freq over rotary_dim), the rest pass through."""
     x = np.asarray(x, dtype=np.float32)
+    if rotary_dim is not None and rotary_dim < x.shape[-1]:
+        rot = apply_rope(x[..., :rotary_dim], positions, theta, interleaved)
+        return np.concatenate([rot, x[..., rotary_dim:]], axis=-1)
     hd = x.shape[-1]
     cos, sin = rope_cos_sin(positions, hd, theta)
     cos, sin = cos[:, None, :], sin[:, None, :]
@@ -111,12 +126,53 @@ def silu(x):
     return x / (np.float32(1.0) + np.exp(-x))
 
 
+def swiglu_mlp(m, g, u, dn):
+    """down(silu(gate(m)) * up(m)) in fp32."""
+    return (silu(m @ g.T) * (m @ u.T)) @ dn.T
+
+
+def route_margin(logits, top_k):
+    """Per row: k-th highest minus (k+1)-th highest router logit (inf when every expert is chosen).
+    A row whose margin is within the rounding noise of the logits may choose other experts in bf16."""
+    z = np.sort(np.asarray(logits, dtype=np.float32), axis=-1)[:, ::-1]
+    if top_k >= z.shape[1]:
+        return np.full(z.shape[0], np.inf, dtype=np.float32)
+    return z[:, top_k - 1] - z[:, top_k]
+
+
+def moe_route(logits, top_k, norm_topk=False, scale=1.0):
+    """Softmax router: (ids [n, k], weights [n, k]) from fp32 logits [n, E]; experts ranked by
+    probability, ties to the lower expert id; weights = the probabilities of the chosen experts
+    (renormalised to sum 1 only with norm_topk), times scale."""
+    z = np.asarray(logits, dtype=np.float32)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, ids, axis=-1)
+    if norm_topk:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return ids, (w * np.float32(scale)).astype(np.float32)
+
+
+def moe_ffn(m, ly, top_k, norm_topk=False, scale=1.0):
+    """sum over the chosen experts e of w_e * expert_e(m) (+ the shared expert, if any)."""
+    ids, w = moe_route(m @ ly["router"].T, top_k, norm_topk, scale)
+    out = np.zeros_like(m)
+    for e, (g, u, dn) in enumerate(ly["experts"]):
+        rows, slot = np.nonzero(ids == e)
+        if len(rows):
+            out[rows] += w[rows, slot, None] * swiglu_mlp(m[rows], g, u, dn)
+    if ly.get("shared") is not None:
+        out += swiglu_mlp(m, *ly["shared"])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------
 
 class Model:
-    """A LLaDA or Dream checkpoint directory, loaded into fp32 numpy arrays."""
+    """A LLaDA, Dream or LLaDA-MoE checkpoint directory, loaded into fp32 numpy arrays."""
 
     def __init__(self, model_dir):
         with open(os.path.join(model_dir, "config.json")) as f:
@@ -126,7 +182,19 @@ class Model:
         self.causal = bool(c.get("is_causal", False))
         self.interleaved = bool(c.get("rope_interleaved", False))
         mt = c["model_type"]
-        if mt == "llada":
+        self.moe = mt in ("lladamoe", "llada_moe") or (mt == "llada" and "num_experts" in c and "d_model" not in c)
+        self.qk_norm = self.moe and c.get("qk_layernorm", True) is not False
+        if self.moe:
+            self.family, self.shift = "llada_moe", False
+            d, nl, H = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+            KV = c.get("num_key_value_heads") or H
+            self.theta, self.eps = c.get("rope_theta", 10000.0), c.get("rms_norm_eps", 1e-5)
+            self.emb, self.norm_f = w["model.embed_tokens.weight"], w["model.norm.weight"]
+            self.head = self.emb if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
+            names = dict(an="input_layernorm", q="self_attn.q_proj", k="self_attn.k_proj",
+                         v="self_attn.v_proj", o="self_attn.o_proj", fn="post_attention_layernorm")
+            prefix = lambda i: f"model.layers.{i}."  # noqa: E731
+        elif mt == "llada":
             self.family, self.shift = "llada", False
             d, nl, H = c["d_model"], c["n_layers"], c["n_heads"]
             KV = c.get("n_kv_heads") or H
@@ -159,10 +227,38 @@ class Model:
             ly = {key: w[b + n + ".weight"] for key, n in names.items()}
             for key in ("q", "k", "v"):
                 ly["b" + key] = w.get(b + names[key] + ".bias")
+            if self.moe:
+                self._load_moe_layer(c, w, b, i, ly)
             self.layers.append(ly)
         self.d, self.H, self.KV = d, H, KV
         self.hd = c.get("head_dim") or d // H
+        self.rotary_dim = int(round(self.hd * (c.get("partial_rotary_factor") or 1.0)))
         self.vocab = self.head.shape[0]
+
+    def _load_moe_layer(self, c, w, b, i, ly):
+        """LLaDA-MoE: q/k norms and the FFN of layer i (experts + router, or the dense MLP)."""
+        mlp = lambda p: tuple(w[f"{p}{n}_proj.weight"] for n in ("gate", "up", "down"))  # noqa: E731
+        if self.qk_norm:
+            ly["qn"], ly["kn"] = w[b + "self_attn.q_norm.weight"], w[b + "self_attn.k_norm.weight"]
+        freq = c.get("moe_layer_freq") or [1] * c["num_hidden_layers"]
+        if freq[i] == 0:
+            ly["dense"] = mlp(b + "mlp.")
+            return
+        ly["router"] = w[b + "mlp.gate.weight"]
+        ly["experts"] = [mlp(f"{b}mlp.experts.{e}.") for e in range(c["num_experts"])]
+        ly["shared"] = mlp(b + "shared_expert.") if c.get("shared_expert_intermediate_size") else None
+        self.top_k = c["num_experts_per_tok"]
+        self.norm_topk = bool(c.get("norm_topk_prob") or False)
+        self.scale = c.get("routed_scaling_factor") or 1.0
+
+    def ffn(self, m, ly):
+        """The FFN of one layer on the normed rows m (MoE layers also lower self.margins)."""
+        if "router" in ly:
+            self.margins = np.minimum(self.margins, route_margin(m @ ly["router"].T, self.top_k))
+            return moe_ffn(m, ly, self.top_k, self.norm_topk, self.scale)
+        if "dense" in ly:
+            return swiglu_mlp(m, *ly["dense"])
+        return swiglu_mlp(m, ly["g"], ly["u"], ly["dn"])
 
     def hidden(self, tokens):
         """Final-norm hidden states [L, d] (before the LM head)."""
@@ -171,19 +267,22 @@ class Model:
             raise SystemExit("token id outside the vocabulary")
         n = len(tokens)
         pos = np.arange(n)
+        self.margins = np.full(n, np.inf, dtype=np.float32)  # smallest router margin of each row
         x = self.emb[tokens].astype(np.float32)
         for ly in self.layers:
             h = rms_norm(x, ly["an"], self.eps)
             q, k, v = h @ ly["q"].T, h @ ly["k"].T, h @ ly["v"].T
             if ly["bq"] is not None:
                 q, k, v = q + ly["bq"], k + ly["bk"], v + ly["bv"]
-            q = apply_rope(q.reshape(n, self.H, self.hd), pos, self.theta, self.interleaved)
-            k = apply_rope(k.reshape(n, self.KV, self.hd), pos, self.theta, self.interleaved)
+            q, k = q.reshape(n, self.H, self.hd), k.reshape(n, self.KV, self.hd)
+            if "qn" in ly:
+                q, k = rms_norm(q, ly["qn"], self.eps), rms_norm(k, ly["kn"], self.eps)
+            q = apply_rope(q, pos, self.theta, self.interleaved, self.rotary_dim)
+            k = apply_rope(k, pos, self.theta, self.interleaved, self.rotary_dim)
             v = v.reshape(n, self.KV, self.hd).astype(np.float32)
             att = attention(q, k, v, self.causal).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
-            m = rms_norm(x, ly["fn"], self.eps)
-            x = x + (silu(m @ ly["g"].T) * (m @ ly["u"].T)) @ ly["dn"].T
+            x = x + self.ffn(rms_norm(x, ly["fn"], self.eps), ly)
         return rms_norm(x, self.norm_f, self.eps)
 
     def forward(self, tokens):
@@ -279,13 +378,14 @@ def ids(s):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="numpy reference for tessera (LLaDA / Dream)")
+    ap = argparse.ArgumentParser(description="numpy reference for tessera (LLaDA / Dream / LLaDA-MoE)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("logits")
     a.add_argument("--model", required=True)
     a.add_argument("--tokens", required=True)
     a.add_argument("--rows", default="")
     a.add_argument("--out", required=True)
+    a.add_argument("--margins", default="", help="also write each row's smallest router margin (f32)")
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
     g.add_argument("--prompt", required=True)
@@ -304,6 +404,9 @@ def main():
                 raise SystemExit("row outside the token list")
             L = L[rows]
         np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
+        if args.margins:
+            mg = m.margins[rows] if rows else m.margins
+            np.ascontiguousarray(mg, dtype="<f4").tofile(args.margins)
     else:
         x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
         print(json.dumps({"tokens": x, "order": order}))

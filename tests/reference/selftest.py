@@ -209,6 +209,102 @@ def tied_embeddings():
 
 
 # ---------------------------------------------------------------------------------------------
+# LLaDA-MoE: router, expert sum, partial rotary, checkpoint layout
+# ---------------------------------------------------------------------------------------------
+
+@check
+def moe_route_hand_values():
+    # softmax([1, 2, 3, 0]) = e^x / 31.19287485: top-2 = expert 2 (0.6439143), expert 1 (0.2368828)
+    ids, w = ref.moe_route(np.array([[1.0, 2.0, 3.0, 0.0]]), 2)
+    assert ids.tolist() == [[2, 1]], ids
+    close(w, [[0.6439143, 0.2368828]], 1e-6, "softmax top-k, not renormalised")
+    ids, w = ref.moe_route(np.array([[1.0, 2.0, 3.0, 0.0]]), 2, norm_topk=True, scale=2.0)
+    close(w, [[1.4621172, 0.5378828]], 1e-6, "renormalised and scaled")
+    ids, _ = ref.moe_route(np.array([[0.5, 0.5, 0.5, -1.0]]), 2)
+    assert ids.tolist() == [[0, 1]], "ties go to the lower expert id"
+    close(ref.route_margin(np.array([[1.0, 2.0, 3.0, 0.0]]), 2), [1.0], 1e-7, "margin = 2nd - 3rd logit")
+    assert np.isinf(ref.route_margin(np.zeros((1, 2)), 2)[0]), "every expert chosen: no margin"
+
+
+@check
+def moe_ffn_is_the_weighted_sum_of_the_chosen_experts():
+    rng = np.random.default_rng(5)
+    n, d, f, E, k = 6, 8, 5, 4, 2
+    m = rng.standard_normal((n, d)).astype(np.float32)
+    shapes = ((f, d), (f, d), (d, f))
+    experts = [tuple(rng.standard_normal(s).astype(np.float32) for s in shapes) for _ in range(E)]
+    ly = {"router": rng.standard_normal((E, d)).astype(np.float32), "experts": experts, "shared": None}
+    out = ref.moe_ffn(m, ly, k)
+    z = m @ ly["router"].T
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    for r in range(n):  # row by row: the k most probable experts, weighted by their probability
+        top = sorted(range(E), key=lambda e: -p[r, e])[:k]
+        want = sum(p[r, e] * ref.swiglu_mlp(m[r:r + 1], *experts[e])[0] for e in top)
+        close(out[r], want, 1e-4, f"row {r}")
+    ly["shared"] = experts[0]
+    close(ref.moe_ffn(m, ly, k), out + ref.swiglu_mlp(m, *experts[0]), 1e-5, "shared expert added")
+
+
+@check
+def partial_rotary_rotates_the_first_dims_only():
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]]] * 2, dtype=np.float32)  # positions 0, 1; head_dim 4
+    out = ref.apply_rope(x, np.arange(2), 100.0, rotary_dim=2)
+    close(out[:, 0, 2:], [[3, 4], [3, 4]], 0, "dims past rotary_dim pass through")
+    # rotary_dim 2: one pair (0, 1) with inv_freq 100^0 = 1
+    c, s_ = math.cos(1), math.sin(1)
+    close(out[1, 0, :2], [1 * c - 2 * s_, 2 * c + 1 * s_], 1e-6, "pair (0, 1) rotated by position 1")
+
+
+def expected_moe_tensors(L, d, H, KV, f, V, E, fe, first_dense, shared):
+    hd = d // H
+    t = {"model.embed_tokens.weight": [V, d], "model.norm.weight": [d], "lm_head.weight": [V, d]}
+    for i in range(L):
+        b = f"model.layers.{i}."
+        t.update({b + "input_layernorm.weight": [d], b + "self_attn.q_proj.weight": [H * hd, d],
+                  b + "self_attn.k_proj.weight": [KV * hd, d], b + "self_attn.v_proj.weight": [KV * hd, d],
+                  b + "self_attn.o_proj.weight": [d, H * hd], b + "self_attn.q_norm.weight": [hd],
+                  b + "self_attn.k_norm.weight": [hd], b + "post_attention_layernorm.weight": [d]})
+        if i < first_dense:
+            t.update({b + "mlp.gate_proj.weight": [f, d], b + "mlp.up_proj.weight": [f, d],
+                      b + "mlp.down_proj.weight": [d, f]})
+            continue
+        t[b + "mlp.gate.weight"] = [E, d]
+        mlps = [(f"{b}mlp.experts.{e}.", fe) for e in range(E)] + ([(b + "shared_expert.", shared)] if shared else [])
+        for p, inter in mlps:
+            t.update({p + "gate_proj.weight": [inter, d], p + "up_proj.weight": [inter, d],
+                      p + "down_proj.weight": [d, inter]})
+    return t
+
+
+@check
+def llada_moe_checkpoint_layout():
+    for n, (extra, L, first_dense, shared) in enumerate(
+            [([], 2, 0, 0), (["--layers", "3", "--first-dense", "1", "--shared-inter", "24"], 3, 1, 24)]):
+        d = make("llada_moe", f"moe{n}", *extra)
+        w = safetensors_np.read_dir(d)
+        want = expected_moe_tensors(L, 64, 4, 4, 160, 300, 8, 32, first_dense, shared)
+        assert set(w) == set(want), sorted(set(w) ^ set(want))[:6]
+        assert all(list(w[k].shape) == s for k, s in want.items()), "shapes"
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        assert c["model_type"] == "lladamoe" and c["architectures"] == ["LLaDAMoEModelLM"]
+        assert (c["num_experts"], c["num_experts_per_tok"], c["expert_intermediate_size"]) == (8, 2, 32)
+        assert c["moe_layer_freq"] == [0] * first_dense + [1] * (L - first_dense)
+        assert c["qk_layernorm"] is True and c["norm_topk_prob"] is False
+        assert c["moe_router_score_function"] == "softmax" and c["moe_router_enable_expert_bias"] is False
+        assert c["shared_expert_intermediate_size"] == (shared or None)
+        with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+            added = {a["content"]: a["id"] for a in json.load(f)["added_tokens"]}
+        assert [added[t] for t in mtc.SPECIALS["llada_moe"]] == list(range(295, 300)), added
+        assert c["mask_token_id"] == added["<|mask|>"] and c["eos_token_id"] == added["<|endoftext|>"]
+        m = ref.Model(d)
+        L_ = m.forward([1, 2, 3, 296])
+        assert L_.shape == (4, 300) and np.isfinite(L_).all()
+        assert m.margins.shape == (4,) and (m.margins >= 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
 # samplers
 # ---------------------------------------------------------------------------------------------
 

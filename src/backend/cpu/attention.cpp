@@ -34,6 +34,7 @@ struct TileCtx {
   int64_t q_stride, kv_stride;  // floats per row
   int d;
   float scale;
+  int64_t q_start, n_qb, n_kb;  // block-sparse pattern geometry (AttnParams::block_mask)
 };
 
 // exp(x) for x <= 0 (and -inf -> 0), vectorisable: 2^(x log2 e) with a degree-6 polynomial for
@@ -75,6 +76,8 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
     qmax = std::max(qmax, p.q_pos[qa + i]);
   }
   const bool masked = p.mask != MaskKind::None;
+  const int64_t bs = p.sparse_block;
+  const uint8_t* bm = p.block_mask != nullptr ? p.block_mask + hq * c.n_qb * c.n_kb : nullptr;
   for (int64_t k0 = ka; k0 < kb; k0 += kBK) {
     const int nk = static_cast<int>(std::min<int64_t>(kBK, kb - k0));
     if (masked) {  // skip tiles that no query of this tile can see
@@ -95,6 +98,12 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
         const float* kr = kt[t];
 #pragma omp simd
         for (int j = 0; j < nk; ++j) s[j] += qv * kr[j];
+      }
+      if (bm != nullptr) {  // block-sparse: whole (query block, key block) tiles dropped
+        const uint8_t* row = bm + ((qa + i - c.q_start) / bs) * c.n_kb;
+        for (int j = 0; j < nk; ++j) {
+          if (row[(k0 + j - ka) / bs] == 0) s[j] = -std::numeric_limits<float>::infinity();
+        }
       }
       if (masked) {
         const int32_t qp = p.q_pos[qa + i];
@@ -154,9 +163,19 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
   TESSERA_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
   TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
                 "attention: q/k widths do not match the head counts");
-  TESSERA_CHECK(p.block_mask == nullptr, "attention (cpu): block-sparse patterns are not supported");
-  const TileCtx c{
-      q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
+  TESSERA_CHECK(p.block_mask == nullptr || (p.n_seqs == 1 && p.sparse_block > 0),
+                "attention: a block-sparse pattern needs one sequence and sparse_block > 0");
+  const int64_t bs = std::max(1, p.sparse_block);
+  const TileCtx c{q.as<const float>(),
+                  k.as<const float>(),
+                  v.as<const float>(),
+                  q.cols(),
+                  k.cols(),
+                  head_dim,
+                  p.scale,
+                  p.cu_q[0],
+                  (q.rows() + bs - 1) / bs,
+                  (k.rows() + bs - 1) / bs};
   const int group = n_heads / n_kv_heads;
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];

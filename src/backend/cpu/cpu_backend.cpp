@@ -53,6 +53,13 @@ class CpuBackend final : public Backend {
   void token_logprob(const Tensor& logits, const Tensor& target, Tensor& lp) override {
     cpu_token_logprob(logits, target, lp);
   }
+  void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) override {
+    cpu::moe_route(logits, p, ids, weights);
+  }
+  void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
+               Tensor& scratch, Tensor& out) override {
+    cpu::moe_ffn(gemm_, x, ids, weights, e, scratch, out);
+  }
 
  private:
   cpu::GemmEngine gemm_;

@@ -13,5 +13,8 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p);
+void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);
+void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
+             Tensor& scratch, Tensor& out);
 
 }  // namespace tessera::cpu

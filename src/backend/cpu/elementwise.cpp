@@ -86,7 +86,7 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
   float inv_freq[512];
   TESSERA_CHECK(half <= 512, "rope: head_dim too large");
   for (int i = 0; i < half; ++i) {
-    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+    inv_freq[i] = rope_inv_freq(theta, i, rotary_dim);
   }
   const auto* pos = positions.as<const int32_t>();
   float* xs = x.as<float>();

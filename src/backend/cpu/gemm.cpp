@@ -130,6 +130,10 @@ void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tens
   impl_->run(key, a.data, w.data, bias != nullptr ? bias->data : nullptr, c.data);
 }
 
+void GemmEngine::prepare(int64_t m, int64_t n, int64_t k, DType a, DType c) {
+  impl_->get(Key{m, n, k, k, a, a, c, false, false});
+}
+
 void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
   const int64_t n_rows = rows.numel(), k = a.cols(), n = w.rows();
   TESSERA_CHECK(w.cols() == k, "gather_gemm: inner dimensions differ");

@@ -21,6 +21,9 @@ class GemmEngine {
   // are packed into a fixed per-engine tile buffer (cache-sized), never a copy of all selected rows.
   void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c);
   static constexpr int64_t kGatherTile = 256;
+  // Creates (and caches) the primitive of c[m,n] = a[m,k] w[n,k]^T ahead of use, so that a later
+  // gemm() of that shape allocates nothing (the MoE FFN warms every row-count bucket it may use).
+  void prepare(int64_t m, int64_t n, int64_t k, DType a, DType c);
 
  private:
   struct Impl;

@@ -1,0 +1,277 @@
+// Mixture-of-experts on the CPU: the router (scores, grouped selection, top-k) and the expert FFN
+// over the selected experts only. The (row, slot) pairs are bucketed by expert inside the planned
+// scratch buffer (a counting sort: deterministic, stable in pair order), each expert's rows are
+// gathered into one contiguous block, the gate/up/down GEMMs run per expert on its block, and the
+// weighted expert outputs are added to the residual row by row in slot order.
+//
+// GEMM row counts: oneDNN primitives are cached per shape, so the row count of an expert's GEMM is
+// rounded up to a bucket (1, 2, 4, 8, 16, then multiples of 16 up to 256; more rows run as 256-row
+// tiles plus one bucketed rest). Each expert's weights are thus streamed once per projection (small
+// expert GEMMs are memory-bound) and a fixed set of primitives, created on the first call, serves
+// every later call without allocating. A bucketed window ends at the expert's last row and extends
+// DOWN into the rows of lower experts: its extra rows read and write garbage there, which is then
+// overwritten because experts run in descending order. Where no such window fits (the first rows of
+// the buffer) the rows run as exact power-of-two tiles.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+
+namespace tessera::cpu {
+namespace {
+
+constexpr int kMaxExperts = 1024;  // router rows live on the stack
+constexpr int kMaxTopK = 64;
+constexpr int64_t kMaxTile = 256;  // largest GEMM row tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Index of the highest value among the entries not yet taken, ties to the lower index.
+int best_untaken(const float* v, const bool* taken, int n) {
+  int best = -1;
+  for (int i = 0; i < n; ++i) {
+    if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+  }
+  return best;
+}
+
+// One router row: scores s (softmax or sigmoid of the f32 logits), selection scores b = s + bias,
+// optional grouped pre-selection, top-k of b, weights from the unbiased s.
+void route_row(const float* logits, int E, const MoeRouteParams& p, int32_t* ids, float* w) {
+  float s[kMaxExperts], b[kMaxExperts];
+  if (p.score == MoeScore::Softmax) {
+    float mx = kNegInf;
+    for (int e = 0; e < E; ++e) mx = std::max(mx, logits[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) sum += (s[e] = std::exp(logits[e] - mx));
+    for (int e = 0; e < E; ++e) s[e] /= sum;
+  } else {
+    for (int e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+  }
+  for (int e = 0; e < E; ++e) b[e] = s[e] + (p.expert_bias != nullptr ? p.expert_bias[e] : 0.0f);
+  if (p.n_group > 1) {
+    // Group score = sum of the two highest selection scores of the group; keep the topk_group
+    // best groups (ties to the lower group), drop every expert of the others.
+    const int gsize = E / p.n_group;
+    float gscore[kMaxExperts];
+    for (int g = 0; g < p.n_group; ++g) {
+      float t1 = kNegInf, t2 = kNegInf;
+      for (int e = g * gsize; e < (g + 1) * gsize; ++e) {
+        if (b[e] > t1) {
+          t2 = t1;
+          t1 = b[e];
+        } else if (b[e] > t2) {
+          t2 = b[e];
+        }
+      }
+      gscore[g] = t1 + t2;
+    }
+    bool keep[kMaxExperts] = {};
+    for (int r = 0; r < p.topk_group; ++r) keep[best_untaken(gscore, keep, p.n_group)] = true;
+    for (int e = 0; e < E; ++e) {
+      if (!keep[e / gsize]) b[e] = kNegInf;
+    }
+  }
+  bool taken[kMaxExperts] = {};
+  float sum = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int e = best_untaken(b, taken, E);
+    taken[e] = true;
+    ids[j] = e;
+    w[j] = s[e];
+    sum += s[e];
+  }
+  for (int j = 0; j < p.top_k; ++j) {
+    if (p.norm_topk) w[j] /= sum + 1e-20f;
+    w[j] *= p.scale;
+  }
+}
+
+// The scratch buffer of moe_ffn, carved in order; every sub-buffer 64-byte aligned.
+struct Layout {
+  int32_t* offsets;   // [E + 1] first sorted pair of each expert
+  int32_t* cursor;    // [E] fill counters of the scatter
+  int32_t* pair_row;  // [P] row of x of the sorted pair
+  int32_t* pair_pos;  // [P] sorted position of pair (m, j)
+  char* xg;           // [P, hidden] act: x rows gathered in sorted order
+  char* gate;         // [P, inter] act: gate, then silu(gate) * up
+  char* up;           // [P, inter] act
+  float* y;           // [P, hidden] f32: expert outputs
+  size_t bytes;       // total used
+};
+
+Layout carve(void* base, int64_t P, const MoeExperts& e) {
+  Layout l{};
+  char* p = static_cast<char*>(base);
+  size_t at = 0;
+  auto take = [&](size_t n) {
+    char* q = p == nullptr ? nullptr : p + at;
+    at += (n + 63) / 64 * 64;
+    return q;
+  };
+  const size_t es = dtype_size(e.dtype), E = static_cast<size_t>(e.n_experts), np = static_cast<size_t>(P);
+  const auto H = static_cast<size_t>(e.hidden), I = static_cast<size_t>(e.inter);
+  l.offsets = reinterpret_cast<int32_t*>(take((E + 1) * 4));
+  l.cursor = reinterpret_cast<int32_t*>(take(E * 4));
+  l.pair_row = reinterpret_cast<int32_t*>(take(np * 4));
+  l.pair_pos = reinterpret_cast<int32_t*>(take(np * 4));
+  l.xg = take(np * H * es);
+  l.gate = take(np * I * es);
+  l.up = take(np * I * es);
+  l.y = reinterpret_cast<float*>(take(np * H * 4));
+  l.bytes = at + 64;  // + the alignment of the base
+  return l;
+}
+
+// A view of rows [r0, r0 + n) of a row-major [*, cols] buffer.
+Tensor rows_of(char* base, DType dt, int64_t r0, int64_t n, int64_t cols) {
+  return Tensor(base + static_cast<size_t>(r0 * cols) * dtype_size(dt), dt, {n, cols});
+}
+
+// GEMM row buckets: powers of two up to 16, then multiples of 16 up to kMaxTile.
+int64_t bucket(int64_t n) {
+  if (n > 16) return std::min(kMaxTile, (n + 15) / 16 * 16);
+  int64_t t = 1;
+  while (t < n) t *= 2;
+  return t;
+}
+
+// Calls fn(expert, first row, rows) for GEMM windows covering every expert's sorted rows, experts in
+// descending order, each expert's rows from the end: 256-row tiles, then the rest as one bucketed
+// window reaching down into lower experts' rows (or exact power-of-two tiles at the buffer start).
+template <typename Fn>
+void for_windows(const int32_t* offsets, int E, Fn&& fn) {
+  for (int ex = E - 1; ex >= 0; --ex) {
+    for (int64_t hi = offsets[ex + 1]; hi > offsets[ex];) {
+      const int64_t n = hi - offsets[ex];
+      int64_t t = n >= kMaxTile ? kMaxTile : bucket(n);
+      if (hi - t < 0) {  // no room below: the largest power of two <= n, exact
+        t = 1;
+        while (t * 2 <= n) t *= 2;
+      }
+      fn(ex, hi - t, t);
+      hi -= std::min(t, n);
+    }
+  }
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "moe_route: router logits must be f32");
+  const int64_t M = logits.rows();
+  const int E = static_cast<int>(logits.cols());
+  TESSERA_CHECK(E >= 1 && E <= kMaxExperts, "moe_route: 1 to 1024 experts supported");
+  TESSERA_CHECK(p.top_k >= 1 && p.top_k <= std::min(E, kMaxTopK),
+                "moe_route: top_k must be in [1, min(E, 64)]");
+  TESSERA_CHECK(p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 && p.topk_group <= p.n_group,
+                "moe_route: n_group must divide the expert count and topk_group be in [1, n_group]");
+  TESSERA_CHECK(p.n_group == 1 || int64_t{p.topk_group} * (E / p.n_group) >= p.top_k,
+                "moe_route: the kept groups hold fewer than top_k experts");
+  TESSERA_CHECK(ids.dtype == DType::I32 && ids.numel() == M * p.top_k,
+                "moe_route: ids must be i32 [M, top_k]");
+  TESSERA_CHECK(weights.dtype == DType::F32 && weights.numel() == M * p.top_k,
+                "moe_route: weights must be f32 [M, top_k]");
+  const float* L = logits.as<const float>();
+  auto* id = ids.as<int32_t>();
+  auto* w = weights.as<float>();
+#pragma omp parallel for if (M > 16)
+  for (int64_t r = 0; r < M; ++r) route_row(L + r * E, E, p, id + r * p.top_k, w + r * p.top_k);
+}
+
+void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
+             Tensor& scratch, Tensor& out) {
+  const int64_t M = x.rows(), H = e.hidden, I = e.inter;
+  const int E = e.n_experts;
+  TESSERA_CHECK(E >= 1 && e.table != nullptr, "moe_ffn: no expert table");
+  TESSERA_CHECK(x.cols() == H && x.dtype == e.dtype, "moe_ffn: x must be [M, hidden] of the experts' dtype");
+  TESSERA_CHECK(out.dtype == DType::F32 && out.rows() == M && out.cols() == H,
+                "moe_ffn: out must be f32 [M, hidden]");
+  if (M == 0) return;
+  TESSERA_CHECK(ids.dtype == DType::I32 && ids.numel() % M == 0, "moe_ffn: ids must be i32 [M, top_k]");
+  const int64_t k = ids.numel() / M, P = M * k;
+  TESSERA_CHECK(weights.dtype == DType::F32 && weights.numel() == P,
+                "moe_ffn: weights must be f32 [M, top_k]");
+  const size_t contract = moe_scratch_bytes(M, static_cast<int>(k), e);
+  TESSERA_CHECK(scratch.nbytes() >= contract,
+                "moe_ffn: scratch of " + std::to_string(scratch.nbytes()) +
+                    " bytes is smaller than moe_scratch_bytes() = " + std::to_string(contract));
+  TESSERA_CHECK(carve(nullptr, P, e).bytes <= contract,
+                "moe_ffn: the CPU layout exceeds moe_scratch_bytes()");
+  auto* base = static_cast<char*>(scratch.data);
+  const Layout l = carve(base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64, P, e);
+
+  // Bucket the pairs by expert: counts, exclusive scan, stable scatter.
+  const auto* id = ids.as<const int32_t>();
+  std::memset(l.offsets, 0, static_cast<size_t>(E + 1) * 4);
+  for (int64_t i = 0; i < P; ++i) {
+    if (id[i] < 0 || id[i] >= E)
+      fail("moe_ffn: expert id " + std::to_string(id[i]) + " is outside [0, " + std::to_string(E) + ")");
+    ++l.offsets[id[i] + 1];
+  }
+  for (int i = 0; i < E; ++i) {
+    l.offsets[i + 1] += l.offsets[i];
+    l.cursor[i] = 0;
+  }
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t pos = l.offsets[id[i]] + l.cursor[id[i]]++;
+    l.pair_row[pos] = static_cast<int32_t>(i / k);
+    l.pair_pos[i] = pos;
+  }
+  // Gather the rows of x in sorted order.
+  const size_t row_bytes = static_cast<size_t>(H) * dtype_size(e.dtype);
+  const auto* xs = static_cast<const char*>(x.data);
+#pragma omp parallel for if (P * H > 65536)
+  for (int64_t i = 0; i < P; ++i) {
+    std::memcpy(l.xg + static_cast<size_t>(i) * row_bytes,
+                xs + static_cast<size_t>(l.pair_row[i]) * row_bytes, row_bytes);
+  }
+  // The primitives of every bucket, created once (after that a call allocates nothing).
+  for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
+    gemm.prepare(t, I, H, e.dtype, e.dtype);
+    gemm.prepare(t, H, I, e.dtype, DType::F32);
+  }
+  // gate and up per expert, then (after one swiglu over all pairs) down.
+  const void* const* table = e.table;
+  for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
+    const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
+    const Tensor wg(const_cast<void*>(table[ex]), e.dtype, {I, H});
+    const Tensor wu(const_cast<void*>(table[E + ex]), e.dtype, {I, H});
+    Tensor g = rows_of(l.gate, e.dtype, r0, n, I), u = rows_of(l.up, e.dtype, r0, n, I);
+    gemm.gemm(a, wg, nullptr, g, false);
+    gemm.gemm(a, wu, nullptr, u, false);
+  });
+  Tensor g_all(l.gate, e.dtype, {P, I}), u_all(l.up, e.dtype, {P, I});
+  swiglu(g_all, u_all, g_all);
+  for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
+    const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
+    const Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});
+    Tensor y = rows_of(reinterpret_cast<char*>(l.y), DType::F32, r0, n, H);
+    gemm.gemm(a, wd, nullptr, y, false);
+  });
+  // out[m] += sum_j w[m, j] * y[pair (m, j)], summed in slot order.
+  const auto* w = weights.as<const float>();
+  float* o = out.as<float>();
+#pragma omp parallel for if (M * H > 65536)
+  for (int64_t m = 0; m < M; ++m) {
+    constexpr int64_t kCols = 64;
+    for (int64_t c0 = 0; c0 < H; c0 += kCols) {
+      const int64_t nc = std::min(kCols, H - c0);
+      float acc[kCols] = {};
+      for (int64_t j = 0; j < k; ++j) {
+        const float wj = w[m * k + j];
+        const float* yr = l.y + static_cast<int64_t>(l.pair_pos[m * k + j]) * H + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < nc; ++c) acc[c] += wj * yr[c];
+      }
+      float* orow = o + m * H + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) orow[c] += acc[c];
+    }
+  }
+}
+
+}  // namespace tessera::cpu

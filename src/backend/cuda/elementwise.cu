@@ -1,0 +1,151 @@
+// Row-wise CUDA kernels: embedding lookup, RMSNorm (fused with the bf16 casts), RoPE, SwiGLU.
+// Semantics match the CPU kernels in backend/cpu/elementwise.cpp (their reference).
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tessera::cuda {
+namespace {
+
+int dtype_code(DType t) {
+  return t == DType::F32 ? 0 : (t == DType::BF16 ? 1 : 2);
+}
+
+// One block per row. Out-of-range ids write NaN (the engine validates ids before a step; NaN makes
+// a bypass visible instead of reading outside the table).
+__global__ void embed_kernel(const int32_t* ids, const void* table, int tdt, int64_t v, int64_t d, void* out,
+                             bool out_bf16) {
+  const int64_t r = blockIdx.x;
+  const int32_t id = ids[r];
+  const bool ok = id >= 0 && id < v;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const float x = ok ? load_any(table, tdt, static_cast<int64_t>(id) * d + c) : __int_as_float(0x7fc00000);
+    if (out_bf16) {
+      static_cast<__nv_bfloat16*>(out)[r * d + c] = float_to_bf16(x);
+    } else {
+      static_cast<float*>(out)[r * d + c] = x;
+    }
+  }
+}
+
+// One warp per group (a row for a plain RMSNorm, a head for qk-norm); blockDim = 256 (8 warps).
+__global__ void rmsnorm_kernel(const float* x, const void* w, int wdt, int64_t n_groups, int64_t group,
+                               float eps, void* y, bool y_bf16) {
+  const int64_t gi = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (gi >= n_groups) return;
+  const float* xr = x + gi * group;
+  float ss = 0.0f;
+  for (int64_t i = lane; i < group; i += 32) ss += xr[i] * xr[i];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+  for (int64_t i = lane; i < group; i += 32) {
+    const float wv = load_any(w, wdt, i);
+    if (y_bf16) {
+      static_cast<__nv_bfloat16*>(y)[gi * group + i] = float_to_bf16(round_bf16_dev(xr[i] * inv) * wv);
+    } else {
+      static_cast<float*>(y)[gi * group + i] = xr[i] * inv * wv;
+    }
+  }
+}
+
+// One thread per (row, head, rotary pair).
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t rows, int64_t heads, int head_dim, int half,
+                            int rotary_dim, float theta, bool neox) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t total = rows * heads * half;
+  if (idx >= total) return;
+  const int i = static_cast<int>(idx % half);
+  const int64_t h = (idx / half) % heads;
+  const int64_t r = idx / (static_cast<int64_t>(half) * heads);
+  const float inv_freq = static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * i / rotary_dim));
+  const float ang = static_cast<float>(pos[r]) * inv_freq;
+  float sn, cs;
+  sincosf(ang, &sn, &cs);
+  float* v = x + r * heads * head_dim + h * head_dim;
+  const int a = neox ? i : 2 * i;
+  const int b = neox ? i + half : 2 * i + 1;
+  const float x0 = v[a], x1 = v[b];
+  v[a] = x0 * cs - x1 * sn;
+  v[b] = x1 * cs + x0 * sn;
+}
+
+__global__ void swiglu_f32_kernel(const float* g, const float* u, float* o, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+// Two elements per thread (bf16x2); silu(g) is rounded to bf16 before the multiply (HF bf16).
+__global__ void swiglu_bf16_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfloat16* o,
+                                   int64_t n) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 2;
+  if (i + 1 < n) {
+    const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(g + i);
+    const __nv_bfloat162 uv = *reinterpret_cast<const __nv_bfloat162*>(u + i);
+    const float g0 = __low2float(gv), g1 = __high2float(gv);
+    const float s0 = round_bf16_dev(g0 / (1.0f + expf(-g0))), s1 = round_bf16_dev(g1 / (1.0f + expf(-g1)));
+    *reinterpret_cast<__nv_bfloat162*>(o + i) =
+        __floats2bfloat162_rn(s0 * __low2float(uv), s1 * __high2float(uv));
+  } else if (i < n) {
+    const float g0 = bf16_to_float(g[i]);
+    o[i] = float_to_bf16(round_bf16_dev(g0 / (1.0f + expf(-g0))) * bf16_to_float(u[i]));
+  }
+}
+
+}  // namespace
+
+void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s) {
+  const int64_t n = tokens.numel(), d = table.cols();
+  TESSERA_CHECK(out.rows() == n && out.cols() == d, "embed: output shape mismatch");
+  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "embed: output must be f32 or bf16");
+  if (n == 0) return;
+  embed_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(tokens.as<const int32_t>(), table.data,
+                                                        dtype_code(table.dtype), table.rows(), d, out.data,
+                                                        out.dtype == DType::BF16);
+  check_launch("embed");
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_t s) {
+  TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
+  const int64_t group = w.numel();
+  TESSERA_CHECK(group > 0 && x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
+  TESSERA_CHECK(y.dtype == DType::F32 || y.dtype == DType::BF16, "rmsnorm: output must be f32 or bf16");
+  const int64_t n_groups = x.numel() / group;
+  if (n_groups == 0) return;
+  rmsnorm_kernel<<<static_cast<unsigned>(ceil_div(n_groups, 8)), 256, 0, s>>>(
+      x.as<const float>(), w.data, dtype_code(w.dtype), n_groups, group, eps, y.data, y.dtype == DType::BF16);
+  check_launch("rmsnorm");
+}
+
+void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
+          cudaStream_t s) {
+  TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
+  TESSERA_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rotary_dim > 0, "rope: bad rotary_dim");
+  const int64_t rows = x.rows(), heads = x.cols() / head_dim;
+  TESSERA_CHECK(positions.numel() == rows, "rope: one position per row expected");
+  const int half = rotary_dim / 2;
+  const int64_t total = rows * heads * half;
+  if (total == 0) return;
+  rope_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0, s>>>(
+      x.as<float>(), positions.as<const int32_t>(), rows, heads, head_dim, half, rotary_dim, theta, neox);
+  check_launch("rope");
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s) {
+  TESSERA_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "swiglu: shape mismatch");
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  if (gate.dtype == DType::F32) {
+    TESSERA_CHECK(up.dtype == DType::F32 && out.dtype == DType::F32,
+                  "swiglu: dtypes must all be f32 or all bf16");
+    swiglu_f32_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, s>>>(
+        gate.as<const float>(), up.as<const float>(), out.as<float>(), n);
+  } else {
+    TESSERA_CHECK(gate.dtype == DType::BF16 && up.dtype == DType::BF16 && out.dtype == DType::BF16,
+                  "swiglu: dtypes must all be f32 or all bf16");
+    swiglu_bf16_kernel<<<static_cast<unsigned>(ceil_div(ceil_div(n, 2), 256)), 256, 0, s>>>(
+        gate.as<const __nv_bfloat16>(), up.as<const __nv_bfloat16>(), out.as<__nv_bfloat16>(), n);
+  }
+  check_launch("swiglu");
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,326 @@
+// Unmasking on the device: one block per logits row turns [V] f32 logits into (token, confidence)
+// exactly as the CPU reference (backend/cpu/sample.cpp) defines it; logits never leave the GPU.
+// Filters (Dream top_p / top_k) find their cut value by a bitwise binary search over the ordered
+// bit patterns of the row's values (32 counting passes, no sort, no scratch memory).
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kT = 512;
+
+struct Row {
+  const float* L;
+  int64_t V;
+  int64_t suppress;
+  float t;
+  bool scale;
+  __device__ float operator()(int64_t v) const {
+    if (v == suppress) return -INFINITY;
+    return scale ? L[v] / t : L[v];
+  }
+};
+
+// Monotone map float -> uint32 (larger float, larger key).
+__device__ __forceinline__ uint32_t fkey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float fval(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct Top2 {
+  float m1, m2;
+  int64_t arg;
+};
+struct Top2Op {
+  __device__ Top2 operator()(const Top2& a, const Top2& b) const {
+    Top2 r;
+    if (b.m1 > a.m1 || (b.m1 == a.m1 && b.arg >= 0 && (a.arg < 0 || b.arg < a.arg))) {
+      r.m1 = b.m1;
+      r.arg = b.arg;
+    } else {
+      r.m1 = a.m1;
+      r.arg = a.arg;
+    }
+    r.m2 = fmaxf(fminf(a.m1, b.m1), fmaxf(a.m2, b.m2));
+    return r;
+  }
+};
+struct ArgMaxD {
+  double v;
+  int64_t i;
+};
+struct ArgMaxDOp {
+  __device__ ArgMaxD operator()(const ArgMaxD& a, const ArgMaxD& b) const {
+    if (b.i < 0) return a;
+    if (a.i < 0) return b;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+  }
+};
+
+struct MinOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+struct MaxOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
+};
+
+union SampleSmem {
+  cub::BlockReduce<double, kT>::TempStorage rd;
+  cub::BlockReduce<int64_t, kT>::TempStorage ri;
+  cub::BlockReduce<Top2, kT>::TempStorage r2;
+  cub::BlockReduce<ArgMaxD, kT>::TempStorage ra;
+  cub::BlockScan<double, kT>::TempStorage scan;
+};
+
+// Block-wide sum (result broadcast to every thread).
+__device__ double block_sum(SampleSmem& sm, double v, double* bc) {
+  const double s = cub::BlockReduce<double, kT>(sm.rd).Sum(v);
+  if (threadIdx.x == 0) *bc = s;
+  __syncthreads();
+  const double r = *bc;
+  __syncthreads();
+  return r;
+}
+__device__ int64_t block_count(SampleSmem& sm, int64_t v, int64_t* bc) {
+  const int64_t s = cub::BlockReduce<int64_t, kT>(sm.ri).Sum(v);
+  if (threadIdx.x == 0) *bc = s;
+  __syncthreads();
+  const int64_t r = *bc;
+  __syncthreads();
+  return r;
+}
+
+__global__ void __launch_bounds__(kT) sample_kernel(const float* logits, int64_t V, const int32_t* keys,
+                                                    SampleParams p, int32_t* tok, float* conf) {
+  __shared__ SampleSmem sm;
+  __shared__ double bc_d;
+  __shared__ int64_t bc_i;
+  __shared__ Top2 bc_t;
+  const int64_t r = blockIdx.x;
+  const uint64_t key = static_cast<uint64_t>(static_cast<int64_t>(keys[r]));
+  Row x{logits + r * V, V, (p.suppress_token >= 0 && p.suppress_token < V) ? p.suppress_token : -1, 1.0f,
+        false};
+  if (!p.gumbel && p.temperature > 0.0f) {
+    x.scale = true;
+    x.t = p.temperature;
+  }
+  float cut = -INFINITY;
+  if (!p.gumbel && (p.top_p < 1.0f || (p.top_k > 0 && p.top_k < V))) {
+    // Row maximum and normaliser over everything (top_p masses are relative to the whole row).
+    float m = -INFINITY;
+    for (int64_t v = threadIdx.x; v < V; v += kT) m = fmaxf(m, x(v));
+    Top2 t0{m, -INFINITY, 0};
+    const Top2 mm = cub::BlockReduce<Top2, kT>(sm.r2).Reduce(t0, Top2Op());
+    if (threadIdx.x == 0) bc_t = mm;
+    __syncthreads();
+    const float rowmax = bc_t.m1;
+    __syncthreads();
+    if (p.top_p < 1.0f && rowmax != -INFINITY) {
+      double z = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += kT) z += exp(static_cast<double>(x(v)) - rowmax);
+      z = block_sum(sm, z, &bc_d);
+      // Largest key K whose mass(x >= K) exceeds top_p: K is the cut value itself.
+      uint32_t K = 0;
+      for (int bit = 31; bit >= 0; --bit) {
+        const uint32_t cand = K | (1u << bit);
+        double mass = 0.0;
+        for (int64_t v = threadIdx.x; v < V; v += kT) {
+          const float a = x(v);
+          if (fkey(a) >= cand) mass += exp(static_cast<double>(a) - rowmax);
+        }
+        mass = block_sum(sm, mass, &bc_d) / z;
+        if (mass > p.top_p) K = cand;
+      }
+      cut = K == 0 ? -INFINITY : fval(K);  // K == 0: the whole row is <= top_p (rounding): keep all
+    }
+    if (p.top_k > 0 && p.top_k < V) {
+      // k-th largest value: largest K with count(x >= K) >= top_k.
+      uint32_t K = 0;
+      for (int bit = 31; bit >= 0; --bit) {
+        const uint32_t cand = K | (1u << bit);
+        int64_t n = 0;
+        for (int64_t v = threadIdx.x; v < V; v += kT) n += fkey(x(v)) >= cand ? 1 : 0;
+        if (block_count(sm, n, &bc_i) >= p.top_k) K = cand;
+      }
+      cut = fmaxf(cut, fval(K));
+    }
+  }
+  // Statistics over the kept tokens.
+  Top2 st{-INFINITY, -INFINITY, -1};
+  for (int64_t v = threadIdx.x; v < V; v += kT) {
+    const float a = x(v);
+    if (a == -INFINITY || a < cut) continue;
+    if (a > st.m1) {
+      st.m2 = st.m1;
+      st.m1 = a;
+      st.arg = v;
+    } else if (a > st.m2) {
+      st.m2 = a;
+    }
+  }
+  const Top2 s = cub::BlockReduce<Top2, kT>(sm.r2).Reduce(st, Top2Op());
+  if (threadIdx.x == 0) bc_t = s;
+  __syncthreads();
+  const Top2 S = bc_t;
+  __syncthreads();
+  if (S.arg < 0) {
+    if (threadIdx.x == 0) {
+      tok[r] = 0;
+      conf[r] = 0.0f;
+    }
+    return;
+  }
+  double z = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += kT) {
+    const float a = x(v);
+    if (a == -INFINITY || a < cut) continue;
+    z += exp(static_cast<double>(a) - S.m1);
+  }
+  z = block_sum(sm, z, &bc_d);
+
+  int64_t x0 = S.arg;
+  if (p.temperature > 0.0f) {
+    if (p.gumbel) {
+      ArgMaxD best{-INFINITY, -1};
+      const double t = p.temperature;
+      for (int64_t v = threadIdx.x; v < V; v += kT) {
+        const float a = x(v);
+        if (a == -INFINITY) continue;
+        const double u = rng_uniform_dev(p.seed, key, static_cast<uint64_t>(v));
+        const double g = static_cast<double>(a) - t * log(-log(u));
+        if (g > best.v || best.i < 0) best = ArgMaxD{g, v};
+      }
+      const ArgMaxD b = cub::BlockReduce<ArgMaxD, kT>(sm.ra).Reduce(best, ArgMaxDOp());
+      if (threadIdx.x == 0) bc_i = b.i;
+      __syncthreads();
+      x0 = bc_i;
+      __syncthreads();
+    } else {
+      // Inverse CDF in ascending vocabulary order: the first v whose running mass exceeds target.
+      const double target = rng_uniform_dev(p.seed, key, static_cast<uint64_t>(V)) * z;
+      double before = 0.0;
+      int64_t found = -1, last = -1;
+      for (int64_t v0 = 0; v0 < V && found < 0; v0 += kT) {
+        const int64_t v = v0 + threadIdx.x;
+        double e = 0.0;
+        if (v < V) {
+          const float a = x(v);
+          if (a != -INFINITY && a >= cut) {
+            e = exp(static_cast<double>(a) - S.m1);
+            last = v;
+          }
+        }
+        double incl;
+        double total;
+        cub::BlockScan<double, kT>(sm.scan).InclusiveSum(e, incl, total);
+        __syncthreads();
+        const int64_t mine = (e > 0.0 && before + incl > target) ? v : INT64_MAX;
+        const int64_t first = cub::BlockReduce<int64_t, kT>(sm.ri).Reduce(mine, MinOp());
+        if (threadIdx.x == 0) bc_i = first;
+        __syncthreads();
+        if (bc_i != INT64_MAX) found = bc_i;
+        __syncthreads();
+        before += total;
+      }
+      if (found < 0) {  // rounding at the very end of the CDF: the last kept token
+        const int64_t l = cub::BlockReduce<int64_t, kT>(sm.ri).Reduce(last, MaxOp());
+        if (threadIdx.x == 0) bc_i = l;
+        __syncthreads();
+        found = bc_i;
+        __syncthreads();
+      }
+      x0 = found;
+    }
+  }
+  float c = 0.0f;
+  switch (p.conf) {
+    case ConfKind::Prob:
+      c = static_cast<float>(exp(static_cast<double>(x(x0)) - S.m1) / z);
+      break;
+    case ConfKind::Margin: {
+      const double p2 = S.m2 == -INFINITY ? 0.0 : exp(static_cast<double>(S.m2) - S.m1) / z;
+      c = static_cast<float>(1.0 / z - p2);
+      break;
+    }
+    case ConfKind::NegEntropy: {
+      double h = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += kT) {
+        const float a = x(v);
+        if (a == -INFINITY || a < cut) continue;
+        const double pv = exp(static_cast<double>(a) - S.m1) / z;
+        h += pv * log(pv + 1e-10);
+      }
+      c = static_cast<float>(block_sum(sm, h, &bc_d));
+      break;
+    }
+    case ConfKind::Random:
+      c = static_cast<float>(rng_uniform_dev(p.seed, key, static_cast<uint64_t>(V) + 1));
+      break;
+  }
+  if (threadIdx.x == 0) {
+    tok[r] = static_cast<int32_t>(x0);
+    conf[r] = c;
+  }
+}
+
+__global__ void __launch_bounds__(kT)
+    logprob_kernel(const float* logits, int64_t V, const int32_t* target, float* out) {
+  __shared__ SampleSmem sm;
+  __shared__ double bc_d;
+  __shared__ Top2 bc_t;
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * V;
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += kT) m = fmaxf(m, row[v]);
+  const Top2 mm = cub::BlockReduce<Top2, kT>(sm.r2).Reduce(Top2{m, -INFINITY, 0}, Top2Op());
+  if (threadIdx.x == 0) bc_t = mm;
+  __syncthreads();
+  const float mx = bc_t.m1;
+  __syncthreads();
+  double z = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += kT) z += exp(static_cast<double>(row[v]) - mx);
+  z = block_sum(sm, z, &bc_d);
+  if (threadIdx.x == 0) {
+    const int64_t t = target[r];
+    out[r] = (t < 0 || t >= V) ? __int_as_float(0x7fc00000)
+                               : static_cast<float>(static_cast<double>(row[t]) - mx - log(z));
+  }
+}
+
+}  // namespace
+
+void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
+                 Tensor& conf, cudaStream_t s) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "sample_rows: logits must be f32");
+  const int64_t R = logits.rows(), V = logits.cols();
+  TESSERA_CHECK(row_keys.numel() == R && row_keys.dtype == DType::I32,
+                "sample_rows: one i32 row key per row");
+  TESSERA_CHECK(token.numel() == R && token.dtype == DType::I32, "sample_rows: one i32 token per row");
+  TESSERA_CHECK(conf.numel() == R && conf.dtype == DType::F32, "sample_rows: one f32 confidence per row");
+  TESSERA_CHECK(V > 0, "sample_rows: logits have no columns (vocab size 0)");
+  if (R == 0) return;
+  sample_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(
+      logits.as<const float>(), V, row_keys.as<const int32_t>(), p, token.as<int32_t>(), conf.as<float>());
+  check_launch("sample_rows");
+}
+
+void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob, cudaStream_t s) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "token_logprob: logits must be f32");
+  const int64_t R = logits.rows(), V = logits.cols();
+  TESSERA_CHECK(target.numel() == R && target.dtype == DType::I32, "token_logprob: one i32 target per row");
+  TESSERA_CHECK(logprob.numel() == R && logprob.dtype == DType::F32, "token_logprob: one f32 output per row");
+  if (R == 0) return;
+  logprob_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(logits.as<const float>(), V,
+                                                         target.as<const int32_t>(), logprob.as<float>());
+  check_launch("token_logprob");
+}
+
+}  // namespace tessera::cuda

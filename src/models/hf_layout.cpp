@@ -1,0 +1,41 @@
+// Weight names of the Hugging Face Llama-style layout shared by Dream (Qwen2) and LLaDA-MoE (OLMoE):
+// model.embed_tokens / model.norm / lm_head and model.layers.N.{input_layernorm, self_attn.*,
+// post_attention_layernorm}.
+#include "models/model.h"
+
+namespace tessera {
+
+void bind_hf_embeddings(Model& m) {
+  const ModelConfig& c = m.config();
+  DenseWeights& w = m.weights();
+  w.embed = m.bind("model.embed_tokens.weight", {c.vocab, c.hidden}, false);
+  w.final_norm = m.bind("model.norm.weight", {c.hidden}, false);
+  w.lm_head = c.tie_embeddings ? m.bind("model.embed_tokens.weight", {c.vocab, c.hidden}, true)
+                               : m.bind("lm_head.weight", {c.vocab, c.hidden}, true);
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+}
+
+void bind_hf_attention(Model& m, LayerWeights& L, const std::string& b) {
+  const ModelConfig& c = m.config();
+  const int64_t d = c.hidden, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  L.attn_norm = m.bind(b + "input_layernorm.weight", {d}, false);
+  L.wq = m.bind(b + "self_attn.q_proj.weight", {q, d}, true);
+  L.wk = m.bind(b + "self_attn.k_proj.weight", {kv, d}, true);
+  L.wv = m.bind(b + "self_attn.v_proj.weight", {kv, d}, true);
+  if (c.qkv_bias) {
+    L.bq = m.bind_bias(b + "self_attn.q_proj.bias", q);
+    L.bk = m.bind_bias(b + "self_attn.k_proj.bias", kv);
+    L.bv = m.bind_bias(b + "self_attn.v_proj.bias", kv);
+  }
+  L.wo = m.bind(b + "self_attn.o_proj.weight", {d, q}, true);
+  L.ffn_norm = m.bind(b + "post_attention_layernorm.weight", {d}, false);
+}
+
+void bind_swiglu(Model& m, LayerWeights& L, const std::string& prefix, int64_t inter) {
+  const int64_t d = m.config().hidden;
+  L.w_gate = m.bind(prefix + "gate_proj.weight", {inter, d}, true);
+  L.w_up = m.bind(prefix + "up_proj.weight", {inter, d}, true);
+  L.w_down = m.bind(prefix + "down_proj.weight", {d, inter}, true);
+}
+
+}  // namespace tessera
