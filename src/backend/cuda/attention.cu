@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/mma.h"
 
 namespace tessera::cuda {
 namespace {
@@ -137,25 +138,6 @@ __global__ void __launch_bounds__(128) attn_simt_kernel(const AttnArgs a, int d)
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel.
-__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned* r, const void* p) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 // 2^x with the hardware approximation (relative error ~2^-22; exp2(-inf) = 0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -192,11 +174,6 @@ __device__ __forceinline__ void load_q_tile(__nv_bfloat16* dst, const float* src
     p[0] = __floats2bfloat162_rn(v.x, v.y);
     p[1] = __floats2bfloat162_rn(v.z, v.w);
   }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
 
 // K and V (f32) -> bf16 copies in the planned scratch; 4 elements per thread.
@@ -275,7 +252,7 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
   unsigned qf[KS][4];
 #pragma unroll
   for (int kk = 0; kk < KS; ++kk)
-    ldsm_x4(qf[kk], tiles + tsw<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    ldmatrix_x4(qf[kk], tiles + tsw<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
   __syncthreads();  // the stage buffers are free again
 
   const int64_t n_tiles = (kb - ka + kBKV - 1) / kBKV;
@@ -306,7 +283,7 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                    "r"(threadIdx.x < nk ? 4 : 0));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   };
 
   float o[D / 8][4];
@@ -324,9 +301,9 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
     const int64_t jn = next_kept(j + 1);
     if (jn < n_tiles) {
       issue(jn, stage ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      cp_async_wait<0>();
     }
     __syncthreads();
     const __nv_bfloat16* sK = tiles + stage * 2 * kBKV * D;
@@ -343,9 +320,9 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         unsigned b[4];
-        ldsm_x4(b, sK + tsw<D>(jp * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-        mma16816(sc[jp * 2], qf[kk], b);
-        mma16816(sc[jp * 2 + 1], qf[kk], b + 2);
+        ldmatrix_x4(b, sK + tsw<D>(jp * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+        mma_bf16_16816(sc[jp * 2], qf[kk], b);
+        mma_bf16_16816(sc[jp * 2 + 1], qf[kk], b + 2);
       }
     }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
@@ -424,9 +401,9 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         unsigned b[4];
-        ldsm_x4_t(b, sV + tsw<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn * 2 + (lane >> 4)));
-        mma16816(o[dn * 2], pa, b);
-        mma16816(o[dn * 2 + 1], pa, b + 2);
+        ldmatrix_x4_trans(b, sV + tsw<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn * 2 + (lane >> 4)));
+        mma_bf16_16816(o[dn * 2], pa, b);
+        mma_bf16_16816(o[dn * 2 + 1], pa, b + 2);
       }
     }
     __syncthreads();  // this stage is refilled by the prefetch two tiles from now

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/mma.h"
 
 namespace tessera::cuda {
 namespace {
@@ -24,36 +25,26 @@ __device__ __forceinline__ int swz(int row, int ch) {
   return row * BK + ((ch ^ ((row >> 1) & 3)) << 3);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // Which (group, m-tile, n-tile) this block computes; false when the block has no work.
 struct TileCoord {
   int group;
   int64_t row0, row_end, col0;
 };
+// Grouped problems: m-tile `slot` (of `tile` rows) counted over the groups in order -> its group and rows.
+__device__ bool group_slot(const MmaProblem& p, int64_t slot, int tile, TileCoord& t) {
+  for (int g = 0; g < p.groups; ++g) {
+    const int64_t a = p.group_offsets[g], b = p.group_offsets[g + 1];
+    const int64_t tiles = (b - a + tile - 1) / tile;
+    if (slot < tiles) {
+      t.group = g;
+      t.row0 = a + slot * tile;
+      t.row_end = b;
+      return true;
+    }
+    slot -= tiles;
+  }
+  return false;
+}
 __device__ bool tile_coord(const MmaProblem& p, TileCoord& t) {
   const int64_t n_tiles = ceil_div_dev(p.n, BN);
   if (p.group_offsets == nullptr) {
@@ -72,20 +63,8 @@ __device__ bool tile_coord(const MmaProblem& p, TileCoord& t) {
     return t.row0 < p.m;
   }
   // Grouped problem: blockIdx.y enumerates the m-tiles of all groups in order.
-  int64_t slot = blockIdx.y;
-  for (int g = 0; g < p.groups; ++g) {
-    const int64_t a = p.group_offsets[g], b = p.group_offsets[g + 1];
-    const int64_t tiles = (b - a + BM - 1) / BM;
-    if (slot < tiles) {
-      t.group = g;
-      t.row0 = a + slot * BM;
-      t.row_end = b;
-      t.col0 = static_cast<int64_t>(blockIdx.x) * BN;
-      return true;
-    }
-    slot -= tiles;
-  }
-  return false;
+  t.col0 = static_cast<int64_t>(blockIdx.x) * BN;
+  return group_slot(p, blockIdx.y, BM, t);
 }
 
 __global__ void __launch_bounds__(THREADS) mma_kernel(const MmaProblem p) {
@@ -163,7 +142,7 @@ __global__ void __launch_bounds__(THREADS) mma_kernel(const MmaProblem p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
+        for (int j = 0; j < 4; ++j) mma_bf16_16816(acc[i][j], af[i], &bfr[j >> 1][(j & 1) * 2]);
     }
   }
   cp_async_wait<0>();
@@ -206,32 +185,14 @@ __global__ void __launch_bounds__(256) simt_kernel(const MmaProblem p) {
   __shared__ float sa[SK][SB + 1];
   __shared__ float sw[SK][SB + 1];
   TileCoord tc;
-  {
-    // Reuse the same coordinate logic with SIMT tile sizes: rows in blocks of SB.
-    if (p.group_offsets == nullptr) {
-      tc.group = 0;
-      tc.row0 = static_cast<int64_t>(blockIdx.y) * SB;
-      tc.row_end = p.m;
-      tc.col0 = static_cast<int64_t>(blockIdx.x) * SB;
-      if (tc.row0 >= p.m) return;
-    } else {
-      int64_t slot = blockIdx.y;
-      bool found = false;
-      for (int g = 0; g < p.groups && !found; ++g) {
-        const int64_t a = p.group_offsets[g], b = p.group_offsets[g + 1];
-        const int64_t tiles = (b - a + SB - 1) / SB;
-        if (slot < tiles) {
-          tc.group = g;
-          tc.row0 = a + slot * SB;
-          tc.row_end = b;
-          tc.col0 = static_cast<int64_t>(blockIdx.x) * SB;
-          found = true;
-        } else {
-          slot -= tiles;
-        }
-      }
-      if (!found) return;
-    }
+  tc.col0 = static_cast<int64_t>(blockIdx.x) * SB;
+  if (p.group_offsets == nullptr) {
+    tc.group = 0;
+    tc.row0 = static_cast<int64_t>(blockIdx.y) * SB;
+    tc.row_end = p.m;
+    if (tc.row0 >= p.m) return;
+  } else if (!group_slot(p, blockIdx.y, SB, tc)) {
+    return;
   }
   const void* W = p.w_table != nullptr ? p.w_table[tc.group] : p.w;
   const int ad = p.a_dtype == DType::F32 ? 0 : (p.a_dtype == DType::BF16 ? 1 : 2);
