@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_generate(app, reg);
   tessera::cli::add_inspect(app, reg);
   tessera::cli::add_convert(app, reg);
+  tessera::cli::add_plan(app, reg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "memory/chunk_optimizer.h"
 
 namespace tessera::cli {
 namespace fs = std::filesystem;
@@ -36,6 +37,11 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a.precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_option("--memory-budget", a.memory_budget,
+                  "total memory for the weights plus the planned activations, e.g. 24GiB, 512MiB, 1.5GB or "
+                  "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "
+                  "it must; a request that cannot fit fails before it starts")
+      ->check(size_validator());
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -62,15 +68,20 @@ size_t peak_rss_bytes() {
 }
 
 std::string human_bytes(double b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024 && i < 4) {
-    b /= 1024;
-    ++i;
-  }
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f %s", b, u[i]);
-  return s;
+  return memory::format_bytes(b);
+}
+
+CLI::Validator size_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        try {
+          memory::parse_size(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      },
+      "SIZE");
 }
 
 void check_utf8(const std::string& s, const char* what) {
@@ -108,6 +119,7 @@ Session::Session(const SessionArgs& a) {
   if (!fs::is_directory(dir_)) fail("model directory " + dir_ + " does not exist");
   EngineOptions eo;
   eo.device = a.device;
+  eo.memory_budget = a.memory_budget.empty() ? 0 : memory::parse_size(a.memory_budget);
   eo.precision = a.precision == "bf16"  ? Precision::BF16
                  : a.precision == "f32" ? Precision::F32
                                         : Precision::Auto;
@@ -240,6 +252,13 @@ class LiveView {
 Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
   Output o;
   std::optional<LiveView> view;
+  // A memory budget is checked on the request's largest step (the whole canvas, a full block of
+  // masked positions) before the first forward.
+  const int64_t canvas = static_cast<int64_t>(prompt.size()) + gen_.gen_length;
+  if (engine_->activation_budget() > 0) {
+    engine_->check_memory(canvas, std::min(gen_.block_length, gen_.gen_length),
+                          gen_.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
+  }
   if (tty != nullptr) view.emplace(tty, *tok_, prompt.size(), engine_->mask_token());
   const auto t0 = std::chrono::steady_clock::now();
   o.result = generate(*engine_, prompt, gen_, [&](const StepEvent& ev) {

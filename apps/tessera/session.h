@@ -20,6 +20,7 @@ struct SessionArgs {
   std::string precision = "auto";
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
+  std::string memory_budget;  // "24GiB"; empty = none
   float temperature = 0.0f, threshold = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
@@ -60,6 +61,8 @@ std::string default_model_dir();
 // Peak resident memory of this process in bytes.
 size_t peak_rss_bytes();
 std::string human_bytes(double b);
+// CLI check of a memory size ("24GiB", "512MiB", "1.5GB", bytes): the parse error, if any.
+CLI::Validator size_validator();
 // Throws Error when `s` is not valid UTF-8.
 void check_utf8(const std::string& s, const char* what);
 

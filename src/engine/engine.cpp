@@ -1,8 +1,15 @@
 #include "engine/engine.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 
 #include "core/error.h"
+#include "memory/chunk_optimizer.h"
 
 namespace tessera {
 
@@ -26,6 +33,7 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
 std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act) {
   auto e = make(opt);
   e->model_ = Model::synthetic(c, *e->backend_, act);
+  e->check_weights_fit();
   return e;
 }
 
@@ -35,6 +43,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (e->model_->config().mask_id < 0) {
     fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
   }
+  e->check_weights_fit();
   return e;
 }
 
@@ -84,25 +93,8 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   shape.n_kv = shape.n_query;
   shape.n_logits = static_cast<int64_t>(rows_.size());
   shape.n_seqs = static_cast<int64_t>(seqs.size());
-  shape.k_ffn = opt_.k_ffn;
-  shape.k_logits = opt_.k_logits;
   const graph::GraphTemplate& g = model_->graph(mode);
-  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv,    shape.n_logits,
-                    shape.n_seqs,           shape.k_ffn,   shape.k_logits};
-  auto it = plans_.find(key);
-  last_.plan_cached = it != plans_.end();
-  if (it == plans_.end()) {
-    if (plans_.size() >= 256) plans_.clear();
-    graph::Program p = graph::instantiate(g, shape);
-    memory::plan(g, p, opt_.fit);
-    it = plans_.emplace(key, std::move(p)).first;
-  }
-  const graph::Program& prog = it->second;
-  last_.shape = shape;
-  last_.planned_peak = prog.peak;
-  last_.lower_bound = prog.lower_bound;
-  last_.plan_ms = prog.plan_ms;
-  max_peak_ = std::max(max_peak_, prog.peak);
+  const graph::Program& prog = program_for(mode, shape);
   ws_->commit(prog.peak);
 
   ExecContext ctx;
@@ -125,6 +117,101 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   stage(ids.target, targets_);
   execute(g, prog, ctx);
   return prog;
+}
+
+const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shape) {
+  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv, shape.n_logits, shape.n_seqs};
+  auto it = plans_.find(key);
+  last_.plan_cached = it != plans_.end();
+  if (it == plans_.end()) {
+    const graph::GraphTemplate& g = model_->graph(mode);
+    CachedPlan c;
+    shape.k_ffn = opt_.k_ffn;
+    shape.k_logits = opt_.k_logits;
+    if (opt_.memory_budget > 0) {  // lazy chunking: the smallest chunk counts whose plan fits
+      const memory::ChunkChoice choice = memory::choose_chunks(g, shape, activation_budget(), opt_.fit);
+      if (!choice.fits) fail_budget(mode, shape, choice.floor);
+      shape.k_ffn = choice.k_ffn;
+      shape.k_logits = choice.k_logits;
+      c.search_ms = choice.search_ms;
+      c.search_plans = choice.plans;
+    }
+    c.prog = graph::instantiate(g, shape);
+    memory::plan(g, c.prog, opt_.fit);
+    if (plans_.size() >= 256) plans_.clear();
+    it = plans_.emplace(key, std::move(c)).first;
+  }
+  const CachedPlan& c = it->second;
+  last_.shape = c.prog.shape;
+  last_.planned_peak = c.prog.peak;
+  last_.lower_bound = c.prog.lower_bound;
+  last_.plan_ms = c.prog.plan_ms;
+  last_.search_ms = c.search_ms;
+  last_.search_plans = c.search_plans;
+  max_peak_ = std::max(max_peak_, c.prog.peak);
+  return c.prog;
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) m.rss = std::stoul(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) m.peak = std::stoul(line.substr(6)) * 1024;
+  }
+  return m;
+}
+
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+size_t Engine::workspace_resident() const {
+  if (backend_->device() != Device::CPU || ws_->committed() == 0) return ws_->committed();
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v(ws_->committed() / page);
+  if (mincore(ws_->base(), ws_->committed(), v.data()) != 0) return ws_->committed();
+  size_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n * page;
+}
+
+size_t Engine::activation_budget() const {
+  const size_t w = model_ ? model_->weight_bytes() : 0;
+  return opt_.memory_budget > w ? opt_.memory_budget - w : 0;
+}
+
+void Engine::check_weights_fit() const {
+  if (opt_.memory_budget == 0 || model_->weight_bytes() < opt_.memory_budget) return;
+  fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+       " is not larger than the weights alone (" +
+       memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+       "): no context fits; the budget counts the weights plus the planned activations");
+}
+
+void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode) {
+  graph::StepShape s;
+  s.n_query = s.n_kv = n_tokens;
+  s.n_logits = std::min(n_logits, n_tokens);
+  program_for(mode, s);
+}
+
+void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor) {
+  const double ratio =
+      shape.n_query > 0 ? static_cast<double>(shape.n_logits) / static_cast<double>(shape.n_query) : 0;
+  const int64_t l_max = memory::largest_context(model_->graph(mode), ratio, activation_budget());
+  char r[32];
+  std::snprintf(r, sizeof r, "%.3g", ratio);
+  const auto gib = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };
+  fail("memory budget " + gib(opt_.memory_budget) + " is too small for a step of " +
+       std::to_string(shape.n_query) + " tokens with " + std::to_string(shape.n_logits) +
+       " logit rows: the weights take " + gib(model_->weight_bytes()) +
+       " and the activations need at least " + gib(floor) +
+       " (the non-chunkable floor: FFN and logits chunked to one row), " +
+       gib(model_->weight_bytes() + floor) + " in all. The largest context that fits this budget is " +
+       std::to_string(l_max) + " tokens (at the same mask ratio " + r +
+       "); raise the budget or shorten the request.");
 }
 
 const Engine::GraphIo& Engine::io(OutputMode mode) {

@@ -23,9 +23,23 @@ struct EngineOptions {
   Precision precision = Precision::Auto;
   size_t reserve_bytes = size_t{256} << 30;  // virtual range of the workspace
   memory::Fit fit = memory::Fit::First;
-  int64_t k_ffn = 1, k_logits = 1;  // fixed chunk counts (lazy chunking picks them later)
-  std::string dump_dir;             // debug: dump every named tensor of each step here
+  int64_t k_ffn = 1, k_logits = 1;  // fixed chunk counts, used when memory_budget is 0
+  // Total memory budget in bytes: the weights plus the planned activations (the workspace) must fit
+  // in it; 0 = none. With a budget each step's K_ffn / K_logits are chosen by the lazy chunking
+  // optimizer (no chunking unless the plan would exceed the budget), and a step that cannot fit
+  // even fully chunked fails before it runs, naming the budget, the floor and the largest context.
+  size_t memory_budget = 0;
+  std::string dump_dir;  // debug: dump every named tensor of each step here
 };
+
+// This process's resident memory (VmRSS) and its high-water mark (VmHWM), from /proc/self/status;
+// reset_peak_rss() restarts the high-water mark at the current RSS (clear_refs 5). Used to compare
+// the RSS growth of a step with its plan.
+struct ProcessMemory {
+  size_t rss = 0, peak = 0;
+};
+ProcessMemory process_memory();
+void reset_peak_rss();
 
 // One sequence of a packed step: its canvas (absolute positions 0..n-1) and the positions whose
 // prediction is wanted. targets (LogProb only) gives the token scored at each position.
@@ -40,6 +54,8 @@ struct StepStats {
   size_t planned_peak = 0;
   size_t lower_bound = 0;
   double plan_ms = 0.0;
+  double search_ms = 0.0;  // lazy chunking search (0 without a memory budget)
+  int search_plans = 0;    // plans the search evaluated
   bool plan_cached = false;
 };
 
@@ -57,6 +73,15 @@ class Engine final : public Denoiser {
   const Workspace& workspace() const { return *ws_; }
   const StepStats& last_step() const { return last_; }
   size_t max_planned_peak() const { return max_peak_; }
+  // Bytes of the workspace physically resident now (CPU: mincore over the committed range; other
+  // devices: the committed bytes).
+  size_t workspace_resident() const;
+  // The budget left for activations: memory_budget minus the weights (0 without a budget).
+  size_t activation_budget() const;
+  // Plans (and caches) the step of one sequence of n_tokens with n_logits selected rows; with a
+  // memory budget, throws Error when it cannot fit. Run before a request's first step with its
+  // largest step (the full canvas, the most logit rows) so an impossible budget fails before work.
+  void check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode = OutputMode::Sample);
 
   // Forward over packed sequences; outputs are host buffers in the order of the sequences'
   // positions: n = total positions (tokens/conf/logprob), n * vocab (logits).
@@ -78,6 +103,11 @@ class Engine final : public Denoiser {
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
   // Stages inputs, plans (cached), commits the workspace and executes; returns the program.
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
+  // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
+  // come from the lazy chunking optimizer, else from the options. Fills last_.
+  const graph::Program& program_for(OutputMode mode, graph::StepShape shape);
+  [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
+  void check_weights_fit() const;
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
 
   // Ids of the step inputs and outputs in each mode's graph, looked up once.
@@ -93,8 +123,14 @@ class Engine final : public Denoiser {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Workspace> ws_;
-  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-  std::map<PlanKey, graph::Program> plans_;
+  using PlanKey =
+      std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // mode, n_query, n_kv, n_logits, n_seqs
+  struct CachedPlan {
+    graph::Program prog;
+    double search_ms = 0.0;
+    int search_plans = 0;
+  };
+  std::map<PlanKey, CachedPlan> plans_;
   StepStats last_;
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).

@@ -27,18 +27,19 @@ struct ChunkChoice {
 size_t planned_peak(const graph::GraphTemplate& g, graph::StepShape shape, int64_t k_ffn, int64_t k_logits,
                     Fit fit = Fit::First);
 // The non-chunkable floor of `shape`: the planned peak with FFN and logits at one row per chunk.
-size_t chunk_floor(const graph::GraphTemplate& g, const graph::StepShape& shape);
+size_t chunk_floor(const graph::GraphTemplate& g, const graph::StepShape& shape, Fit fit = Fit::First);
 // The smallest chunk count above k whose chunks have fewer rows than k's (K values that give the
 // same rows per chunk give the same program, so the searches skip them): n rows in chunks of
 // ceil(n / k); returns k when the chunks are already one row.
 int64_t next_chunk_count(int64_t k, int64_t n);
 
-// The bottleneck-driven search (shape.k_ffn / k_logits are ignored). Starts at K = (1, 1); while
-// the plan exceeds `budget`, finds the op index where the most bytes are live: inside an FFN loop
-// it grows K_ffn, inside the logits loop K_logits (each to its next distinct chunk size), outside
-// any chunk loop (or with that op already at one row per chunk) it stops: the peak is set by
-// non-chunkable tensors. The floor is planned once first, so an impossible budget costs two plans.
-ChunkChoice choose_chunks(const graph::GraphTemplate& g, const graph::StepShape& shape, size_t budget);
+// The bottleneck-driven search (shape.k_ffn / k_logits are ignored). Starts at K = (1, 1); when
+// that plan exceeds `budget`, plans the floor once (above the budget: no search, fits = false);
+// otherwise, while the plan exceeds the budget and its floor, grows the chunk count of the phase
+// with the most live bytes (an FFN loop: K_ffn, the logits loop: K_logits), each to its next
+// distinct chunk size, and re-plans.
+ChunkChoice choose_chunks(const graph::GraphTemplate& g, const graph::StepShape& shape, size_t budget,
+                          Fit fit = Fit::First);
 // Oracle: among all (K_ffn, K_logits) up to max_k each, the pairs that fit with the smallest
 // K_ffn + K_logits, and among those the smallest peak (then the smaller K_ffn). Enumerates the
 // pairs in order of K_ffn + K_logits and stops after the first total that has a fitting pair (the

@@ -61,15 +61,29 @@ Placement place_order(std::span<const Buffer> bufs, std::span<const int> order, 
 }  // namespace
 
 Placement place(std::span<const Buffer> bufs, Fit fit) {
-  std::vector<int> order(bufs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+  // Two greedy orders, the lower arena wins (ties: by size). By size (largest first; TFLite Micro's
+  // order) packs the big short-lived buffers well; by lifetime (longest first, then by size) puts
+  // the long-lived ones (the residual stream, step inputs) at the bottom, where a per-chunk buffer
+  // larger than them would otherwise push them, and everything live beside them, up.
+  std::vector<int> by_size(bufs.size());
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::vector<int> by_life = by_size;
+  const auto size_first = [&](int a, int b) {
     const Buffer& x = bufs[static_cast<size_t>(a)];
     const Buffer& y = bufs[static_cast<size_t>(b)];
     if (x.size != y.size) return x.size > y.size;
     return x.first < y.first;
+  };
+  std::stable_sort(by_size.begin(), by_size.end(), size_first);
+  std::stable_sort(by_life.begin(), by_life.end(), [&](int a, int b) {
+    const Buffer& x = bufs[static_cast<size_t>(a)];
+    const Buffer& y = bufs[static_cast<size_t>(b)];
+    if (x.last - x.first != y.last - y.first) return x.last - x.first > y.last - y.first;
+    return size_first(a, b);
   });
-  return place_order(bufs, order, fit);
+  Placement a = place_order(bufs, by_size, fit);
+  Placement b = place_order(bufs, by_life, fit);
+  return b.peak < a.peak ? b : a;
 }
 
 Placement place_in_order(std::span<const Buffer> bufs, std::span<const int> order) {
@@ -90,22 +104,30 @@ Placement place_optimal(std::span<const Buffer> bufs) {
   return best;
 }
 
-size_t live_lower_bound(std::span<const Buffer> bufs) {
-  int t_max = 0;
+std::vector<size_t> live_bytes(std::span<const Buffer> bufs) {
+  int t_max = -1;
   for (const Buffer& b : bufs) t_max = std::max(t_max, b.last);
-  std::vector<size_t> live(static_cast<size_t>(t_max) + 2, 0);
+  // Difference array: +size at first, -size after last; a prefix sum gives the live bytes.
+  std::vector<size_t> live(static_cast<size_t>(t_max + 1) + 1, 0);
   for (const Buffer& b : bufs) {
-    for (int t = b.first; t <= b.last; ++t) live[static_cast<size_t>(t)] += align_up(b.size);
+    live[static_cast<size_t>(b.first)] += align_up(b.size);
+    live[static_cast<size_t>(b.last) + 1] -= align_up(b.size);
   }
+  for (size_t t = 1; t < live.size(); ++t) live[t] += live[t - 1];
+  live.pop_back();
+  return live;
+}
+
+size_t live_lower_bound(std::span<const Buffer> bufs) {
+  const std::vector<size_t> live = live_bytes(bufs);
   return live.empty() ? 0 : *std::max_element(live.begin(), live.end());
 }
 
 double live_average(std::span<const Buffer> bufs) {
-  int t_max = 0;
-  for (const Buffer& b : bufs) t_max = std::max(t_max, b.last);
+  const std::vector<size_t> live = live_bytes(bufs);
   double total = 0;
-  for (const Buffer& b : bufs) total += static_cast<double>(align_up(b.size)) * (b.last - b.first + 1);
-  return total / (t_max + 1);
+  for (size_t v : live) total += static_cast<double>(v);
+  return live.empty() ? 0.0 : total / static_cast<double>(live.size());
 }
 
 std::vector<Buffer> program_buffers(const graph::GraphTemplate& g, const graph::Program& prog,

@@ -24,14 +24,17 @@ struct Placement {
 
 constexpr size_t kAlign = 256;  // every offset is a multiple of this (GPU-friendly)
 
-// Greedy placement: buffers ordered by size (largest first); each takes the lowest (First) or the
-// tightest (Best) gap among the placed buffers whose lifetimes overlap it.
+// Greedy placement: buffers in order, each at the lowest (First) or the tightest (Best) gap among
+// the placed buffers whose lifetimes overlap it. Two orders are tried, the lower arena is kept:
+// by size (largest first) and by lifetime (longest first, then largest).
 Placement place(std::span<const Buffer> bufs, Fit fit = Fit::First);
 // Places buffers in the given order at the lowest feasible offset.
 Placement place_in_order(std::span<const Buffer> bufs, std::span<const int> order);
 // Exact minimum arena over all placement orders (n <= 9): lowest-offset placement in the order of
 // an optimal solution's offsets reproduces it, so trying every order is exact.
 Placement place_optimal(std::span<const Buffer> bufs);
+// Bytes live at each op index 0..max(last) (sizes rounded up to kAlign).
+std::vector<size_t> live_bytes(std::span<const Buffer> bufs);
 // max over ops of the bytes live at that op: no placement can beat it.
 size_t live_lower_bound(std::span<const Buffer> bufs);
 // Mean over ops of the bytes live at that op.
