@@ -43,7 +43,7 @@ std::string gib(double b) {
 struct Geometry {
   std::string name;
   ModelConfig cfg;
-  size_t weights = 0;                // bf16: parameters x 2
+  size_t weights = 0;                 // bf16: parameters x 2
   graph::GraphTemplate sample, full;  // mask-only sampling / full-logits programs
 };
 
@@ -65,7 +65,8 @@ std::optional<Geometry> load_geometry(const std::string& name) {
   }
 }
 
-memory::ActivationStats stats(const graph::GraphTemplate& g, graph::StepShape s, int64_t kf = 1, int64_t kl = 1) {
+memory::ActivationStats stats(const graph::GraphTemplate& g, graph::StepShape s, int64_t kf = 1,
+                              int64_t kl = 1) {
   s.k_ffn = kf;
   s.k_logits = kl;
   graph::Program p = graph::instantiate(g, s);
@@ -118,8 +119,10 @@ const std::vector<double> kBudgets = {24, 40};
 json peaks_table(const std::vector<Geometry>& geos, std::vector<double>& par_reduction, double& worst_frag) {
   json rows = json::array();
   std::printf("\n## Activation peak (GiB) per scheme; (iv) under a 24 GiB total budget\n");
-  std::printf("| geometry | context | mask | (i) no reuse | (ii) reuse | (iii) mask-only | (iv) lazy | K_ffn, K_logits "
-              "| floor | PAR (ii) | PAR (iv) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| geometry | context | mask | (i) no reuse | (ii) reuse | (iii) mask-only | (iv) lazy | K_ffn, "
+      "K_logits "
+      "| floor | PAR (ii) | PAR (iv) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Geometry& geo : geos) {
     for (int64_t L : kContexts) {
       for (double r : kRatios) {
@@ -138,9 +141,9 @@ json peaks_table(const std::vector<Geometry>& geos, std::vector<double>& par_red
         }
         std::printf("| %s | %lld | %.1f | %s | %s | %s | %s | %s | %s | %.2f | %s |\n", geo.name.c_str(),
                     static_cast<long long>(L), r, gib(static_cast<double>(p.none.no_reuse)).c_str(),
-                    gib(static_cast<double>(p.reuse.peak)).c_str(), gib(static_cast<double>(p.mask.peak)).c_str(),
-                    lazy.c_str(), ks.c_str(), gib(static_cast<double>(floor)).c_str(), p.reuse.peak_to_average(),
-                    par_iv.c_str());
+                    gib(static_cast<double>(p.reuse.peak)).c_str(),
+                    gib(static_cast<double>(p.mask.peak)).c_str(), lazy.c_str(), ks.c_str(),
+                    gib(static_cast<double>(floor)).c_str(), p.reuse.peak_to_average(), par_iv.c_str());
         rows.push_back({{"geometry", geo.name},
                         {"context", L},
                         {"mask_ratio", r},
@@ -161,11 +164,13 @@ json peaks_table(const std::vector<Geometry>& geos, std::vector<double>& par_red
   return rows;
 }
 
-json lmax_table(const std::vector<Geometry>& geos, std::vector<double>& vs_none, std::vector<double>& vs_reuse) {
+json lmax_table(const std::vector<Geometry>& geos, std::vector<double>& vs_none,
+                std::vector<double>& vs_reuse) {
   json rows = json::array();
   std::printf("\n## L_max (tokens) at a total memory budget (bf16 weights included)\n");
-  std::printf("| geometry | budget | weights | mask | (i) | (ii) | (iii) | (iv) | (iv)/(i) | (iv)/(ii) |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| geometry | budget | weights | mask | (i) | (ii) | (iii) | (iv) | (iv)/(i) | (iv)/(ii) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Geometry& geo : geos) {
     for (double total : kBudgets) {
       const size_t b = act_budget(geo, total);
@@ -174,13 +179,13 @@ json lmax_table(const std::vector<Geometry>& geos, std::vector<double>& vs_none,
         const double a = m.none > 0 ? static_cast<double>(m.lazy) / static_cast<double>(m.none) : 0;
         const double c = m.reuse > 0 ? static_cast<double>(m.lazy) / static_cast<double>(m.reuse) : 0;
         if (b == 0) {
-          std::printf("| %s | %.0f GiB | %s GiB | %.1f | the weights exceed the budget |||||\n", geo.name.c_str(), total,
-                      gib(static_cast<double>(geo.weights)).c_str(), r);
+          std::printf("| %s | %.0f GiB | %s GiB | %.1f | the weights exceed the budget |||||\n",
+                      geo.name.c_str(), total, gib(static_cast<double>(geo.weights)).c_str(), r);
         } else {
           std::printf("| %s | %.0f GiB | %s GiB | %.1f | %lld | %lld | %lld | %lld | %.1fx | %.1fx |\n",
                       geo.name.c_str(), total, gib(static_cast<double>(geo.weights)).c_str(), r,
-                      static_cast<long long>(m.none), static_cast<long long>(m.reuse), static_cast<long long>(m.mask),
-                      static_cast<long long>(m.lazy), a, c);
+                      static_cast<long long>(m.none), static_cast<long long>(m.reuse),
+                      static_cast<long long>(m.mask), static_cast<long long>(m.lazy), a, c);
           vs_none.push_back(a);
           vs_reuse.push_back(c);
         }
@@ -201,10 +206,12 @@ json lmax_table(const std::vector<Geometry>& geos, std::vector<double>& vs_none,
 // Bottleneck-driven search vs the brute-force oracle at points where chunking is needed.
 json search_table(const std::vector<Geometry>& geos, std::vector<double>& pct) {
   json rows = json::array();
-  std::printf("\n## Chunk search: bottleneck-driven vs brute force (budget 24 GiB; 40 GiB where the weights "
-              "exceed 24)\n");
-  std::printf("| geometry | context | mask | bottleneck (K_ffn, K_logits) | plans | ms | brute force (K_ffn, "
-              "K_logits) | plans | ms | time |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n## Chunk search: bottleneck-driven vs brute force (budget 24 GiB; 40 GiB where the weights "
+      "exceed 24)\n");
+  std::printf(
+      "| geometry | context | mask | bottleneck (K_ffn, K_logits) | plans | ms | brute force (K_ffn, "
+      "K_logits) | plans | ms | time |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Geometry& geo : geos) {
     const size_t b = act_budget(geo, 24) > 0 ? act_budget(geo, 24) : act_budget(geo, 40);
     for (int64_t L : {int64_t{32768}, int64_t{131072}}) {
@@ -217,18 +224,26 @@ json search_table(const std::vector<Geometry>& geos, std::vector<double>& pct) {
           t.push_back(a.search_ms);
         }
         std::sort(t.begin(), t.end());
-        if (!a.fits || a.k_ffn + a.k_logits <= 2 || a.k_ffn + a.k_logits > 90) continue;  // no search / too costly
+        if (!a.fits || a.k_ffn + a.k_logits <= 2 || a.k_ffn + a.k_logits > 90)
+          continue;  // no search / too costly
         const memory::ChunkChoice o = memory::choose_chunks_brute_force(geo.sample, s, b, L);
         const double ratio = t[2] / o.search_ms * 100.0;
         pct.push_back(ratio);
-        std::printf("| %s | %lld | %.1f | %lld, %lld | %d | %.2f | %lld, %lld | %d | %.1f | %.2f%% |\n", geo.name.c_str(),
-                    static_cast<long long>(L), r, static_cast<long long>(a.k_ffn), static_cast<long long>(a.k_logits),
-                    a.plans, t[2], static_cast<long long>(o.k_ffn), static_cast<long long>(o.k_logits), o.plans,
-                    o.search_ms, ratio);
-        rows.push_back({{"geometry", geo.name}, {"context", L},          {"mask_ratio", r},
-                        {"k_ffn", a.k_ffn},     {"k_logits", a.k_logits}, {"plans", a.plans},
-                        {"ms", t[2]},           {"bf_k_ffn", o.k_ffn},    {"bf_k_logits", o.k_logits},
-                        {"bf_plans", o.plans},  {"bf_ms", o.search_ms}});
+        std::printf("| %s | %lld | %.1f | %lld, %lld | %d | %.2f | %lld, %lld | %d | %.1f | %.2f%% |\n",
+                    geo.name.c_str(), static_cast<long long>(L), r, static_cast<long long>(a.k_ffn),
+                    static_cast<long long>(a.k_logits), a.plans, t[2], static_cast<long long>(o.k_ffn),
+                    static_cast<long long>(o.k_logits), o.plans, o.search_ms, ratio);
+        rows.push_back({{"geometry", geo.name},
+                        {"context", L},
+                        {"mask_ratio", r},
+                        {"k_ffn", a.k_ffn},
+                        {"k_logits", a.k_logits},
+                        {"plans", a.plans},
+                        {"ms", t[2]},
+                        {"bf_k_ffn", o.k_ffn},
+                        {"bf_k_logits", o.k_logits},
+                        {"bf_plans", o.plans},
+                        {"bf_ms", o.search_ms}});
       }
     }
   }
@@ -258,9 +273,13 @@ json first_fit_vs_optimum() {
     sum += ratio;
   }
   std::printf("\n## First-fit vs the exhaustive optimum, %d random graphs of 3-8 buffers\n", trials);
-  std::printf("first-fit / optimum: mean %.3f, worst %.3f; planning time %.3f ms vs %.1f ms in all (%.3f%%)\n",
-              sum / trials, worst, ff_ms, opt_ms, ff_ms / opt_ms * 100);
-  return {{"graphs", trials}, {"mean_ratio", sum / trials}, {"worst_ratio", worst}, {"first_fit_ms", ff_ms},
+  std::printf(
+      "first-fit / optimum: mean %.3f, worst %.3f; planning time %.3f ms vs %.1f ms in all (%.3f%%)\n",
+      sum / trials, worst, ff_ms, opt_ms, ff_ms / opt_ms * 100);
+  return {{"graphs", trials},
+          {"mean_ratio", sum / trials},
+          {"worst_ratio", worst},
+          {"first_fit_ms", ff_ms},
           {"optimum_ms", opt_ms}};
 }
 
@@ -319,24 +338,34 @@ json cpu_forward(int64_t L, int reps) {
   const double mib = 1048576.0;
   std::printf("\n## CPU: llada-mid (synthetic bf16 weights %.1f MiB), context %lld, mask ratio 0.5\n",
               static_cast<double>(off->model().weight_bytes()) / mib, static_cast<long long>(L));
-  std::printf("| chunking | K_ffn, K_logits | planned peak | RSS growth of the step (+ resident before) | RSS / plan "
-              "| step ms (median of %d) |\n|---|---|---|---|---|---|\n",
-              reps);
-  std::printf("| off | 1, 1 | %.1f MiB | %.1f MiB (+ %.1f) | %.3f | %.0f |\n", plan_off / mib, rss_growth / mib,
-              ws_before / mib, static_cast<double>(rss_growth + ws_before) / plan_off, m_off);
+  std::printf(
+      "| chunking | K_ffn, K_logits | planned peak | RSS growth of the step (+ resident before) | RSS / plan "
+      "| step ms (median of %d) |\n|---|---|---|---|---|---|\n",
+      reps);
+  std::printf("| off | 1, 1 | %.1f MiB | %.1f MiB (+ %.1f) | %.3f | %.0f |\n", plan_off / mib,
+              rss_growth / mib, ws_before / mib, static_cast<double>(rss_growth + ws_before) / plan_off,
+              m_off);
   std::printf("| on (budget %.1f MiB) | %lld, %lld | %.1f MiB | %.1f MiB (+ %.1f) | %.3f | %.0f |\n",
               static_cast<double>(o.memory_budget) / mib, static_cast<long long>(st.shape.k_ffn),
               static_cast<long long>(st.shape.k_logits), st.planned_peak / mib, rss_on / mib, on_before / mib,
               static_cast<double>(rss_on + on_before) / st.planned_peak, m_on);
-  std::printf("chunking overhead: %+.1f%% step latency; resident workspace after the unchunked step %.1f MiB\n",
-              (m_on / m_off - 1) * 100, ws_after / mib);
-  return {{"geometry", "llada-mid"},      {"context", L},
-          {"mask_ratio", 0.5},            {"planned_off", plan_off},
-          {"rss_growth_off", rss_growth}, {"resident_before_off", ws_before},
-          {"planned_on", st.planned_peak}, {"rss_growth_on", rss_on},
-          {"resident_before_on", on_before}, {"k_ffn_on", st.shape.k_ffn},
-          {"k_logits_on", st.shape.k_logits}, {"ms_off", t_off},
-          {"ms_on", t_on},                {"overhead_pct", (m_on / m_off - 1) * 100}};
+  std::printf(
+      "chunking overhead: %+.1f%% step latency; resident workspace after the unchunked step %.1f MiB\n",
+      (m_on / m_off - 1) * 100, ws_after / mib);
+  return {{"geometry", "llada-mid"},
+          {"context", L},
+          {"mask_ratio", 0.5},
+          {"planned_off", plan_off},
+          {"rss_growth_off", rss_growth},
+          {"resident_before_off", ws_before},
+          {"planned_on", st.planned_peak},
+          {"rss_growth_on", rss_on},
+          {"resident_before_on", on_before},
+          {"k_ffn_on", st.shape.k_ffn},
+          {"k_logits_on", st.shape.k_logits},
+          {"ms_off", t_off},
+          {"ms_on", t_on},
+          {"overhead_pct", (m_on / m_off - 1) * 100}};
 }
 
 std::string range(std::vector<double> v, const char* fmt) {
@@ -390,7 +419,8 @@ int main(int argc, char** argv) {
               range(par, "%.2fx-%.2fx").c_str());
   std::printf("bottleneck search time / brute force: %s (paper: 0.28-0.32%%)\n",
               range(search_pct, "%.2f%%-%.2f%%").c_str());
-  std::printf("first-fit peak / live lower bound on the real graphs, worst over the table: %.4f\n", worst_frag);
+  std::printf("first-fit peak / live lower bound on the real graphs, worst over the table: %.4f\n",
+              worst_frag);
   out["headline"] = {{"l_max_vs_no_reuse", vs_none},
                      {"l_max_vs_reuse", vs_reuse},
                      {"par_reduction", par},
