@@ -15,5 +15,6 @@ void add_generate(CLI::App& app, Registry& reg);
 void add_inspect(CLI::App& app, Registry& reg);
 void add_convert(CLI::App& app, Registry& reg);
 void add_plan(CLI::App& app, Registry& reg);
+void add_eval(CLI::App& app, Registry& reg);
 
 }  // namespace tessera::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_inspect(app, reg);
   tessera::cli::add_convert(app, reg);
   tessera::cli::add_plan(app, reg);
+  tessera::cli::add_eval(app, reg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -54,11 +54,11 @@ std::string default_model_dir() {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) roots.push_back(exe.parent_path().parent_path());
   for (const auto& r : roots) {
-    for (const char* sub : {"models/tessera-tiny", "models/_setup/default"}) {
-      if (fs::exists(r / sub / "config.json")) return (r / sub).string();
-    }
+    if (fs::exists(r / "models/tessera-tiny/config.json")) return (r / "models/tessera-tiny").string();
   }
-  fail("no model given and no default model found (run scripts/setup.sh, or pass -m DIR)");
+  fail(
+      "no model given and the default model models/tessera-tiny was not found (run from the repository, or "
+      "pass -m DIR)");
 }
 
 size_t peak_rss_bytes() {

@@ -56,7 +56,7 @@ class Session {
   GenerateOptions gen_;
 };
 
-// The directory of the default model (bundled or made at set-up); throws with a hint otherwise.
+// The directory of the bundled default model (models/tessera-tiny); throws with a hint otherwise.
 std::string default_model_dir();
 // Peak resident memory of this process in bytes.
 size_t peak_rss_bytes();
