@@ -1,7 +1,8 @@
 // tessera eval: the fidelity harness (src/eval/fidelity.h) on a model's held-out text.
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
-// threshold, alg, temperature, precision, device, k-ffn, k-logits) measured against the exact path.
+// threshold, alg, temperature, precision, device, k-ffn, k-logits, memory-budget) measured against the exact
+// path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "apps/tessera/session.h"
 #include "core/error.h"
 #include "eval/fidelity.h"
+#include "memory/chunk_optimizer.h"
 
 namespace tessera::cli {
 namespace fs = std::filesystem;
@@ -77,10 +79,13 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "k-logits") {
         c.eng.k_logits = std::stoll(v);
         c.own_engine = true;
+      } else if (k == "memory-budget") {
+        c.eng.memory_budget = memory::parse_size(v);
+        c.own_engine = true;
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, precision, device, k-ffn, "
-             "k-logits)");
+             "k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

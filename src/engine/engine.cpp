@@ -204,14 +204,14 @@ void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t 
   char r[32];
   std::snprintf(r, sizeof r, "%.3g", ratio);
   const auto gib = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };
-  fail("memory budget " + gib(opt_.memory_budget) + " is too small for a step of " +
-       std::to_string(shape.n_query) + " tokens with " + std::to_string(shape.n_logits) +
-       " logit rows: the weights take " + gib(model_->weight_bytes()) +
+  fail("memory budget " + gib(opt_.memory_budget) + " (" + std::to_string(opt_.memory_budget) +
+       " bytes) is too small for a step of " + std::to_string(shape.n_query) + " tokens with " +
+       std::to_string(shape.n_logits) + " logit rows: the weights take " + gib(model_->weight_bytes()) +
        " and the activations need at least " + gib(floor) +
        " (the non-chunkable floor: FFN and logits chunked to one row), " +
-       gib(model_->weight_bytes() + floor) + " in all. The largest context that fits this budget is " +
-       std::to_string(l_max) + " tokens (at the same mask ratio " + r +
-       "); raise the budget or shorten the request.");
+       gib(model_->weight_bytes() + floor) + " (" + std::to_string(model_->weight_bytes() + floor) +
+       " bytes) in all. The largest context that fits this budget is " + std::to_string(l_max) +
+       " tokens (at the same mask ratio " + r + "); raise the budget or shorten the request.");
 }
 
 const Engine::GraphIo& Engine::io(OutputMode mode) {

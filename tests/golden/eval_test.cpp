@@ -198,8 +198,20 @@ TEST(Eval, CliTableJsonAndExitStatusOnTheBundledModel) {
   EXPECT_DOUBLE_EQ(cmp[0]["nll"].get<double>(), j["exact"]["nll"].get<double>());
   EXPECT_EQ(cmp[1]["steps"].get<int64_t>(), 2 * 8);  // 2 prompts x 8 steps
   EXPECT_TRUE(cmp[2].contains("error"));
-  // Every comparison valid: exit 0; a held-out file that does not exist: a clear error.
-  EXPECT_EQ(test::run_command(base + " --ratios 0.5 --compare k-ffn=2", &out), 0) << out;
+  // Every comparison valid: exit 0 (a memory budget 200 kB above the weights chunks the step's logits: still
+  // exact); a budget below the step's floor cannot run; a held-out file that does not exist: a clear error.
+  const auto weights = static_cast<size_t>(fs::file_size(m / "model.safetensors"));
+  ASSERT_EQ(test::run_command(base + " --ratios 0.5 --compare k-ffn=2 --compare memory-budget=" +
+                                  std::to_string(weights + 200000) + " --json " + (d / "b.json").string(),
+                              &out),
+            0)
+      << out;
+  const auto jb = nlohmann::json::parse(std::ifstream(d / "b.json"));
+  EXPECT_DOUBLE_EQ(jb["generation"]["comparisons"][1]["agreement"].get<double>(), 1.0);
+  EXPECT_EQ(test::run_command(
+                base + " --ratios 0.5 --compare memory-budget=" + std::to_string(weights + 65536), &out),
+            1);
+  EXPECT_NE(out.find("is too small for a step of 32 tokens"), std::string::npos) << out;
   EXPECT_NE(test::run_command(base + " --heldout " + (d / "none.jsonl").string(), &out), 0);
   EXPECT_NE(out.find("none.jsonl does not exist"), std::string::npos) << out;
 }
