@@ -1,7 +1,12 @@
 // Forward-step latency and planned activation peak for a geometry with synthetic weights, and
 // mask-only vs full logits at several mask ratios, side by side in one run.
-// Usage: forward_bench [--geometry llada-mid] [--lengths 512,2048] [--ratios 0.1,0.5,0.9]
+// With --lmax, for each total memory budget (GiB, weights included): the longest context the planner
+// admits under lazy chunking (L_max), then one real step at that length (capped by --lmax-cap) under
+// --memory-budget, with the memory the step really took: device memory (CUDA: the process's use from
+// cudaMemGetInfo, the CUDA context included) or resident memory (CPU: peak RSS).
+// Usage: forward_bench [--geometry llada-mid] [--lengths 512,2048 | 0] [--ratios 0.1,0.5,0.9]
 //                      [--reps 3] [--device cpu|cuda] [--json FILE]
+//                      [--lmax 24,40 --lmax-ratio 0.5 --lmax-cap 65536]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -9,11 +14,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine.h"
+#include "memory/chunk_optimizer.h"
 
 using namespace tessera;
 
@@ -37,7 +45,8 @@ double max_rss_mib() {
 
 int main(int argc, char** argv) {
   std::string geometry = "llada-mid", device = "cpu", json_path;
-  std::vector<double> lengths = {512, 2048}, ratios = {0.1, 0.5, 0.9};
+  std::vector<double> lengths = {512, 2048}, ratios = {0.1, 0.5, 0.9}, lmax_budgets;
+  double lmax_ratio = 0.5, lmax_cap = 65536;
   int reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -53,10 +62,91 @@ int main(int argc, char** argv) {
       device = v;
     else if (k == "--json")
       json_path = v;
+    else if (k == "--lmax")
+      lmax_budgets = parse_list(v);
+    else if (k == "--lmax-ratio")
+      lmax_ratio = std::stod(v);
+    else if (k == "--lmax-cap")
+      lmax_cap = std::stod(v);
+    else {
+      std::fprintf(stderr, "forward_bench: unknown option %s\n", k.c_str());
+      return 2;
+    }
   }
+  if (lengths.size() == 1 && lengths[0] == 0) lengths.clear();  // --lengths 0: L_max only
   const ModelConfig cfg = named_geometry(geometry);
   EngineOptions opt;
   opt.device = device;
+  // The process's memory now (CUDA: device bytes in use, once a backend exists; CPU: resident bytes).
+  const auto cuda_free = [&](Engine& eng) { return eng.backend().device_free_bytes(); };
+  std::ostringstream lj;  // L_max rows (JSON)
+  if (!lmax_budgets.empty()) {
+    std::printf("# L_max under lazy chunking, mask ratio %.2f, then one real step at min(L_max, %.0f)\n",
+                lmax_ratio, lmax_cap);
+    std::printf("%8s | %9s %10s | %9s %8s | %12s %12s | %14s | %8s\n", "budget", "weights", "L_max", "ran L",
+                "K f,l", "planned act", "workspace", "process mem", "step s");
+    bool first_row = true;
+    for (double gib : lmax_budgets) {
+      EngineOptions bo = opt;
+      bo.memory_budget = static_cast<size_t>(gib * 1073741824.0);
+      std::unique_ptr<Engine> eb;
+      try {
+        eb = Engine::synthetic(cfg, bo, DType::BF16);
+      } catch (const Error& ex) {
+        std::printf("%5gGiB | %s\n", gib, ex.what());
+        continue;
+      }
+      const int64_t lmax =
+          memory::largest_context(eb->model().graph(OutputMode::Sample), lmax_ratio, eb->activation_budget());
+      const auto L = static_cast<int64_t>(std::min(static_cast<double>(lmax), lmax_cap));
+      std::vector<int32_t> canvas(static_cast<size_t>(L)), pos;
+      for (int64_t i = 0; i < L; ++i) {
+        canvas[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 100000);
+        if (static_cast<double>(rng_mix(static_cast<uint64_t>(i)) % 10000) < lmax_ratio * 10000) {
+          pos.push_back(static_cast<int32_t>(i));
+          canvas[static_cast<size_t>(i)] = cfg.mask_id;
+        }
+      }
+      std::vector<int32_t> tok(pos.size());
+      std::vector<float> conf(pos.size());
+      reset_peak_rss();
+      double sec = 0;
+      std::string err;
+      try {
+        const auto t0 = std::chrono::steady_clock::now();
+        eb->predict(canvas, pos, SampleParams{}, tok, conf);
+        sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } catch (const Error& ex) {
+        err = ex.what();
+      }
+      // Process memory: CUDA, device bytes in use after the step (weights, workspace, cuBLASLt, context;
+      // a step allocates nothing, so this is its peak); CPU, the peak resident set.
+      const int64_t free_b = cuda_free(*eb);
+      double used = static_cast<double>(process_memory().peak);
+      if (free_b >= 0) used = static_cast<double>(eb->backend().device_total_bytes() - free_b);
+      const auto& st = eb->last_step();
+      std::printf(
+          "%5gGiB | %7.2fGiB %10lld | %9lld %4lld,%-3lld | %8.2f GiB %8.2f GiB | %10.2f GiB | %8.2f%s\n", gib,
+          static_cast<double>(eb->model().weight_bytes()) / 1073741824.0, static_cast<long long>(lmax),
+          static_cast<long long>(L), static_cast<long long>(st.shape.k_ffn),
+          static_cast<long long>(st.shape.k_logits), static_cast<double>(st.planned_peak) / 1073741824.0,
+          static_cast<double>(eb->workspace().committed()) / 1073741824.0, used / 1073741824.0, sec,
+          err.empty() ? "" : ("  FAILED: " + err).c_str());
+      lj << (first_row ? "" : ",") << "{\"budget_gib\":" << gib
+         << ",\"weights\":" << eb->model().weight_bytes() << ",\"l_max\":" << lmax << ",\"ran\":" << L
+         << ",\"k_ffn\":" << st.shape.k_ffn << ",\"k_logits\":" << st.shape.k_logits
+         << ",\"planned_peak\":" << st.planned_peak << ",\"committed\":" << eb->workspace().committed()
+         << ",\"process_bytes\":" << used << ",\"step_s\":" << sec
+         << ",\"ok\":" << (err.empty() ? "true" : "false") << "}";
+      first_row = false;
+    }
+  }
+  if (lengths.empty()) {
+    if (!json_path.empty())
+      std::ofstream(json_path) << "{\"geometry\":\"" << geometry << "\",\"device\":\"" << device
+                               << "\",\"lmax\":[" << lj.str() << "]}\n";
+    return 0;
+  }
   auto e = Engine::synthetic(cfg, opt, DType::BF16);
   std::printf("# %s: %lld layers, d=%lld, ffn=%lld, vocab=%lld, weights %.1f MiB, device %s\n",
               geometry.c_str(), static_cast<long long>(cfg.n_layers), static_cast<long long>(cfg.hidden),
@@ -107,7 +197,7 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
-  js << "],\"max_rss_mib\":" << max_rss_mib() << "}\n";
+  js << "],\"lmax\":[" << lj.str() << "],\"max_rss_mib\":" << max_rss_mib() << "}\n";
   std::printf("# process max RSS %.1f MiB (weights + workspace + runtime)\n", max_rss_mib());
   if (!json_path.empty()) std::ofstream(json_path) << js.str();
   return 0;

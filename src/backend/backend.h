@@ -190,6 +190,8 @@ class Backend {
   virtual bool supports_block_sparse() const { return false; }
   // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.
   virtual int64_t device_free_bytes() const { return -1; }
+  // Total device memory in bytes (GPU backends), or -1.
+  virtual int64_t device_total_bytes() const { return -1; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

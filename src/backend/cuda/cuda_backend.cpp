@@ -146,6 +146,11 @@ class CudaBackend final : public Backend {
     check(cudaMemGetInfo(&free, &total), "memory info");
     return static_cast<int64_t>(free);
   }
+  int64_t device_total_bytes() const override {
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "memory info");
+    return static_cast<int64_t>(total);
+  }
 
  private:
   static constexpr size_t kLtWorkspace = size_t{32} << 20;
