@@ -32,6 +32,9 @@ import sys
 import unicodedata
 from collections import Counter
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from make_tiny_checkpoint import bytes_to_unicode  # noqa: E402  GPT-2's reversible byte map
+
 try:
     import regex as _re
     HAVE_REGEX = True
@@ -55,20 +58,6 @@ EOS, BOS, MASK = SPECIALS[0], SPECIALS[1], SPECIALS[2]
 SAMPLE_PROMPTS = ["Once upon a time", "The meaning of life is", "In the beginning",
                   "Elizabeth said to her sister", "A computer is", "The king of Israel",
                   "It is a truth universally acknowledged"]
-
-
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable unicode symbol map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 B2U = bytes_to_unicode()

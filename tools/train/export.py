@@ -15,11 +15,14 @@ import json
 import os
 import shutil
 import struct
+import sys
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tools/: the safetensors writer of make_tiny_checkpoint.py
+from make_tiny_checkpoint import write_safetensors as write_safetensors_np  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -137,27 +140,10 @@ def generation_config(meta, gen_length=64, block_length=32):
 
 
 # ------------------------------------------------------------------------------------------ files
-def bf16_bits(t):
-    """float32 tensor -> numpy uint16 bf16 bit patterns (round to nearest even), as torch does."""
-    return t.float().contiguous().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-
-
 def write_safetensors(path, tensors):
-    header = {"__metadata__": {"format": "pt"}}
-    blobs, off = [], 0
-    for name, t in tensors.items():
-        blob = bf16_bits(t).astype("<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(blob)]}
-        blobs.append(blob)
-        off += len(blob)
-    hs = json.dumps(header, separators=(",", ":")).encode()
-    hs += b" " * ((8 - len(hs) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hs)))
-        f.write(hs)
-        for b in blobs:
-            f.write(b)
-    return off
+    """bf16 safetensors of float tensors, in the order given (the writer of tools/make_tiny_checkpoint.py:
+    round to nearest even, an 8-byte-aligned JSON header); returns the number of data bytes."""
+    return write_safetensors_np(path, {k: t.detach().float().cpu().numpy() for k, t in tensors.items()}, "BF16")
 
 
 def read_safetensors(path):

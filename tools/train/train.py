@@ -253,6 +253,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all cores)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    ap.add_argument("--init", default="", help="start from the weights of an exported model directory")
     ap.add_argument("--bench-steps", type=int, default=0, help="time N steps (after 2 warm-up) and exit")
     a = ap.parse_args()
 
@@ -276,6 +277,14 @@ def main():
         return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp)
 
     model = DiffusionLM(c).to(dev)
+    if a.init:  # continue from an exported model directory (its weights; a fresh optimiser and schedule)
+        from export import load_model_dir
+        src = load_model_dir(a.init, "cpu")
+        try:
+            model.load_state_dict(src.state_dict(), strict=True)
+        except RuntimeError as e:
+            raise SystemExit(f"--init {a.init}: its weights do not fit this run's model ({e})")
+        print(f"initialised from {a.init}", flush=True)
     total, active = param_counts(model)
     emb = 2 * c["vocab_size"] * c["d_model"]
     print(f"model {c['arch']}: {total / 1e6:.2f}M parameters ({active / 1e6:.2f}M active, "
