@@ -104,7 +104,7 @@ namespace tessera {
 namespace {
 
 TEST(NoAllocation, ForwardStepAfterWarmupAllocatesNothing) {
-  for (const char* fam : {"llada", "dream"}) {
+  for (const char* fam : {"llada", "dream", "llada_moe"}) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 8");
     for (Precision prec : {Precision::BF16, Precision::F32}) {
       EngineOptions o;
