@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <vector>
 
 namespace tessera::test {
 
@@ -18,11 +20,28 @@ std::string python() {
   return TESSERA_PYTHON;
 }
 
+namespace {
+// The temporary folders of this process, removed when it exits (set TESSERA_KEEP_TEMP to keep them).
+struct TempDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~TempDirs() {
+    if (std::getenv("TESSERA_KEEP_TEMP") != nullptr) return;
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+}  // namespace
+
 std::filesystem::path temp_dir(const std::string& name) {
   auto p =
       std::filesystem::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  temp_dirs().dirs.push_back(p);
   return p;
 }
 

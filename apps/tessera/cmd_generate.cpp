@@ -21,6 +21,12 @@ void print_stats(const Session::Output& o, Session& s, FILE* f) {
                human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str());
 }
 
+// One line of JSON. Generated text need not be valid UTF-8 (a byte-level model may stop inside a
+// character): invalid bytes are written as U+FFFD, the token ids stay exact.
+std::string json_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
   return {
       {"model", s.model_dir()},
@@ -53,7 +59,7 @@ void add_generate(CLI::App& app, Registry& reg) {
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     const auto o = s.run(ids, tty);
     if (a->json) {
-      std::printf("%s\n", result_json(o, s, ids.size()).dump().c_str());
+      std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
     } else {
       std::printf("%s\n", o.text.c_str());
       std::fflush(stdout);
@@ -80,7 +86,7 @@ void add_generate(CLI::App& app, Registry& reg) {
       FILE* tty = (!c->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
       const auto o = s.run(ids, tty);
       if (c->json) {
-        std::printf("%s\n", result_json(o, s, ids.size()).dump().c_str());
+        std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
       } else {
         std::printf("%s\n", o.text.c_str());
         std::fflush(stdout);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "io/llama2c.h"
 #include "test_util.h"
@@ -148,6 +149,22 @@ TEST(Cli, BadInputsGiveClearErrors) {
     std::ofstream(d / "config.json") << cfg;
     expect_error("generate -m " + d.string() + " -p hi", "model_type 'gpt99' is not supported");
   }
+}
+
+// A random tiny model writes arbitrary byte tokens, so its text is usually not valid UTF-8: --json
+// still prints one valid JSON object (invalid bytes as U+FFFD) with the exact token ids.
+TEST(Cli, JsonOutputOfInvalidUtf8TextIsValidJson) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
+  std::string out;
+  ASSERT_EQ(test::run_command(tessera_bin() + " generate -m " + dir.string() +
+                                  " -p hi --gen-length 16 --steps 16 --json 2>/dev/null",
+                              &out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["tokens"].size(), 16u);
+  EXPECT_NE(j["text"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos)
+      << "this model's text was valid UTF-8: the test did not test the replacement";
 }
 
 }  // namespace
