@@ -203,6 +203,12 @@ int run_eval(const EvalArgs& a) {
                          {"seeds", seeds},
                          {"prompt_len", a.prompt_len},
                          {"gen_length", a.gen_length},
+                         {"exact_path",
+                          {{"steps", base.steps},
+                           {"block_length", base.block_length},
+                           {"alg", base.alg},
+                           {"device", a.device},
+                           {"precision", a.precision}}},
                          {"comparisons", gens}};
   }
   if (!a.json_path.empty()) {
