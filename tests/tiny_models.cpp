@@ -50,13 +50,13 @@ std::vector<float> read_floats(const std::filesystem::path& p, size_t n) {
 
 std::vector<float> reference_logits(const std::filesystem::path& model, const std::vector<int32_t>& tokens,
                                     const std::vector<int32_t>& rows, int64_t vocab,
-                                    std::vector<float>* margins) {
+                                    std::vector<float>* margins, const std::string& extra_args) {
   const auto out = model / ("ref_" + std::to_string(::getpid()) + ".bin");
   const auto mout = model / ("ref_margins_" + std::to_string(::getpid()) + ".bin");
   const std::string cmd = python() + " " + (source_dir() / "tests/reference/reference.py").string() +
                           " logits --model " + model.string() + " --tokens " + join_ids(tokens) + " --rows " +
                           join_ids(rows) + " --out " + out.string() +
-                          (margins != nullptr ? " --margins " + mout.string() : "");
+                          (margins != nullptr ? " --margins " + mout.string() : "") + " " + extra_args;
   std::string log;
   if (run_command(cmd, &log) != 0) {
     ADD_FAILURE() << "reference failed: " << cmd << "\n" << log;

@@ -7,15 +7,17 @@
 
 namespace tessera::test {
 
-// Path of a tiny checkpoint of `family` ("llada" | "dream" | "llada_moe") made with `extra_args`; empty with
-// a reason in *why when python3 + numpy are unavailable.
+// Path of a tiny checkpoint of `family` ("llada" | "dream" | "llada_moe" | "llada2") made with `extra_args`;
+// empty with a reason in *why when python3 + numpy are unavailable.
 std::filesystem::path tiny_checkpoint(const std::string& family, const std::string& extra_args,
                                       std::string* why);
 // Reference logits [rows.size(), vocab] for `tokens` at positions `rows`. margins (optional): each
 // row's smallest router margin (k-th minus (k+1)-th router logit over the MoE layers; inf if dense).
+// extra_args: more arguments of `reference.py logits` (LLaDA2: "--block B").
 std::vector<float> reference_logits(const std::filesystem::path& model, const std::vector<int32_t>& tokens,
                                     const std::vector<int32_t>& rows, int64_t vocab,
-                                    std::vector<float>* margins = nullptr);
+                                    std::vector<float>* margins = nullptr,
+                                    const std::string& extra_args = "");
 std::string join_ids(const std::vector<int32_t>& v);
 
 }  // namespace tessera::test

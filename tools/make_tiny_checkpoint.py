@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream or LLaDA-MoE.
 
-  make_tiny_checkpoint.py --family llada|dream|llada_moe --out DIR [--seed 0] [--hidden 64] [--layers 2]
+  make_tiny_checkpoint.py --family llada|dream|llada_moe|llada2 --out DIR [--seed 0] [--hidden 64] [--layers 2]
       [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512] [--shards 2]
       [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
       llada_moe only: [--experts 8] [--top-k 2] [--expert-inter 32] [--first-dense 0] [--shared-inter 0]
       [--norm-topk] [--routed-scale 1.0] [--partial-rotary 1.0] [--no-qk-norm]
+      llada2: the llada_moe expert options (defaults --experts 16 --top-k 3 --first-dense 1
+      --routed-scale 2.5 --partial-rotary 0.5 --layers 3, kv heads = heads / 2) and [--n-group 4]
+      [--topk-group 2] [--shared-experts 1] [--bias-scale 0.1]
 
 Output (same file names, config field names, tensor names and dtypes as the real checkpoints, see
 shared/specs/models.md):
@@ -25,14 +28,21 @@ Special-token ids (V = --vocab):
   llada: <|endoftext|> V-6 (eos = pad), <|startoftext|> V-5 (bos), <|mdm_mask|> V-4 (mask),
          <|eot_id|> V-3, <|start_header_id|> V-2, <|end_header_id|> V-1
   dream: <|endoftext|> V-4 (eos = pad = bos), <|im_start|> V-3, <|im_end|> V-2, <|mask|> V-1 (mask)
-  llada_moe: <|endoftext|> V-5 (eos = pad), <|mask|> V-4 (mask), <role> V-3, </role> V-2,
-         <|role_end|> V-1
+  llada_moe, llada2: <|endoftext|> V-5 (eos = pad), <|mask|> V-4 (mask), <role> V-3, </role> V-2,
+         <|role_end|> V-1 (llada2's config.json names no mask / eos id, as the real one)
 
 LLaDA-MoE layout (modeling_lladamoe.py): Qwen2-style names without biases plus
 self_attn.{q,k}_norm.weight [head_dim]; MoE layers mlp.gate.weight [E, d] (router) and
 mlp.experts.E.{gate,up,down}_proj.weight; dense layers (the first --first-dense, moe_layer_freq 0)
 mlp.{gate,up,down}_proj.weight of --intermediate (dense_intermediate_size); with --shared-inter N
 a shared expert shared_expert.{gate,up,down}_proj.weight on MoE layers.
+
+LLaDA2.0 layout (modeling_llada2_moe.py, LLaDA2.0-mini): model.word_embeddings.weight; per layer
+input_layernorm, attention.query_key_value.weight [(H + 2 KV) * head_dim, d] (q rows, then k, then v),
+attention.query_layernorm / key_layernorm [head_dim], attention.dense.weight, post_attention_layernorm;
+the first --first-dense layers mlp.{gate,up,down}_proj (intermediate_size), then MoE layers mlp.gate.weight
+[E, d], mlp.gate.expert_bias [E] (~N(0, --bias-scale^2): a trained, non-zero bias), mlp.experts.E.*, and
+mlp.shared_experts.* of --expert-inter * --shared-experts; model.norm.weight, lm_head.weight.
 
 Weights: linears N(0, 1/fan_in) stored [out, in]; embeddings N(0, 1); norm weights 1 + 0.1 N(0, 1);
 biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer in the order
@@ -54,6 +64,7 @@ SPECIALS = {
               "<|end_header_id|>"],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],
     "llada_moe": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
+    "llada2": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
 }
 
 # Built-in English text the BPE merges are learnt from.
@@ -283,6 +294,68 @@ def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
     return t, cfg, tcfg
 
 
+def build_llada2(a, rng, lin, norm, ids, kv, torch_dtype):
+    """LLaDA2.0 tensors (in draw order), config.json and tokenizer_config.json (LLaDA2.0-mini layout)."""
+    d, f, V, hd, E = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads, a.experts
+    if not 1 <= a.top_k <= E:
+        raise SystemExit("--top-k must be in [1, --experts]")
+    if not 0 <= a.first_dense <= a.layers:
+        raise SystemExit("--first-dense must be in [0, --layers]")
+    if E % a.n_group or E // a.n_group < 2 or not 1 <= a.topk_group <= a.n_group:
+        raise SystemExit("--n-group must divide --experts into groups of >= 2; --topk-group in [1, --n-group]")
+    qkv = (a.heads + 2 * kv) * hd
+    shared = a.shared_experts * a.expert_inter
+    t = {"model.word_embeddings.weight": rng.standard_normal((V, d)).astype(np.float32)}
+    for i in range(a.layers):
+        b = f"model.layers.{i}."
+        t[b + "input_layernorm.weight"] = norm(d)
+        t[b + "attention.query_key_value.weight"] = lin(qkv, d)  # rows: q heads, then k heads, then v heads
+        t[b + "attention.query_layernorm.weight"] = norm(hd)
+        t[b + "attention.key_layernorm.weight"] = norm(hd)
+        t[b + "attention.dense.weight"] = lin(d, a.heads * hd)
+        t[b + "post_attention_layernorm.weight"] = norm(d)
+        if i < a.first_dense:
+            for proj, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+                t[b + f"mlp.{proj}.weight"] = lin(*shape)
+            continue
+        t[b + "mlp.gate.weight"] = lin(E, d)
+        t[b + "mlp.gate.expert_bias"] = (a.bias_scale * rng.standard_normal(E)).astype(np.float32)
+        for e in range(E):
+            for proj, shape in (("gate_proj", (a.expert_inter, d)), ("up_proj", (a.expert_inter, d)),
+                                ("down_proj", (d, a.expert_inter))):
+                t[b + f"mlp.experts.{e}.{proj}.weight"] = lin(*shape)
+        if shared:
+            for proj, shape in (("gate_proj", (shared, d)), ("up_proj", (shared, d)), ("down_proj", (d, shared))):
+                t[b + f"mlp.shared_experts.{proj}.weight"] = lin(*shape)
+    t["model.norm.weight"] = norm(d)
+    t["lm_head.weight"] = lin(V, d)
+    # The field set of LLaDA2.0-mini's config.json; like the real one it names no mask or eos token
+    # (LLaDA2MoeModelLM.generate takes mask_id / eos_id arguments: the tokenizer's <|mask|> and
+    # <|endoftext|>).
+    cfg = {"architectures": ["LLaDA2MoeModelLM"],
+           "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                        "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                        "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+           "model_type": "llada2_moe", "attention_dropout": 0.0, "embedding_dropout": 0.0,
+           "output_dropout": 0.0, "first_k_dense_replace": a.first_dense, "head_dim": hd, "hidden_act": "silu",
+           "hidden_size": d, "initializer_range": 0.02, "intermediate_size": f,
+           "max_position_embeddings": a.max_pos, "max_window_layers": a.layers,
+           "moe_intermediate_size": a.expert_inter, "moe_router_enable_expert_bias": True,
+           "n_group": a.n_group, "norm_head": False, "norm_topk_prob": True, "num_attention_heads": a.heads,
+           "num_experts": E, "num_experts_per_tok": a.top_k, "num_hidden_layers": a.layers,
+           "num_key_value_heads": kv, "num_shared_experts": a.shared_experts or None,
+           "output_router_logits": False, "pad_token_id": ids["<|endoftext|>"],
+           "partial_rotary_factor": a.partial_rotary, "rms_norm_eps": 1e-6, "rope_scaling": None,
+           "rope_theta": 600000, "routed_scaling_factor": a.routed_scale, "router_dtype": "fp32",
+           "score_function": "sigmoid", "tie_word_embeddings": False, "topk_group": a.topk_group,
+           "torch_dtype": torch_dtype, "transformers_version": "4.52.3", "use_bias": False,
+           "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False, "use_rmsnorm": True,
+           "use_sliding_window": False, "vocab_size": V}
+    tcfg = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>",
+            "add_bos_token": False, "model_max_length": a.max_pos, "chat_template": LLADA_MOE_CHAT}
+    return t, cfg, tcfg
+
+
 def build(a):
     """Returns (tensors {name: float32}, config.json, tokenizer.json, tokenizer_config.json,
     generation_config.json) for the parsed arguments."""
@@ -293,13 +366,15 @@ def build(a):
         kv = a.kv_heads
     elif fam in ("llada", "llada_moe"):
         kv = a.heads
+    elif fam == "llada2":
+        kv = a.heads // 2 if a.heads % 2 == 0 else a.heads
     else:
         kv = 2 if a.heads % 2 == 0 else 1
     if a.heads % kv:
         raise SystemExit("--heads must be a multiple of --kv-heads")
     qkv_bias = (fam == "dream") if a.qkv_bias is None else a.qkv_bias
-    if fam == "llada_moe" and qkv_bias:
-        raise SystemExit("llada_moe has no q/k/v biases (attention_bias false)")
+    if fam in ("llada_moe", "llada2") and qkv_bias:
+        raise SystemExit(f"{fam}: q/k/v biases are not written (attention_bias / use_qkv_bias false)")
     d, f, V, hd = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads
     rng = np.random.default_rng(a.seed)
 
@@ -349,6 +424,8 @@ def build(a):
                 "model_max_length": a.max_pos, "chat_template": LLADA_CHAT}
     elif fam == "llada_moe":
         t, cfg, tcfg = build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype)
+    elif fam == "llada2":
+        t, cfg, tcfg = build_llada2(a, rng, lin, norm, ids, kv, torch_dtype)
     else:
         t["model.embed_tokens.weight"] = rng.standard_normal((V, d)).astype(np.float32)
         for i in range(a.layers):
@@ -383,14 +460,14 @@ def build(a):
                 "mask_token": "<|mask|>", "add_bos_token": False, "model_max_length": a.max_pos,
                 "chat_template": DREAM_CHAT}
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+    gen = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id", ids.get("<|endoftext|>")),
            "pad_token_id": cfg["pad_token_id"], "transformers_version": "4.46.0"}
     return t, cfg, tok, tcfg, gen
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=["llada", "dream", "llada_moe"], required=True)
+    ap.add_argument("--family", choices=["llada", "dream", "llada_moe", "llada2"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
@@ -414,7 +491,16 @@ def main():
     ap.add_argument("--routed-scale", type=float, default=1.0, help="llada_moe: routed_scaling_factor")
     ap.add_argument("--partial-rotary", type=float, default=1.0, help="llada_moe: partial_rotary_factor")
     ap.add_argument("--no-qk-norm", dest="qk_norm", action="store_false", help="llada_moe: qk_layernorm false")
+    ap.add_argument("--n-group", type=int, default=4, help="llada2: router groups")
+    ap.add_argument("--topk-group", type=int, default=2, help="llada2: groups kept per token")
+    ap.add_argument("--shared-experts", type=int, default=1, help="llada2: num_shared_experts (0 = none)")
+    ap.add_argument("--bias-scale", type=float, default=0.1, help="llada2: expert_bias ~ N(0, scale^2)")
     a = ap.parse_args()
+    if a.family == "llada2":  # LLaDA2.0-mini's shape in small: GQA, a dense first layer, half rotary
+        for key, value in (("experts", 16), ("top_k", 3), ("first_dense", 1), ("routed_scale", 2.5),
+                           ("partial_rotary", 0.5), ("layers", 3)):
+            if getattr(a, key) == ap.get_default(key):
+                setattr(a, key, value)
 
     t, cfg, tok, tcfg, gen = build(a)
     os.makedirs(a.out, exist_ok=True)

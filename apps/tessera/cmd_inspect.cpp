@@ -63,8 +63,12 @@ void add_inspect(CLI::App& app, Registry& reg) {
     graph::Program p = graph::instantiate(g, s);
     memory::plan(g, p);
     std::printf("model        %s\n", a->dir.c_str());
+    const std::string mask = c.causal           ? ", causal"
+                             : c.mask_block > 0 ? ", block-causal (blocks of --block-length, default " +
+                                                      std::to_string(c.mask_block) + ")"
+                                                : ", bidirectional";
     std::printf("family       %s (model_type %s)%s\n", family_name(c.family), c.model_type.c_str(),
-                c.causal ? ", causal" : ", bidirectional");
+                mask.c_str());
     std::printf("layers       %lld\nhidden       %lld\nheads        %lld (kv %lld, head_dim %lld)\n",
                 static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
                 static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads),

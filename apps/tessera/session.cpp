@@ -26,7 +26,8 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--alg", a.alg, "unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
-  sub->add_option("--threshold", a.threshold, "confidence-threshold parallel decoding (0 = off)")
+  sub->add_option("--threshold", a.threshold,
+                  "confidence-threshold parallel decoding (0 = off; default 0.95 for block-causal LLaDA2)")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(CLI::Range(0.0, 100.0));
   sub->add_option("--top-k", a.top_k, "top-k filter (Dream algorithms)")->check(CLI::NonNegativeNumber);
@@ -140,14 +141,18 @@ Session::Session(const SessionArgs& a) {
   const json gc = read_json_or_empty(fs::path(dir_) / "generation_config.json");
   const int gen_len = a.gen_length.value_or(gc.value("gen_length", 128));
   gen_.gen_length = gen_len;
-  gen_.block_length = a.block_length.value_or(gc.value("block_length", gen_len));
-  gen_.steps = a.steps.value_or(gc.value("steps", gen_len));
+  // Block-causal models (LLaDA2MoeModelLM.generate): block_length 32 (the model's default attention
+  // block), steps per block = block_length, threshold 0.95.
+  const int model_block = engine_->attention_block();
+  gen_.block_length =
+      a.block_length.value_or(gc.value("block_length", model_block > 0 ? model_block : gen_len));
+  gen_.steps = a.steps.value_or(gc.value("steps", model_block > 0 ? gen_.block_length : gen_len));
+  gen_.threshold = a.threshold.value_or(gc.value("threshold", model_block > 0 ? 0.95f : 0.0f));
   gen_.alg = a.alg.value_or(
       gc.value("alg", std::string(engine_->config().family == Family::Dream && !engine_->config().causal
                                       ? "entropy"
                                       : "low_confidence")));
   gen_.temperature = a.temperature;
-  gen_.threshold = a.threshold;
   gen_.cfg_scale = a.cfg;
   gen_.top_k = a.top_k;
   gen_.top_p = a.top_p;
@@ -159,7 +164,14 @@ Session::Session(const SessionArgs& a) {
     const int32_t id = tok_->token_id(extra);
     if (id >= 0 && id < c.vocab) gen_.eos_ids.push_back(id);
   }
-  validate_generate_options(gen_, c.vocab);
+  validate_generate_options(gen_, c.vocab, model_block > 0);
+}
+
+int64_t Session::canvas_length(int64_t prompt_len) const {
+  const int64_t n = prompt_len + gen_.gen_length;
+  if (engine_->attention_block() <= 0) return n;
+  const int64_t bl = gen_.block_length;  // block-causal: padded to whole blocks (generate.h)
+  return (n + bl - 1) / bl * bl;
 }
 
 std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
@@ -175,11 +187,12 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     const auto body = tok_->encode(text);
     ids.insert(ids.end(), body.begin(), body.end());
   }
-  const int64_t total = static_cast<int64_t>(ids.size()) + gen_.gen_length;
+  const int64_t total = canvas_length(static_cast<int64_t>(ids.size()));
   if (total > engine_->config().max_positions) {
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
-         std::to_string(gen_.gen_length) + " exceeds the model's context of " +
-         std::to_string(engine_->config().max_positions) + " tokens");
+         std::to_string(gen_.gen_length) +
+         (engine_->attention_block() > 0 ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
+         " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
   }
   if (ids.empty()) {
     fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
@@ -254,10 +267,13 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
   std::optional<LiveView> view;
   // A memory budget is checked on the request's largest step (the whole canvas, a full block of
   // masked positions) before the first forward.
-  const int64_t canvas = static_cast<int64_t>(prompt.size()) + gen_.gen_length;
+  const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()));
   if (engine_->activation_budget() > 0) {
-    engine_->check_memory(canvas, std::min(gen_.block_length, gen_.gen_length),
-                          gen_.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
+    if (engine_->attention_block() > 0) engine_->set_attention_block(gen_.block_length);
+    engine_->check_memory(
+        canvas,
+        engine_->attention_block() > 0 ? gen_.block_length : std::min(gen_.block_length, gen_.gen_length),
+        gen_.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
   }
   if (tty != nullptr) view.emplace(tty, *tok_, prompt.size(), engine_->mask_token());
   const auto t0 = std::chrono::steady_clock::now();

@@ -20,8 +20,9 @@ struct SessionArgs {
   std::string precision = "auto";
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
-  std::string memory_budget;  // "24GiB"; empty = none
-  float temperature = 0.0f, threshold = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
+  std::string memory_budget;       // "24GiB"; empty = none
+  std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
+  float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
@@ -46,6 +47,8 @@ class Session {
   Engine& engine() { return *engine_; }
   const GenerateOptions& options() const { return gen_; }
   std::string model_dir() const { return dir_; }
+  // The canvas of a request: prompt + gen_length, padded to whole blocks for block-causal models.
+  int64_t canvas_length(int64_t prompt_len) const;
 
  private:
   std::string dir_;

@@ -22,6 +22,11 @@ class Denoiser {
   // used only where a policy needs whole rows on the host (classifier-free guidance).
   virtual void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
                       std::span<float> out) = 0;
+  // Block-causal models (LLaDA2): the block size of the attention mask (positions p attend to keys of
+  // blocks <= p / block); 0 for bidirectional or causal models. The block is a generation parameter:
+  // generate() sets it to the generation's block length before the first forward.
+  virtual int attention_block() const { return 0; }
+  virtual void set_attention_block(int block) { (void)block; }
 };
 
 }  // namespace tessera

@@ -42,6 +42,13 @@ struct Loop {
   int64_t V = 0;
   int32_t mask = 0;
   int P = 0;  // prompt length
+  int G = 0;  // generation length
+  // Block-causal models: forwards see only canvas[0, window) (later blocks cannot change earlier
+  // rows); 0 = the whole canvas. Threshold steps accept conf > threshold (LLaDA2's rule) and at
+  // least min_sched[i] positions at step i of a block (LLaDA2's per-step minimum).
+  int window = 0;
+  bool strict_threshold = false;
+  std::vector<int> min_sched;
   std::vector<int32_t> canvas;
   std::vector<char> decided;  // per canvas position
   SampleParams base;
@@ -71,15 +78,16 @@ struct Loop {
     const size_t n = pos.size();
     tok.assign(n, 0);
     conf.assign(n, 0.0f);
+    const size_t seen = window > 0 ? static_cast<size_t>(window) : canvas.size();
     if (o.cfg_scale <= 0.0f) {
-      den.predict(canvas, pos, sp, tok, conf);
+      den.predict(std::span<const int32_t>(canvas).first(seen), pos, sp, tok, conf);
       return;
     }
     const size_t nv = n * static_cast<size_t>(V);
     lc.resize(nv);
     lu.resize(nv);
-    den.logits(canvas, pos, lc);
-    ucanvas = canvas;
+    den.logits(std::span<const int32_t>(canvas).first(seen), pos, lc);
+    ucanvas.assign(canvas.begin(), canvas.begin() + static_cast<std::ptrdiff_t>(seen));
     std::fill(ucanvas.begin(), ucanvas.begin() + P, mask);
     den.logits(ucanvas, pos, lu);
     const float g = o.cfg_scale + 1.0f;
@@ -155,7 +163,10 @@ struct Loop {
     std::sort(chosen.begin(), chosen.end());
     res.order.push_back(chosen);
     ++res.steps_run;
-    if (on_step) on_step(StepEvent{res.steps_run - 1, canvas, res.order.back()});
+    if (on_step) {
+      const auto shown = std::span<const int32_t>(canvas).first(static_cast<size_t>(P + G));
+      on_step(StepEvent{res.steps_run - 1, shown, res.order.back()});
+    }
   }
 
   // LLaDA 1A inside [lo, hi): S steps of the per-block schedule.
@@ -209,13 +220,16 @@ struct Loop {
 
   // 1C inside [lo, hi): until decided, accept conf >= threshold and always the most confident.
   void threshold_block(int lo, int hi, uint64_t& g) {
-    for (;;) {
+    for (size_t step = 0;; ++step) {
       undecided(lo, hi);
       if (pos.empty()) return;
       predict(params(g++));
       rank(pos.size());
       size_t k = 1;
-      while (k < idx.size() && conf[static_cast<size_t>(idx[k])] >= o.threshold) ++k;
+      auto accept = [&](float c) { return strict_threshold ? c > o.threshold : c >= o.threshold; };
+      while (k < idx.size() && accept(conf[static_cast<size_t>(idx[k])])) ++k;
+      if (step < min_sched.size())
+        k = std::max(k, std::min(idx.size(), static_cast<size_t>(min_sched[step])));
       commit(k);
     }
   }
@@ -228,9 +242,68 @@ struct Loop {
   }
 };
 
+void init_sampling(Loop& L, bool llada) {
+  const GenerateOptions& o = L.o;
+  L.base.conf = conf_kind(o.alg);
+  L.base.temperature = o.temperature;
+  L.base.gumbel = llada;
+  L.base.top_k = o.top_k;
+  L.base.top_p = o.top_p;
+  L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
+}
+
+// The generated part of the canvas, trimmed at the first EOS when asked.
+GenerateResult finish(Loop& L) {
+  const GenerateOptions& o = L.o;
+  GenerateResult res = std::move(L.res);
+  res.tokens.assign(L.canvas.begin() + L.P, L.canvas.begin() + L.P + L.G);
+  if (o.stop_at_eos) {
+    auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
+      return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end();
+    });
+    res.tokens.erase(it, res.tokens.end());
+  }
+  return res;
+}
+
+// Block-causal models (LLaDA2MoeModelLM.generate): the blocks are the model's attention blocks, on the
+// grid of absolute positions [b * BL, (b + 1) * BL). The canvas is padded with masks to a whole number
+// of blocks; the first block may hold the end of the prompt (only its masked positions are decided);
+// padding positions past prompt + gen_length are decided like the others and dropped. Each block runs
+// `steps` steps (steps per block, as in the reference) and every forward sees only canvas[0, block end).
+GenerateResult generate_block_causal(Loop& L, bool llada) {
+  const GenerateOptions& o = L.o;
+  const int BL = o.block_length;
+  const int total = (L.P + L.G + BL - 1) / BL * BL;
+  L.canvas.resize(static_cast<size_t>(total), L.mask);
+  L.decided.assign(L.canvas.size(), 0);
+  std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
+  init_sampling(L, llada);
+  if (o.threshold > 0.0f) {
+    L.strict_threshold = true;
+    L.min_sched = llada_schedule(BL, o.steps);
+  }
+  uint64_t g = 0;
+  for (int b = L.P / BL; b < total / BL; ++b) {
+    const int lo = std::max(b * BL, L.P), hi = (b + 1) * BL;
+    L.window = hi;
+    if (o.threshold > 0.0f) {
+      L.threshold_block(lo, hi, g);
+    } else {
+      if (llada)
+        L.llada_block(lo, hi, o.steps, g);
+      else
+        L.dream_block(lo, hi, o.steps, g);
+      g += static_cast<uint64_t>(o.steps);
+    }
+    if (o.stop_at_eos && hi < total && L.has_eos(L.P, hi)) break;
+  }
+  return finish(L);
+}
+
 }  // namespace
 
-void validate_generate_options(const GenerateOptions& o, int64_t vocab_size) {
+void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal) {
   const std::string& a = o.alg;
   TESSERA_CHECK(is_llada(a) || is_dream(a),
                 "unknown algorithm '" + a +
@@ -272,6 +345,7 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size) {
         "eos id " + std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
+  if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
 }
@@ -279,30 +353,31 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size) {
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& o,
                         const std::function<void(const StepEvent&)>& on_step) {
   const int64_t V = den.vocab_size();
-  validate_generate_options(o, V);
+  const bool aligned = den.attention_block() > 0;
+  validate_generate_options(o, V, aligned);
   for (size_t i = 0; i < prompt.size(); ++i)
     TESSERA_CHECK(prompt[i] >= 0 && prompt[i] < V,
                   "prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
                       " is outside the vocabulary [0, " + std::to_string(V) + ")");
   const bool llada = is_llada(o.alg);
-  const bool split = o.threshold <= 0.0f && (llada || o.block_length < o.gen_length);
-  BlockLayout lay = block_layout(o.gen_length, o.block_length, o.steps, split);
-  if (!split && o.threshold <= 0.0f) lay.steps_per_block = o.steps;  // Dream over the whole generation
-
   Loop L(den, o, on_step);
   L.V = V;
   L.mask = den.mask_token();
   L.P = static_cast<int>(prompt.size());
+  L.G = o.gen_length;
   L.canvas.assign(prompt.begin(), prompt.end());
+  if (aligned) {
+    den.set_attention_block(o.block_length);
+    return generate_block_causal(L, llada);
+  }
+  const bool split = o.threshold <= 0.0f && (llada || o.block_length < o.gen_length);
+  BlockLayout lay = block_layout(o.gen_length, o.block_length, o.steps, split);
+  if (!split && o.threshold <= 0.0f) lay.steps_per_block = o.steps;  // Dream over the whole generation
+
   L.canvas.resize(prompt.size() + static_cast<size_t>(o.gen_length), L.mask);
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
-  L.base.conf = conf_kind(o.alg);
-  L.base.temperature = o.temperature;
-  L.base.gumbel = llada;
-  L.base.top_k = o.top_k;
-  L.base.top_p = o.top_p;
-  L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
+  init_sampling(L, llada);
 
   uint64_t g = 0;  // global step counter (RNG)
   for (int b = 0; b < lay.num_blocks; ++b) {
@@ -320,15 +395,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
     if (o.stop_at_eos && b + 1 < lay.num_blocks && L.has_eos(L.P, hi)) break;
   }
 
-  GenerateResult res = std::move(L.res);
-  res.tokens.assign(L.canvas.begin() + L.P, L.canvas.end());
-  if (o.stop_at_eos) {
-    auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
-      return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end();
-    });
-    res.tokens.erase(it, res.tokens.end());
-  }
-  return res;
+  return finish(L);
 }
 
 }  // namespace tessera

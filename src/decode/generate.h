@@ -19,6 +19,16 @@
 // 0xd1b54a32d192ed03): origin u = rng_uniform(host_seed, position, 0); the j-th multinomial draw
 // u = rng_uniform(host_seed, j, 1).
 //
+// Block-causal models (Denoiser::attention_block() > 0, LLaDA2; LLaDA2MoeModelLM.generate): the model's
+// attention block is set to block_length, and the blocks are that grid of absolute positions
+// [b * block_length, (b + 1) * block_length), as in the reference (the first block may end the prompt;
+// the canvas is padded with masks to whole blocks and the padding is dropped from the result).
+// gen_length need not be a multiple of block_length, and `steps` counts steps PER BLOCK. Forwards see
+// only the canvas up to the current block's end (exact: earlier blocks never attend to later ones).
+// Threshold decoding then follows LLaDA2: accept conf > threshold, and at step i of a block at least
+// max(1, llada_schedule(block_length, steps)[i]) positions. The step counter g advances by `steps` per
+// block without threshold (one per forward with it).
+//
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
@@ -60,8 +70,9 @@ struct GenerateResult {
   int steps_run = 0;                        // executed steps (each one forward; two with cfg)
 };
 
-// Throws Error with a one-line message for invalid options (vocab_size bounds eos ids).
-void validate_generate_options(const GenerateOptions& o, int64_t vocab_size);
+// Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:
+// the options are for a block-causal model (no divisibility rules; see generate()).
+void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
 
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(const StepEvent&)>& on_step = {});

@@ -271,4 +271,15 @@ void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> po
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }
 
+int Engine::attention_block() const {
+  return model_->options().mask == MaskKind::BlockCausal ? model_->options().mask_block : 0;
+}
+
+void Engine::set_attention_block(int block) {
+  if (block == attention_block()) return;
+  model_->set_mask_block(block);
+  plans_.clear();  // programs were instantiated from the previous graphs
+  for (bool& r : io_ready_) r = false;
+}
+
 }  // namespace tessera

@@ -97,6 +97,10 @@ class Engine final : public Denoiser {
                std::span<int32_t> tokens, std::span<float> conf) override;
   void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
               std::span<float> out) override;
+  int attention_block() const override;
+  // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
+  // drops the cached plans when the block changes.
+  void set_attention_block(int block) override;
 
  private:
   Engine() = default;

@@ -7,7 +7,7 @@
 
 namespace tessera {
 
-// LLaDA2 exists as a planning geometry only (named_geometry("llada2-mini")); no loader yet.
+// LLaDA2: LLaDA2.0 (model_type "llada2_moe", LLaDA2MoeModelLM), loaded by models/llada2.cpp.
 enum class Family { LLaDA, Dream, LLaDAMoE, LLaDA2 };
 const char* family_name(Family f);
 
@@ -43,7 +43,10 @@ struct ModelConfig {
   bool logit_shift = false;       // Dream: logits of position i come from hidden row i-1
   bool causal = false;            // tessera extension "is_causal" (converted llama2.c models)
   bool rope_interleaved = false;  // tessera extension "rope_interleaved"
-  int64_t mask_block = 0;         // > 0: block-causal attention with this block size (LLaDA2)
+  // > 0: block-causal attention with blocks of this size (LLaDA2). Not a checkpoint field: LLaDA2's
+  // block is the generation's block_length (load_config sets the reference default 32; the engine
+  // follows each generation's block length, see Engine::set_attention_block).
+  int64_t mask_block = 0;
   MoeConfig moe;
   int32_t mask_id = -1, eos_id = -1, bos_id = -1, pad_id = -1;
 

@@ -118,9 +118,10 @@ void llada_moe_7b(ModelConfig& c) {
   c.eos_id = 156892;
 }
 
-// LLaDA2.0-mini (specs/models.md; [verify] against its config.json): layer 0 dense, then 256 routed
-// experts (sigmoid + expert bias, 8 groups / top-4, renormalised, x2.5) plus one shared expert,
-// partial rotary 0.5, block-causal attention with blocks of 32.
+// LLaDA2.0-mini (specs/models.md; the dimensions agree with its config.json as quoted in public loader
+// tests, see io/config.cpp read_llada2): layer 0 dense, then 256 routed experts (sigmoid + expert bias,
+// 8 groups / top-4, renormalised, x2.5) plus one shared expert, partial rotary 0.5, block-causal
+// attention with blocks of 32 (the generation's default block length).
 void llada2_mini(ModelConfig& c) {
   c.family = Family::LLaDA2;
   c.model_type = "llada2_moe";

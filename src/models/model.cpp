@@ -29,6 +29,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
       {Family::LLaDA, bind_llada},
       {Family::Dream, bind_dream},
       {Family::LLaDAMoE, bind_llada_moe},
+      {Family::LLaDA2, bind_llada2},
   };
   const auto* it = std::find_if(std::begin(kFamilies), std::end(kFamilies),
                                 [&](const auto& f) { return f.first == c.family; });
@@ -43,7 +44,26 @@ Model::~Model() {
 }
 
 Tensor Model::bind(const std::string& name, std::vector<int64_t> shape, bool gemm_weight) {
-  const StTensor& st = ckpt_.get(name, shape);
+  TESSERA_CHECK(!shape.empty(), "bind: empty shape for " + name);
+  int64_t cols = 1;
+  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  return bind_rows(name, shape[0], cols, 0, shape[0], gemm_weight, shape);
+}
+
+Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
+                        bool gemm_weight) {
+  return bind_rows(name, total_rows, cols, row0, rows, gemm_weight, {total_rows, cols});
+}
+
+Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
+                        bool gemm_weight, const std::vector<int64_t>& file_shape) {
+  TESSERA_CHECK(
+      row0 >= 0 && rows > 0 && row0 + rows <= total_rows,
+      "bind: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) + ") outside " + name);
+  const StTensor& st = ckpt_.get(name, file_shape);
+  const size_t numel = static_cast<size_t>(rows * cols);
+  const size_t src_off = static_cast<size_t>(row0 * cols) * dtype_size(st.dtype);
+  const void* src = static_cast<const char*>(st.data) + src_off;
   // GEMM weights take the compute dtype; norm weights and embeddings keep theirs (read by
   // converting kernels), except f16, which only GEMMs of f16 would read.
   DType want = gemm_weight ? opts_.act : st.dtype;
@@ -51,21 +71,22 @@ Tensor Model::bind(const std::string& name, std::vector<int64_t> shape, bool gem
   Tensor t;
   t.dtype = want;
   t.device = backend_->device();
-  t.ndim = static_cast<int>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
-  const size_t bytes = static_cast<size_t>(st.numel()) * dtype_size(want);
+  t.ndim = static_cast<int>(file_shape.size());
+  for (size_t i = 0; i < file_shape.size(); ++i) t.shape[i] = file_shape[i];
+  t.shape[0] = rows;
+  const size_t bytes = numel * dtype_size(want);
   weight_bytes_ += bytes;
   if (want == st.dtype && backend_->device() == Device::CPU) {
-    t.data = const_cast<void*>(st.data);  // zero copy from the mmap
+    t.data = const_cast<void*>(src);  // zero copy from the mmap
     return t;
   }
   void* dst = backend_->alloc_weights(bytes);
   owned_.push_back(dst);
   if (want == st.dtype) {
-    backend_->copy_to_device(dst, st.data, bytes);
+    backend_->copy_to_device(dst, src, bytes);
   } else {
-    std::vector<float> f(static_cast<size_t>(st.numel()));
-    convert_to_f32(st.data, st.dtype, f.data(), f.size());
+    std::vector<float> f(numel);
+    convert_to_f32(src, st.dtype, f.data(), f.size());
     std::vector<char> conv(bytes);
     convert_from_f32(f.data(), conv.data(), want, f.size());
     backend_->copy_to_device(dst, conv.data(), bytes);
@@ -75,9 +96,19 @@ Tensor Model::bind(const std::string& name, std::vector<int64_t> shape, bool gem
 }
 
 Tensor Model::bind_bias(const std::string& name, int64_t n) {
-  const StTensor& st = ckpt_.get(name, {n});
+  return bind_bias_slice(name, n, 0, n);
+}
+
+bool Model::has_tensor(const std::string& name) const {
+  return ckpt_.tensors().count(name) > 0;
+}
+
+Tensor Model::bind_bias_slice(const std::string& name, int64_t total, int64_t at, int64_t n) {
+  TESSERA_CHECK(at >= 0 && n > 0 && at + n <= total, "bind: bias slice outside " + name);
+  const StTensor& st = ckpt_.get(name, {total});
   std::vector<float> f(static_cast<size_t>(n));
-  convert_to_f32(st.data, st.dtype, f.data(), f.size());
+  convert_to_f32(static_cast<const char*>(st.data) + static_cast<size_t>(at) * dtype_size(st.dtype), st.dtype,
+                 f.data(), f.size());
   void* dst = backend_->alloc_weights(f.size() * 4);
   owned_.push_back(dst);
   backend_->copy_to_device(dst, f.data(), f.size() * 4);
@@ -106,6 +137,18 @@ const void* const* Model::expert_table(const std::vector<Tensor>& gate_up_down) 
   owned_.push_back(dst);
   backend_->copy_to_device(dst, host.data(), bytes);
   return static_cast<const void* const*>(dst);
+}
+
+void Model::set_mask_block(int64_t block) {
+  TESSERA_CHECK(opts_.mask == MaskKind::BlockCausal,
+                std::string("the ") + family_name(cfg_.family) + " model has no block-causal attention mask");
+  TESSERA_CHECK(block > 0 && block <= cfg_.max_positions, "attention block " + std::to_string(block) +
+                                                              " must be in [1, " +
+                                                              std::to_string(cfg_.max_positions) + "]");
+  if (block == cfg_.mask_block) return;
+  cfg_.mask_block = block;
+  opts_.mask_block = static_cast<int>(block);
+  for (auto& g : graphs_) g.reset();
 }
 
 const graph::GraphTemplate& Model::graph(OutputMode mode) {

@@ -79,7 +79,15 @@ class Model {
 
   // Used by the family files while binding weights.
   Tensor bind(const std::string& name, std::vector<int64_t> shape, bool gemm_weight);
+  // Rows [row0, row0 + rows) of the 2-D tensor `name` of shape {total_rows, cols} (a fused weight such
+  // as LLaDA2's query_key_value): a zero-copy view into the mapped file where bind() would be zero
+  // copy, else only those rows are converted / copied.
+  Tensor bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
+                   bool gemm_weight);
   Tensor bind_bias(const std::string& name, int64_t n);
+  // The f32 bias slice [at, at + n) of the 1-D tensor `name` of `total` values.
+  Tensor bind_bias_slice(const std::string& name, int64_t total, int64_t at, int64_t n);
+  bool has_tensor(const std::string& name) const;
   // Binds the n_experts x {gate_proj, up_proj, down_proj} weights named name(e, proj) (zero copy
   // where possible) and builds their table in backend memory.
   MoeExperts bind_experts(const std::function<std::string(int64_t, const char*)>& name, int64_t n_experts,
@@ -89,9 +97,13 @@ class Model {
   Tensor random_weight(std::vector<int64_t> shape, DType dt, float scale, uint64_t seed);
   DenseWeights& weights() { return w_; }
   GraphOptions& mutable_options() { return opts_; }
+  // Block-causal models: a new attention block size (the graphs are rebuilt on next use).
+  void set_mask_block(int64_t block);
 
  private:
   Model() = default;
+  Tensor bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
+                   bool gemm_weight, const std::vector<int64_t>& file_shape);
   ModelConfig cfg_;
   GraphOptions opts_;
   DenseWeights w_;
@@ -109,6 +121,7 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
 void bind_llada(Model& m);
 void bind_dream(Model& m);
 void bind_llada_moe(Model& m);
+void bind_llada2(Model& m);
 
 // Hugging Face Llama-style names shared by Dream and LLaDA-MoE: model.embed_tokens, model.norm,
 // lm_head (or tied); per layer input_layernorm, self_attn.{q,k,v,o}_proj (+ q/k/v biases when the

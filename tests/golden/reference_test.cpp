@@ -1,5 +1,5 @@
 // tessera's forward against the independent numpy reference (tests/reference/reference.py) on tiny
-// random LLaDA, Dream and LLaDA-MoE checkpoints in the real layouts; plus mask-only, packing and
+// random LLaDA, Dream, LLaDA-MoE and LLaDA2 checkpoints in the real layouts; plus mask-only, packing and
 // chunking equivalences on the same models.
 #include <gtest/gtest.h>
 
@@ -35,10 +35,15 @@ std::vector<int32_t> all_positions(int64_t n) {
 // bf16 MoE: a row whose top-k router margin (reference logits) is within about twice the bf16 noise
 // of the router logits (up to 1e-2 on the tiny models, logits ~N(0, 1)) may pick another expert, which
 // changes that row completely; such rows are left out of the bf16 comparison (f32 compares them all).
+// LLaDA2 routes on sigmoid scores (slope <= 1/4): its margins are in score units, where that logit
+// noise is at most 2.5e-3 per expert score; 5e-3 keeps about 85% of the rows, and the kept rows' error
+// equals that of the rows far from any tie (no kept row changed experts).
 constexpr float kTieMargin = 0.02f;
+constexpr float kTieMarginSigmoid = 0.005f;
 
 void check_against_reference(const std::string& family, Precision prec, double tol,
                              const std::string& args = "--seed 3") {
+  const float tie_margin = family == "llada2" ? kTieMarginSigmoid : kTieMargin;
   TESSERA_TINY_OR_SKIP(dir, family, args);
   EngineOptions o;
   o.precision = prec;
@@ -54,7 +59,7 @@ void check_against_reference(const std::string& family, Precision prec, double t
     // Rows near a routing tie are compared only in f32 (where the router logits agree to ~1e-6).
     std::vector<float> kept_got, kept_ref;
     for (int64_t r = 0; r < n; ++r) {
-      if (prec == Precision::F32 || margins[static_cast<size_t>(r)] >= kTieMargin) {
+      if (prec == Precision::F32 || margins[static_cast<size_t>(r)] >= tie_margin) {
         kept_got.insert(kept_got.end(), got.begin() + r * V, got.begin() + (r + 1) * V);
         kept_ref.insert(kept_ref.end(), ref.begin() + r * V, ref.begin() + (r + 1) * V);
       }
@@ -102,6 +107,18 @@ TEST(Reference, LladaMoeVariantBf16) {
   check_against_reference("llada_moe", Precision::BF16, 3e-2, kMoeVariant);
 }
 
+// LLaDA2.0 (the LLaDA2.0-mini layout in small, tools/make_tiny_checkpoint.py --family llada2): 3 layers
+// (a dense first layer, then MoE), hidden 64, 4 heads / 2 KV heads, fused query_key_value, qk-norm,
+// RoPE on 8 of 16 dims, 16 experts top-3 in 4 groups keeping 2, sigmoid scores with a non-zero
+// expert_bias, renormalised and scaled by 2.5, one shared expert; block-causal attention with the
+// default block 32 (L = 33 and 130: not multiples of the block, more than one block).
+TEST(Reference, Llada2F32) {
+  check_against_reference("llada2", Precision::F32, 1e-3);
+}
+TEST(Reference, Llada2Bf16) {
+  check_against_reference("llada2", Precision::BF16, 3e-2);
+}
+
 TEST(LladaMoe, ParameterCountsMatchTheCheckpoint) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", kMoeVariant);
   const ModelConfig c = load_config(dir);
@@ -137,7 +154,7 @@ TEST(LladaMoe, CliInspectAndGenerate) {
 }
 
 TEST(MaskOnlyLogits, EqualTheMatchingRowsOfFullLogits) {
-  for (const char* fam : {"llada", "dream", "llada_moe"}) {
+  for (const char* fam : {"llada", "dream", "llada_moe", "llada2"}) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
     auto e = Engine::load(dir);
     const int64_t V = e->vocab_size(), n = 300;
@@ -202,6 +219,9 @@ TEST(Chunking, ChunkedFfnAndLogitsEqualUnchunked) {
 }
 TEST(Chunking, ChunkedMoeFfnEqualsUnchunked) {
   check_chunking("llada_moe", kMoeVariant);
+}
+TEST(Chunking, ChunkedLlada2EqualsUnchunked) {
+  check_chunking("llada2", "--seed 6");
 }
 
 TEST(Errors, BadTokensAndTooLongCanvasFailClearly) {

@@ -12,6 +12,8 @@ float64, as LLaDA's reference code does.
       minus (k+1)-th router logit; inf for dense models): rows near a routing tie.
   reference.py generate --model DIR --prompt 5,9,3 --gen-length 16 --steps 8 --block-length 8
                         --alg low_confidence|entropy|maskgit_plus|topk_margin
+      LLaDA2 checkpoints: the LLaDA2 loop instead (generate_llada2: blocks on the attention-block grid,
+      --steps per block, --threshold 0.95); prints the canvas trimmed to prompt + gen-length.
       Temperature-0 sampler; prints JSON {"tokens": [...final canvas incl. prompt...],
       "order": [[positions unmasked at step 0], [step 1], ...]} (one list per step; each sorted).
 
@@ -35,6 +37,16 @@ Model (models.md): family from config.json model_type ("llada", "Dream"/"dream",
     renormalised unless norm_topk_prob is true, times routed_scaling_factor (default 1);
     out = sum_e w_e * down_e(silu(gate_e(m)) * up_e(m)), plus shared_expert.* (a SwiGLU MLP on every
     row) when shared_expert_intermediate_size is set. moe_layer_freq[i] == 0: the dense mlp.* SwiGLU.
+
+  - LLaDA2 (model_type "llada2_moe", models.md "LLaDA2.0-mini"): model.word_embeddings, fused
+    attention.query_key_value (q heads, k heads, v heads), qk-norm (attention.query_layernorm /
+    key_layernorm), attention.dense, RoPE on partial_rotary_factor (default 0.5) of each head;
+    BLOCK-CAUSAL attention: key j visible to query i iff j // B <= i // B (logits --block B, default 32);
+    layers < first_k_dense_replace: dense mlp.*; others: s = sigmoid(m @ gate^T), b = s + expert_bias,
+    n_group groups scored by the sum of their top-2 b, topk_group groups kept, top-k experts by b
+    inside them, weights s / (sum s + 1e-20) * routed_scaling_factor (UNBIASED s), plus
+    mlp.shared_experts.* on every row. Margins: the smaller of the kept-group gap and the expert gap
+    in b. Mask / EOS ids from config.json, else tokenizer.json's <|mask|> / <|endoftext|>.
 
 Samplers (algorithms.md 1A/1B), temperature 0. The schedule follows the algorithm:
   - low_confidence: 1A. Blocks of --block-length (must divide gen-length; blocks must divide steps);
@@ -99,9 +111,10 @@ def apply_rope(x, positions, theta, interleaved=False, rotary_dim=None):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def attention(q, k, v, causal=False):
+def attention(q, k, v, causal=False, block=0):
     """q [L, H, hd], k/v [L, KV, hd] (post-RoPE) -> [L, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
-    GQA by repeating each kv head H/KV times; causal masks keys j > i."""
+    GQA by repeating each kv head H/KV times; causal masks keys j > i; block > 0 (LLaDA2's block-causal
+    mask) masks keys of later blocks: key j is seen by query i iff j // block <= i // block."""
     n, H, hd = q.shape
     KV = k.shape[1]
     if H % KV:
@@ -111,6 +124,9 @@ def attention(q, k, v, causal=False):
     s = np.einsum("qhd,khd->hqk", q, k).astype(np.float32) / np.float32(np.sqrt(hd))
     if causal:
         s = np.where(np.tril(np.ones((n, k.shape[0]), dtype=bool))[None], s, np.float32(-np.inf))
+    if block > 0:
+        qb, kb = np.arange(n) // block, np.arange(k.shape[0]) // block
+        s = np.where((kb[None, :] <= qb[:, None])[None], s, np.float32(-np.inf))
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
@@ -154,9 +170,40 @@ def moe_route(logits, top_k, norm_topk=False, scale=1.0):
     return ids, (w * np.float32(scale)).astype(np.float32)
 
 
-def moe_ffn(m, ly, top_k, norm_topk=False, scale=1.0):
-    """sum over the chosen experts e of w_e * expert_e(m) (+ the shared expert, if any)."""
-    ids, w = moe_route(m @ ly["router"].T, top_k, norm_topk, scale)
+def sigmoid_group_route(logits, bias, top_k, n_group, topk_group, scale):
+    """LLaDA2 router (models.md): s = sigmoid(fp32 logits), b = s + expert_bias; each of n_group groups
+    of consecutive experts scores the sum of its top-2 b; the topk_group best groups are kept (ties: the
+    lower group); top_k experts by b inside them (ties: the lower id); weights = the UNBIASED s of those
+    experts / (their sum + 1e-20) (only when top_k > 1) * scale. Returns (ids, weights, margins): margins
+    per row = the smaller of the group-score gap (topk_group-th minus next group) and the b gap (top_k-th
+    minus next kept expert), inf where there is no next."""
+    z = np.asarray(logits, dtype=np.float32)
+    s = (np.float32(1.0) / (np.float32(1.0) + np.exp(-z))).astype(np.float32)
+    b = (s + np.asarray(bias, dtype=np.float32)[None, :]).astype(np.float32)
+    n, E = b.shape
+    per = E // n_group
+    gb = np.sort(b.reshape(n, n_group, per), axis=-1)[:, :, ::-1]
+    gscore = gb[:, :, 0] + gb[:, :, 1]
+    gorder = np.argsort(-gscore, axis=-1, kind="stable")
+    keep = np.zeros((n, n_group), dtype=bool)
+    np.put_along_axis(keep, gorder[:, :topk_group], True, axis=-1)
+    masked = np.where(np.repeat(keep, per, axis=1), b, -np.inf)
+    ids = np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(s, ids, axis=-1)
+    if top_k > 1:
+        w = w / (w.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+    w = (w * np.float32(scale)).astype(np.float32)
+    gs = np.take_along_axis(gscore, gorder, axis=-1)
+    gmargin = gs[:, topk_group - 1] - gs[:, topk_group] if topk_group < n_group else np.full(n, np.inf)
+    srt = np.sort(masked, axis=-1)[:, ::-1]
+    emargin = srt[:, top_k - 1] - srt[:, top_k] if top_k < topk_group * per else np.full(n, np.inf)
+    return ids, w, np.minimum(gmargin, emargin).astype(np.float32)
+
+
+def moe_ffn(m, ly, top_k, norm_topk=False, scale=1.0, ids_w=None):
+    """sum over the chosen experts e of w_e * expert_e(m) (+ the shared expert, if any); ids_w: the
+    (ids, weights) of another router (default: the softmax router)."""
+    ids, w = ids_w if ids_w is not None else moe_route(m @ ly["router"].T, top_k, norm_topk, scale)
     out = np.zeros_like(m)
     for e, (g, u, dn) in enumerate(ly["experts"]):
         rows, slot = np.nonzero(ids == e)
@@ -184,6 +231,10 @@ class Model:
         mt = c["model_type"]
         self.moe = mt in ("lladamoe", "llada_moe") or (mt == "llada" and "num_experts" in c and "d_model" not in c)
         self.qk_norm = self.moe and c.get("qk_layernorm", True) is not False
+        self.block = 0
+        if mt == "llada2_moe":
+            self._load_llada2(model_dir, c, w)
+            return
         if self.moe:
             self.family, self.shift = "llada_moe", False
             d, nl, H = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
@@ -235,6 +286,53 @@ class Model:
         self.rotary_dim = int(round(self.hd * (c.get("partial_rotary_factor") or 1.0)))
         self.vocab = self.head.shape[0]
 
+    def _load_llada2(self, model_dir, c, w):
+        """LLaDA2.0 (models.md "LLaDA2.0-mini"): fused attention.query_key_value rows (H q heads, then KV
+        k heads, then KV v heads), qk-norm (attention.query_layernorm / key_layernorm), RoPE on
+        partial_rotary_factor (default 0.5) of each head, block-causal attention (block = the
+        generation's block length, default 32), dense FFN below first_k_dense_replace, else the grouped
+        sigmoid router with mlp.gate.expert_bias plus mlp.shared_experts (moe_intermediate_size *
+        num_shared_experts). Mask / EOS ids: config.json, else tokenizer.json's <|mask|> / <|endoftext|>."""
+        self.family, self.shift, self.moe, self.block = "llada2", False, True, 32
+        d, nl, H, KV = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
+        hd = c.get("head_dim") or d // H
+        self.theta, self.eps = c.get("rope_theta", 10000.0), c.get("rms_norm_eps", 1e-5)
+        self.emb, self.norm_f = w["model.word_embeddings.weight"], w["model.norm.weight"]
+        self.head = self.emb if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
+        self.qk_norm = c.get("use_qk_norm", True)
+        specials = {}
+        with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+            for t in json.load(f).get("added_tokens", []):
+                specials[t["content"]] = t["id"]
+        self.mask_id = int(c.get("mask_token_id", specials.get("<|mask|>", -1)))
+        self.eos_id = int(c.get("eos_token_id", specials.get("<|endoftext|>", -1)))
+        self.top_k, self.scale = c["num_experts_per_tok"], c.get("routed_scaling_factor", 2.5)
+        self.n_group, self.topk_group = c.get("n_group", 8), c.get("topk_group", 4)
+        mlp = lambda p: tuple(w[f"{p}{n}_proj.weight"] for n in ("gate", "up", "down"))  # noqa: E731
+        self.layers = []
+        for i in range(nl):
+            b = f"model.layers.{i}."
+            qkv = w[b + "attention.query_key_value.weight"]
+            ly = {"an": w[b + "input_layernorm.weight"], "q": qkv[: H * hd], "k": qkv[H * hd:(H + KV) * hd],
+                  "v": qkv[(H + KV) * hd:], "o": w[b + "attention.dense.weight"],
+                  "fn": w[b + "post_attention_layernorm.weight"], "bq": None}
+            if c.get("use_qkv_bias", False):
+                bias = w[b + "attention.query_key_value.bias"]
+                ly["bq"], ly["bk"], ly["bv"] = bias[: H * hd], bias[H * hd:(H + KV) * hd], bias[(H + KV) * hd:]
+            if self.qk_norm:
+                ly["qn"], ly["kn"] = w[b + "attention.query_layernorm.weight"], w[b + "attention.key_layernorm.weight"]
+            if i < c.get("first_k_dense_replace", 0):
+                ly["dense"] = mlp(b + "mlp.")
+            else:
+                ly["router"], ly["bias"] = w[b + "mlp.gate.weight"], w[b + "mlp.gate.expert_bias"]
+                ly["experts"] = [mlp(f"{b}mlp.experts.{e}.") for e in range(c["num_experts"])]
+                ly["shared"] = mlp(b + "mlp.shared_experts.") if c.get("num_shared_experts") else None
+            self.layers.append(ly)
+        self.d, self.H, self.KV, self.hd = d, H, KV, hd
+        self.rotary_dim = int(round(hd * c.get("partial_rotary_factor", 0.5)))
+        self.interleaved, self.causal = False, False
+        self.vocab = self.head.shape[0]
+
     def _load_moe_layer(self, c, w, b, i, ly):
         """LLaDA-MoE: q/k norms and the FFN of layer i (experts + router, or the dense MLP)."""
         mlp = lambda p: tuple(w[f"{p}{n}_proj.weight"] for n in ("gate", "up", "down"))  # noqa: E731
@@ -253,6 +351,11 @@ class Model:
 
     def ffn(self, m, ly):
         """The FFN of one layer on the normed rows m (MoE layers also lower self.margins)."""
+        if "router" in ly and "bias" in ly:  # LLaDA2
+            ids, wts, margin = sigmoid_group_route(m @ ly["router"].T, ly["bias"], self.top_k, self.n_group,
+                                                   self.topk_group, self.scale)
+            self.margins = np.minimum(self.margins, margin)
+            return moe_ffn(m, ly, self.top_k, ids_w=(ids, wts))
         if "router" in ly:
             self.margins = np.minimum(self.margins, route_margin(m @ ly["router"].T, self.top_k))
             return moe_ffn(m, ly, self.top_k, self.norm_topk, self.scale)
@@ -280,7 +383,7 @@ class Model:
             q = apply_rope(q, pos, self.theta, self.interleaved, self.rotary_dim)
             k = apply_rope(k, pos, self.theta, self.interleaved, self.rotary_dim)
             v = v.reshape(n, self.KV, self.hd).astype(np.float32)
-            att = attention(q, k, v, self.causal).reshape(n, self.H * self.hd)
+            att = attention(q, k, v, self.causal, self.block).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
             x = x + self.ffn(rms_norm(x, ly["fn"], self.eps), ly)
         return rms_norm(x, self.norm_f, self.eps)
@@ -369,6 +472,41 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3):
     return x, order
 
 
+def generate_llada2(m, prompt, gen_length, steps, block_length, threshold):
+    """LLaDA2's block-diffusion loop (algorithms.md 1C; LLaDA2MoeModelLM.generate), temperature 0.
+    Blocks are the model's attention blocks on absolute positions [b*BL, (b+1)*BL); the canvas is
+    padded with masks to whole blocks; blocks from the one holding position len(prompt) on. Each
+    forward sees x[:block end] with the block-causal mask of block BL. Per block, at most `steps`
+    steps; step i decides the masked positions of the block with conf > threshold if there are at
+    least sched[i] of them (sched = llada_schedule(BL, steps)), else the sched[i] most confident
+    (at least one). x0 = argmax (the reference samples even at temperature 0; greedy is the intent).
+    After a block holding an EOS in x[P:block end], later blocks are skipped. Returns (canvas
+    trimmed to prompt + gen_length, order)."""
+    P, BL = len(prompt), block_length
+    total = (P + gen_length + BL - 1) // BL * BL
+    x = list(prompt) + [m.mask_id] * (total - P)
+    sched = llada_schedule(BL, steps)
+    m.block = BL
+    order = []
+    for b in range(P // BL, total // BL):
+        end = (b + 1) * BL
+        for i in range(steps):
+            cand = [j for j in range(max(b * BL, P), end) if x[j] == m.mask_id]
+            if not cand:
+                break
+            probs = softmax64(m.forward(x[:end])[cand])
+            x0, conf = confidence(probs, "low_confidence")
+            high = [r for r in range(len(cand)) if conf[r] > threshold]
+            k = max(1, sched[i])
+            sel = high if len(high) >= k else top_positions(cand, conf, min(k, len(cand)))
+            for r in sel:
+                x[cand[r]] = int(x0[r])
+            order.append(sorted(cand[r] for r in sel))
+        if m.eos_id in x[P:end]:
+            break
+    return x[:P + gen_length], order
+
+
 # ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------
@@ -386,6 +524,7 @@ def main():
     a.add_argument("--rows", default="")
     a.add_argument("--out", required=True)
     a.add_argument("--margins", default="", help="also write each row's smallest router margin (f32)")
+    a.add_argument("--block", type=int, default=32, help="LLaDA2: the attention block (generation block length)")
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
     g.add_argument("--prompt", required=True)
@@ -393,9 +532,12 @@ def main():
     g.add_argument("--steps", type=int, required=True)
     g.add_argument("--block-length", type=int, default=0)
     g.add_argument("--alg", default="low_confidence")
+    g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2 only: the confidence threshold")
     args = ap.parse_args()
     m = Model(args.model)
     if args.cmd == "logits":
+        if m.family == "llada2":
+            m.block = args.block
         toks = ids(args.tokens)
         L = m.forward(toks)
         rows = ids(args.rows)
@@ -408,7 +550,11 @@ def main():
             mg = m.margins[rows] if rows else m.margins
             np.ascontiguousarray(mg, dtype="<f4").tofile(args.margins)
     else:
-        x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
+        if m.family == "llada2":
+            x, order = generate_llada2(m, ids(args.prompt), args.gen_length, args.steps, args.block_length or 32,
+                                       args.threshold)
+        else:
+            x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
         print(json.dumps({"tokens": x, "order": order}))
 
 

@@ -256,6 +256,58 @@ def partial_rotary_rotates_the_first_dims_only():
     close(out[1, 0, :2], [1 * c - 2 * s_, 2 * c + 1 * s_], 1e-6, "pair (0, 1) rotated by position 1")
 
 
+# ---------------------------------------------------------------------------------------------
+# LLaDA2: grouped sigmoid router, block-causal attention, checkpoint layout
+# ---------------------------------------------------------------------------------------------
+
+@check
+def sigmoid_group_route_hand_values():
+    # 8 experts in 4 groups of 2; logits 0 -> s = 0.5 everywhere, the bias decides the selection.
+    bias = np.array([0.0, 0.3, 0.2, 0.2, -0.4, 0.9, 0.1, 0.0], dtype=np.float32)
+    ids, w, margin = ref.sigmoid_group_route(np.zeros((1, 8)), bias, 2, 4, 2, 2.5)
+    # group scores (top-2 sums of s + bias): 1.3, 1.4, 1.5, 1.1 -> groups 2 and 1 kept; expert 5
+    # (0.5 + 0.9) is in group 2 with expert 4; experts by b in groups 1, 2: 5 (1.4), 2 = 3 (0.7: lower id)
+    assert ids.tolist() == [[5, 2]], ids
+    close(w, [[1.25, 1.25]], 1e-6, "UNBIASED s renormalised (0.5 / 1.0) times 2.5")
+    close(margin, [0.0], 1e-7, "expert 2 ties expert 3: zero margin")
+    z = np.array([[2.0, -1.0, 0.0, 0.5]], dtype=np.float32)
+    ids, w, _ = ref.sigmoid_group_route(z, np.zeros(4, dtype=np.float32), 1, 1, 1, 1.0)
+    assert ids.tolist() == [[0]]
+    close(w, [[1.0 / (1.0 + math.exp(-2.0))]], 1e-6, "top_k 1: s itself, not renormalised")
+
+
+@check
+def block_causal_attention_hides_later_blocks():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((6, 2, 4)).astype(np.float32) for _ in range(3))
+    out = ref.attention(q, k, v, block=4)
+    # rows 0..3 (block 0) see keys 0..3 only; rows 4, 5 see all six keys
+    close(out[:4], ref.attention(q[:4], k[:4], v[:4]), 1e-6, "block 0 alone")
+    close(out[4:], ref.attention(q, k, v)[4:], 1e-6, "the last block sees everything")
+
+
+@check
+def llada2_checkpoint_layout():
+    d = make("llada2", "l2", "--seed", "2")
+    c = json.load(open(os.path.join(d, "config.json")))
+    assert c["model_type"] == "llada2_moe" and c["architectures"] == ["LLaDA2MoeModelLM"]
+    assert "mask_token_id" not in c and c["score_function"] == "sigmoid" and c["first_k_dense_replace"] == 1
+    w = safetensors_np.read_dir(d)
+    assert w["model.layers.0.attention.query_key_value.weight"].shape == (128, 64)  # (4 + 2 * 2) heads * 16
+    assert "model.layers.0.mlp.gate_proj.weight" in w and "model.layers.0.mlp.gate.weight" not in w
+    assert w["model.layers.1.mlp.gate.expert_bias"].shape == (16,)
+    assert np.abs(w["model.layers.1.mlp.gate.expert_bias"]).max() > 0.05, "a non-zero expert bias"
+    assert w["model.layers.2.mlp.shared_experts.down_proj.weight"].shape == (64, 32)
+    m = ref.Model(d)
+    assert m.family == "llada2" and m.mask_id == 296 and m.eos_id == 295 and m.rotary_dim == 8
+    toks = [5, 9, 3, 7, 1, 2, 8, 4, 6, 10]
+    m.block = 4
+    a = m.forward(toks)
+    b = m.forward(toks[:8] + [11, 12])
+    close(a[:8], b[:8], 0, "rows of earlier blocks ignore later blocks")
+    assert np.abs(a[8:] - b[8:]).max() > 1e-3
+
+
 def expected_moe_tensors(L, d, H, KV, f, V, E, fe, first_dense, shared):
     hd = d // H
     t = {"model.embed_tokens.weight": [V, d], "model.norm.weight": [d], "lm_head.weight": [V, d]}
