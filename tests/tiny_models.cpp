@@ -5,9 +5,20 @@
 #include <fstream>
 #include <map>
 
+#include "io/safetensors.h"
 #include "test_util.h"
 
 namespace tessera::test {
+
+CheckpointParams checkpoint_params(const std::filesystem::path& dir) {
+  CheckpointParams p;
+  const Checkpoint ck = Checkpoint::open(dir);
+  for (const auto& [name, t] : ck.tensors()) {
+    p.total += t.numel();
+    if (name.find(".mlp.experts.") != std::string::npos) p.routed_experts += t.numel();
+  }
+  return p;
+}
 
 std::string join_ids(const std::vector<int32_t>& v) {
   std::string s;

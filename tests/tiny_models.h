@@ -19,6 +19,11 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
                                     std::vector<float>* margins = nullptr,
                                     const std::string& extra_args = "");
 std::string join_ids(const std::vector<int32_t>& v);
+// The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
+struct CheckpointParams {
+  int64_t total = 0, routed_experts = 0;
+};
+CheckpointParams checkpoint_params(const std::filesystem::path& dir);
 
 }  // namespace tessera::test
 

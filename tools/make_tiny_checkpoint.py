@@ -241,13 +241,23 @@ LLADA_MOE_CHAT = ("{% if messages[0]['role'] != 'system' %}"  # abridged: roles 
 # weights and configs
 # ---------------------------------------------------------------------------------------------
 
-def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
-    """LLaDA-MoE tensors (in draw order), config.json and tokenizer_config.json."""
-    d, f, V, hd, E = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads, a.experts
-    if not 1 <= a.top_k <= E:
+def check_moe_args(a):
+    if not 1 <= a.top_k <= a.experts:
         raise SystemExit("--top-k must be in [1, --experts]")
     if not 0 <= a.first_dense <= a.layers:
         raise SystemExit("--first-dense must be in [0, --layers]")
+
+
+def add_swiglu(t, lin, prefix, inter, d):
+    """The gate_proj / up_proj / down_proj weights of a SwiGLU FFN of width `inter` under `prefix`."""
+    for proj, shape in (("gate_proj", (inter, d)), ("up_proj", (inter, d)), ("down_proj", (d, inter))):
+        t[prefix + f"{proj}.weight"] = lin(*shape)
+
+
+def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
+    """LLaDA-MoE tensors (in draw order), config.json and tokenizer_config.json."""
+    d, f, V, hd, E = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads, a.experts
+    check_moe_args(a)
     freq = [0 if i < a.first_dense else 1 for i in range(a.layers)]
     t = {"model.embed_tokens.weight": rng.standard_normal((V, d)).astype(np.float32)}
     for i in range(a.layers):
@@ -262,18 +272,13 @@ def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
             t[b + "self_attn.k_norm.weight"] = norm(hd)
         t[b + "post_attention_layernorm.weight"] = norm(d)
         if freq[i] == 0:
-            for proj, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
-                t[b + f"mlp.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + "mlp.", f, d)
             continue
         t[b + "mlp.gate.weight"] = lin(E, d)
         for e in range(E):
-            for proj, shape in (("gate_proj", (a.expert_inter, d)), ("up_proj", (a.expert_inter, d)),
-                                ("down_proj", (d, a.expert_inter))):
-                t[b + f"mlp.experts.{e}.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + f"mlp.experts.{e}.", a.expert_inter, d)
         if a.shared_inter:
-            for proj, shape in (("gate_proj", (a.shared_inter, d)), ("up_proj", (a.shared_inter, d)),
-                                ("down_proj", (d, a.shared_inter))):
-                t[b + f"shared_expert.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + "shared_expert.", a.shared_inter, d)
     t["model.norm.weight"] = norm(d)
     t["lm_head.weight"] = lin(V, d)
     cfg = {"architectures": ["LLaDAMoEModelLM"], "model_type": "lladamoe", "hidden_size": d,
@@ -297,10 +302,7 @@ def build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype):
 def build_llada2(a, rng, lin, norm, ids, kv, torch_dtype):
     """LLaDA2.0 tensors (in draw order), config.json and tokenizer_config.json (LLaDA2.0-mini layout)."""
     d, f, V, hd, E = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads, a.experts
-    if not 1 <= a.top_k <= E:
-        raise SystemExit("--top-k must be in [1, --experts]")
-    if not 0 <= a.first_dense <= a.layers:
-        raise SystemExit("--first-dense must be in [0, --layers]")
+    check_moe_args(a)
     if E % a.n_group or E // a.n_group < 2 or not 1 <= a.topk_group <= a.n_group:
         raise SystemExit("--n-group must divide --experts into groups of >= 2; --topk-group in [1, --n-group]")
     qkv = (a.heads + 2 * kv) * hd
@@ -315,18 +317,14 @@ def build_llada2(a, rng, lin, norm, ids, kv, torch_dtype):
         t[b + "attention.dense.weight"] = lin(d, a.heads * hd)
         t[b + "post_attention_layernorm.weight"] = norm(d)
         if i < a.first_dense:
-            for proj, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
-                t[b + f"mlp.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + "mlp.", f, d)
             continue
         t[b + "mlp.gate.weight"] = lin(E, d)
         t[b + "mlp.gate.expert_bias"] = (a.bias_scale * rng.standard_normal(E)).astype(np.float32)
         for e in range(E):
-            for proj, shape in (("gate_proj", (a.expert_inter, d)), ("up_proj", (a.expert_inter, d)),
-                                ("down_proj", (d, a.expert_inter))):
-                t[b + f"mlp.experts.{e}.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + f"mlp.experts.{e}.", a.expert_inter, d)
         if shared:
-            for proj, shape in (("gate_proj", (shared, d)), ("up_proj", (shared, d)), ("down_proj", (d, shared))):
-                t[b + f"mlp.shared_experts.{proj}.weight"] = lin(*shape)
+            add_swiglu(t, lin, b + "mlp.shared_experts.", shared, d)
     t["model.norm.weight"] = norm(d)
     t["lm_head.weight"] = lin(V, d)
     # The field set of LLaDA2.0-mini's config.json; like the real one it names no mask or eos token
@@ -440,9 +438,7 @@ def build(a):
                 t[b + "self_attn.v_proj.bias"] = bias(kv * hd)
             t[b + "self_attn.o_proj.weight"] = lin(d, a.heads * hd)
             t[b + "post_attention_layernorm.weight"] = norm(d)
-            t[b + "mlp.gate_proj.weight"] = lin(f, d)
-            t[b + "mlp.up_proj.weight"] = lin(f, d)
-            t[b + "mlp.down_proj.weight"] = lin(d, f)
+            add_swiglu(t, lin, b + "mlp.", f, d)
         t["model.norm.weight"] = norm(d)
         t["lm_head.weight"] = lin(V, d)
         cfg = {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": d,

@@ -1,6 +1,7 @@
 // Weight names of the Hugging Face Llama-style layout shared by Dream (Qwen2) and LLaDA-MoE (OLMoE):
 // model.embed_tokens / model.norm / lm_head and model.layers.N.{input_layernorm, self_attn.*,
-// post_attention_layernorm}.
+// post_attention_layernorm}; and the FFN of the MoE families (LLaDA-MoE, LLaDA2), whose expert names
+// they share.
 #include "models/model.h"
 
 namespace tessera {
@@ -36,6 +37,23 @@ void bind_swiglu(Model& m, LayerWeights& L, const std::string& prefix, int64_t i
   L.w_gate = m.bind(prefix + "gate_proj.weight", {inter, d}, true);
   L.w_up = m.bind(prefix + "up_proj.weight", {inter, d}, true);
   L.w_down = m.bind(prefix + "down_proj.weight", {d, inter}, true);
+}
+
+void bind_moe_model_ffn(Model& m, LayerWeights& L, int64_t l, const std::string& b,
+                        const std::string& shared_prefix) {
+  const ModelConfig& c = m.config();
+  if (!c.is_moe_layer(l)) {
+    bind_swiglu(m, L, b + "mlp.", c.intermediate);
+    return;
+  }
+  L.router = m.bind(b + "mlp.gate.weight", {c.moe.n_experts, c.hidden}, true);
+  if (c.moe.expert_bias) L.expert_bias = m.bind_bias(b + "mlp.gate.expert_bias", c.moe.n_experts);
+  L.experts = m.bind_experts(
+      [&](int64_t e, const char* proj) {
+        return b + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
+      },
+      c.moe.n_experts, c.moe.expert_inter);
+  if (c.moe.shared_inter > 0) bind_swiglu(m, L, b + shared_prefix, c.moe.shared_inter);
 }
 
 }  // namespace tessera

@@ -48,18 +48,7 @@ void bind_llada2(Model& m) {
     }
     L.wo = m.bind(b + "attention.dense.weight", {d, q}, true);
     L.ffn_norm = m.bind(b + "post_attention_layernorm.weight", {d}, false);
-    if (!c.is_moe_layer(l)) {
-      bind_swiglu(m, L, b + "mlp.", c.intermediate);
-      continue;
-    }
-    L.router = m.bind(b + "mlp.gate.weight", {c.moe.n_experts, d}, true);
-    L.expert_bias = m.bind_bias(b + "mlp.gate.expert_bias", c.moe.n_experts);
-    L.experts = m.bind_experts(
-        [&](int64_t e, const char* proj) {
-          return b + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
-        },
-        c.moe.n_experts, c.moe.expert_inter);
-    if (c.moe.shared_inter > 0) bind_swiglu(m, L, b + "mlp.shared_experts.", c.moe.shared_inter);
+    bind_moe_model_ffn(m, L, l, b, "mlp.shared_experts.");
   }
 }
 

@@ -19,17 +19,7 @@ void bind_llada_moe(Model& m) {
       L.q_norm = m.bind(b + "self_attn.q_norm.weight", {c.head_dim}, false);
       L.k_norm = m.bind(b + "self_attn.k_norm.weight", {c.head_dim}, false);
     }
-    if (!c.is_moe_layer(l)) {
-      bind_swiglu(m, L, b + "mlp.", c.intermediate);
-      continue;
-    }
-    L.router = m.bind(b + "mlp.gate.weight", {c.moe.n_experts, c.hidden}, true);
-    L.experts = m.bind_experts(
-        [&](int64_t e, const char* proj) {
-          return b + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
-        },
-        c.moe.n_experts, c.moe.expert_inter);
-    if (c.moe.shared_inter > 0) bind_swiglu(m, L, b + "shared_expert.", c.moe.shared_inter);
+    bind_moe_model_ffn(m, L, l, b, "shared_expert.");
   }
 }
 

@@ -129,6 +129,12 @@ void bind_llada2(Model& m);
 void bind_hf_embeddings(Model& m);
 void bind_hf_attention(Model& m, LayerWeights& L, const std::string& layer_prefix);
 void bind_swiglu(Model& m, LayerWeights& L, const std::string& prefix, int64_t inter);
+// The FFN of layer l (b = "model.layers.N.") shared by LLaDA-MoE and LLaDA2: dense layers a SwiGLU
+// mlp.{gate,up,down}_proj; MoE layers the router mlp.gate.weight (+ mlp.gate.expert_bias when the config
+// has one), the routed experts mlp.experts.E.{gate,up,down}_proj and, when the config has one, a shared
+// SwiGLU under b + shared_prefix.
+void bind_moe_model_ffn(Model& m, LayerWeights& L, int64_t l, const std::string& b,
+                        const std::string& shared_prefix);
 
 }  // namespace tessera
 

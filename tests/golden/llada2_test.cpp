@@ -56,12 +56,7 @@ TEST(Llada2, ConfigHasTheRealGeometry) {
   // config.json names no mask / eos token, as the real one: they come from tokenizer.json.
   EXPECT_EQ(c.mask_id, 300 - 4);
   EXPECT_EQ(c.eos_id, 300 - 5);
-  const Checkpoint ck = Checkpoint::open(dir);
-  int64_t n = 0, experts = 0;
-  for (const auto& [name, t] : ck.tensors()) {
-    n += t.numel();
-    if (name.find(".mlp.experts.") != std::string::npos) experts += t.numel();
-  }
+  const auto [n, experts] = test::checkpoint_params(dir);
   EXPECT_EQ(c.param_count(), n);
   EXPECT_EQ(c.active_param_count(), n - experts + experts * 3 / 16);
 }

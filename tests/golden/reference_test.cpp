@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/config.h"
-#include "io/safetensors.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -122,12 +121,7 @@ TEST(Reference, Llada2Bf16) {
 TEST(LladaMoe, ParameterCountsMatchTheCheckpoint) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", kMoeVariant);
   const ModelConfig c = load_config(dir);
-  const Checkpoint ck = Checkpoint::open(dir);
-  int64_t n = 0, experts = 0;
-  for (const auto& [name, t] : ck.tensors()) {
-    n += t.numel();
-    if (name.find(".mlp.experts.") != std::string::npos) experts += t.numel();
-  }
+  const auto [n, experts] = test::checkpoint_params(dir);
   EXPECT_EQ(c.param_count(), n);
   // Active: 3 of the 8 routed experts of each of the 2 MoE layers.
   EXPECT_EQ(c.active_param_count(), n - experts + experts * 3 / 8);
