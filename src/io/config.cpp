@@ -268,23 +268,84 @@ int64_t rotary_dim_of(const Reader& r, int64_t head_dim, float default_factor) {
   return rot;
 }
 
-// The id of the added token `content` in a tokenizer.json (-1 if the file or the token is absent).
-int32_t added_token_id(const fs::path& p, const std::string& content) {
-  std::ifstream f(p);
-  if (!f) return -1;
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const std::exception& e) {
-    fail(p.string() + ": not valid JSON: " + e.what());
+// The ids of the added tokens named in `want` from a tokenizer.json (-1 each where the file or the token
+// is absent; the first match wins), read in one SAX pass that stops at the end of the top-level
+// "added_tokens" array (Hugging Face files put it before the multi-megabyte vocabulary and merges): a
+// full parse of a 157k-token file costs about 0.2 s. A syntax error before that point fails here; a
+// later one is the tokenizer loader's to report.
+class AddedTokenIds final : public nlohmann::json_sax<json> {
+ public:
+  explicit AddedTokenIds(std::vector<std::string> want) : want_(std::move(want)), ids_(want_.size(), -1) {}
+  const std::vector<int32_t>& ids() const { return ids_; }
+  const std::string& error() const { return error_; }
+
+  bool start_object(std::size_t) override { return open(false); }
+  bool start_array(std::size_t) override { return open(depth_ == 1 && key_ == "added_tokens"); }
+  bool end_object() override {
+    if (in_tokens_ && depth_ == 3 && elem_id_ >= 0) {
+      for (size_t i = 0; i < want_.size(); ++i)
+        if (ids_[i] < 0 && content_ == want_[i]) ids_[i] = static_cast<int32_t>(elem_id_);
+    }
+    --depth_;
+    return true;
   }
-  if (!j.is_object() || !j.contains("added_tokens") || !j["added_tokens"].is_array()) return -1;
-  for (const json& t : j["added_tokens"]) {
-    if (t.is_object() && t.value("content", std::string()) == content && t.contains("id") &&
-        t["id"].is_number_integer())
-      return t["id"].get<int32_t>();
+  bool end_array() override {
+    const bool done = in_tokens_ && depth_ == 2;
+    --depth_;
+    return !done;  // false stops the parse: everything wanted has been read
   }
-  return -1;
+  bool key(string_t& k) override {
+    if (depth_ == 1) key_ = k;
+    if (in_tokens_ && depth_ == 3) elem_key_ = k;
+    return true;
+  }
+  bool string(string_t& v) override {
+    if (in_tokens_ && depth_ == 3 && elem_key_ == "content") content_ = v;
+    return true;
+  }
+  bool number_integer(number_integer_t v) override { return id(v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return id(v <= static_cast<number_unsigned_t>(INT32_MAX) ? static_cast<int64_t>(v) : -1);
+  }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool boolean(bool) override { return true; }
+  bool null() override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error_ = e.what();
+    return false;
+  }
+
+ private:
+  bool open(bool tokens_array) {
+    ++depth_;
+    if (tokens_array) in_tokens_ = true;
+    if (in_tokens_ && depth_ == 3) {  // an element of added_tokens
+      elem_key_.clear();
+      content_.clear();
+      elem_id_ = -1;
+    }
+    return true;
+  }
+  bool id(int64_t v) {
+    if (in_tokens_ && depth_ == 3 && elem_key_ == "id") elem_id_ = v;
+    return true;
+  }
+  std::vector<std::string> want_;
+  std::vector<int32_t> ids_;
+  std::string error_, key_, elem_key_, content_;
+  int depth_ = 0;
+  bool in_tokens_ = false;
+  int64_t elem_id_ = -1;
+};
+
+std::vector<int32_t> added_token_ids(const fs::path& p, std::vector<std::string> want) {
+  AddedTokenIds sax(std::move(want));
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return sax.ids();
+  json::sax_parse(f, &sax);
+  if (!sax.error().empty()) fail(p.string() + ": not valid JSON: " + sax.error());
+  return sax.ids();
 }
 
 }  // namespace
@@ -334,8 +395,11 @@ ModelConfig load_config(const fs::path& dir) {
   if (c.family == Family::LLaDA2) {
     // LLaDA2.0's config.json names no mask or EOS token (LLaDA2MoeModelLM.generate takes mask_id 156895
     // and eos_id 156892 as arguments): they are the tokenizer's <|mask|> and <|endoftext|>.
-    if (c.mask_id < 0) c.mask_id = added_token_id(dir / "tokenizer.json", "<|mask|>");
-    if (c.eos_id < 0) c.eos_id = added_token_id(dir / "tokenizer.json", "<|endoftext|>");
+    if (c.mask_id < 0 || c.eos_id < 0) {
+      const auto ids = added_token_ids(dir / "tokenizer.json", {"<|mask|>", "<|endoftext|>"});
+      if (c.mask_id < 0) c.mask_id = ids[0];
+      if (c.eos_id < 0) c.eos_id = ids[1];
+    }
   }
   if (c.mask_id >= c.vocab) fail(p.string() + ": mask_token_id is outside the vocabulary");
   return c;
