@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 
+#include "backend/backend.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -75,6 +76,23 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
   }
   if (margins != nullptr) *margins = read_floats(mout, rows.size());
   return read_floats(out, rows.size() * static_cast<size_t>(vocab));
+}
+
+std::vector<int32_t> random_canvas(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& x : t) {
+    s = rng_mix(s);
+    x = static_cast<int32_t>(s % static_cast<uint64_t>(vocab));
+    if (static_cast<double>(rng_mix(s) % 1000) / 1000.0 < mask_ratio) x = mask;
+  }
+  return t;
+}
+
+std::vector<int32_t> all_positions(int64_t n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  return p;
 }
 
 }  // namespace tessera::test

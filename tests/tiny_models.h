@@ -19,6 +19,10 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
                                     std::vector<float>* margins = nullptr,
                                     const std::string& extra_args = "");
 std::string join_ids(const std::vector<int32_t>& v);
+// A random canvas of n tokens in [0, vocab) with about mask_ratio of them replaced by `mask`.
+std::vector<int32_t> random_canvas(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio);
+// 0, 1, ..., n - 1.
+std::vector<int32_t> all_positions(int64_t n);
 // The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
 struct CheckpointParams {
   int64_t total = 0, routed_experts = 0;

@@ -1,8 +1,8 @@
 // tessera eval: the fidelity harness (src/eval/fidelity.h) on a model's held-out text.
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
-// threshold, alg, temperature, precision, device, k-ffn, k-logits, memory-budget) measured against the exact
-// path.
+// threshold, alg, temperature, cache, precision, device, k-ffn, k-logits, memory-budget) measured against the
+// exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -67,6 +67,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.gen.alg = v;
       } else if (k == "temperature") {
         c.gen.temperature = std::stof(v);
+      } else if (k == "cache") {
+        c.gen.cache = v;
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -84,7 +86,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.own_engine = true;
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
-             "' (known: steps, block-length, threshold, alg, temperature, precision, device, k-ffn, "
+             "' (known: steps, block-length, threshold, alg, temperature, cache, precision, device, k-ffn, "
              "k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {

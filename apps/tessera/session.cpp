@@ -43,6 +43,11 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
                   "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "
                   "it must; a request that cannot fit fails before it starts")
       ->check(size_validator());
+  sub->add_option(
+         "--cache", a.cache,
+         "KV cache (Fast-dLLM): none (exact), prefix (reuse K/V before the block), dual (also after it); "
+         "approximate for bidirectional models, exact for block-causal LLaDA2")
+      ->check(CLI::IsMember({"none", "prefix", "dual"}));
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -158,6 +163,7 @@ Session::Session(const SessionArgs& a) {
   gen_.top_p = a.top_p;
   gen_.alg_temp = a.alg_temp;
   gen_.seed = a.seed;
+  gen_.cache = a.cache;
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
   for (const char* extra : {"<|eot_id|>", "<|im_end|>", "<|role_end|>"}) {
@@ -268,6 +274,8 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
   // A memory budget is checked on the request's largest step (the whole canvas, a full block of
   // masked positions) before the first forward.
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()));
+  // The KV cache is held for the whole request: made first so that the budget check counts it.
+  if (gen_.cache != "none") engine_->kv_cache_reset(canvas);
   if (engine_->activation_budget() > 0) {
     if (engine_->attention_block() > 0) engine_->set_attention_block(gen_.block_length);
     engine_->check_memory(

@@ -186,6 +186,11 @@ class Backend {
   virtual void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& experts,
                        Tensor& scratch, Tensor& out) = 0;
 
+  // KV cache writes: dst[rows[i], :] = src[i, :] for every i < rows.numel(); src and dst have the same
+  // dtype and columns, rows (i32) must lie in [0, dst.rows()) and be distinct. Other rows of dst keep
+  // their values.
+  virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
+
   // Optional capabilities.
   virtual bool supports_block_sparse() const { return false; }
   // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.

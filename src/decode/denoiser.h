@@ -5,6 +5,7 @@
 #include <span>
 
 #include "backend/backend.h"
+#include "core/error.h"
 
 namespace tessera {
 
@@ -27,6 +28,26 @@ class Denoiser {
   // generate() sets it to the generation's block length before the first forward.
   virtual int attention_block() const { return 0; }
   virtual void set_attention_block(int block) { (void)block; }
+
+  // KV cache (Fast-dLLM prefix / dual cache; the engine's State tensors). kv_cache_reset starts a
+  // request: a cache for canvases of up to `capacity` positions with every row unwritten.
+  // predict_cached is predict computing only canvas rows [q_lo, q_hi) (widened to cover the rows
+  // whose hidden states give the logits of `positions`): the keys and values of the other rows come
+  // from the cache, where an earlier call must have written them, and the computed rows' keys and
+  // values replace theirs in the cache. q_lo = 0, q_hi = canvas size recomputes the whole cache and
+  // equals predict. Reusing a row whose tokens (or whose context) changed since it was written is
+  // the approximation a cache makes; exact for rows that no changed row can influence.
+  virtual bool supports_kv_cache() const { return false; }
+  virtual void kv_cache_reset(int64_t capacity) {
+    (void)capacity;
+    fail("this denoiser has no KV cache");
+  }
+  virtual void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                              std::span<const int32_t> positions, const SampleParams& sp,
+                              std::span<int32_t> tokens, std::span<float> conf) {
+    (void)canvas, (void)q_lo, (void)q_hi, (void)positions, (void)sp, (void)tokens, (void)conf;
+    fail("this denoiser has no KV cache");
+  }
 };
 
 }  // namespace tessera

@@ -51,6 +51,11 @@ struct Loop {
   std::vector<int> min_sched;
   std::vector<int32_t> canvas;
   std::vector<char> decided;  // per canvas position
+  // KV cache: 0 none, 1 prefix, 2 dual. The current block's rows [blk_lo, blk_hi); blk_fresh until its
+  // first forward. Block-causal: rows >= stale_from hold K / V computed before their block was final.
+  int cache = 0;
+  int blk_lo = 0, blk_hi = 0, stale_from = 0;
+  bool blk_fresh = true;
   SampleParams base;
   GenerateResult res;
   // Scratch reused across steps.
@@ -79,6 +84,21 @@ struct Loop {
     tok.assign(n, 0);
     conf.assign(n, 0.0f);
     const size_t seen = window > 0 ? static_cast<size_t>(window) : canvas.size();
+    if (cache > 0) {
+      const auto n = static_cast<int64_t>(seen);
+      int64_t q_lo = blk_lo, q_hi = n;
+      if (window > 0) {
+        if (blk_fresh) q_lo = stale_from;
+      } else if (blk_fresh) {
+        q_lo = 0;
+      } else if (cache == 2) {
+        q_hi = blk_hi;
+      }
+      den.predict_cached(std::span<const int32_t>(canvas).first(seen), q_lo, q_hi, pos, sp, tok, conf);
+      if (window > 0 && blk_fresh) stale_from = blk_lo;
+      blk_fresh = false;
+      return;
+    }
     if (o.cfg_scale <= 0.0f) {
       den.predict(std::span<const int32_t>(canvas).first(seen), pos, sp, tok, conf);
       return;
@@ -234,6 +254,12 @@ struct Loop {
     }
   }
 
+  void begin_block(int lo, int hi) {
+    blk_lo = lo;
+    blk_hi = hi;
+    blk_fresh = true;
+  }
+
   bool has_eos(int lo, int hi) const {
     for (int p = lo; p < hi; ++p)
       if (std::find(o.eos_ids.begin(), o.eos_ids.end(), canvas[static_cast<size_t>(p)]) != o.eos_ids.end())
@@ -287,6 +313,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
   for (int b = L.P / BL; b < total / BL; ++b) {
     const int lo = std::max(b * BL, L.P), hi = (b + 1) * BL;
     L.window = hi;
+    L.begin_block(b * BL, hi);
     if (o.threshold > 0.0f) {
       L.threshold_block(lo, hi, g);
     } else {
@@ -343,6 +370,10 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
     TESSERA_CHECK(
         e >= 0 && e < vocab_size,
         "eos id " + std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  TESSERA_CHECK(o.cache == "none" || o.cache == "prefix" || o.cache == "dual",
+                "unknown KV cache '" + o.cache + "'; use none, prefix or dual");
+  TESSERA_CHECK(!(o.cache != "none" && o.cfg_scale > 0.0f),
+                "the KV cache cannot be combined with classifier-free guidance; use cache none or cfg 0");
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
@@ -366,6 +397,13 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.P = static_cast<int>(prompt.size());
   L.G = o.gen_length;
   L.canvas.assign(prompt.begin(), prompt.end());
+  L.cache = o.cache == "prefix" ? 1 : o.cache == "dual" ? 2 : 0;
+  if (L.cache > 0) {
+    TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
+    const int64_t total =
+        aligned ? (L.P + L.G + o.block_length - 1) / o.block_length * o.block_length : int64_t{L.P} + L.G;
+    den.kv_cache_reset(total);
+  }
   if (aligned) {
     den.set_attention_block(o.block_length);
     return generate_block_causal(L, llada);
@@ -382,6 +420,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   uint64_t g = 0;  // global step counter (RNG)
   for (int b = 0; b < lay.num_blocks; ++b) {
     const int lo = L.P + b * lay.block_length, hi = lo + lay.block_length;
+    L.begin_block(lo, hi);
     if (o.threshold > 0.0f) {
       L.threshold_block(lo, hi, g);
     } else {

@@ -29,6 +29,16 @@
 // max(1, llada_schedule(block_length, steps)[i]) positions. The step counter g advances by `steps` per
 // block without threshold (one per forward with it).
 //
+// KV cache (GenerateOptions::cache, Fast-dLLM; algorithms.md 1D), off by default:
+//   prefix  the first forward of every block computes the whole canvas and refreshes the cache; later
+//           forwards of the block compute only rows [block start, end of canvas) and reuse the cached
+//           keys / values of the rows before the block.
+//   dual    as prefix, but later forwards compute only the block's rows [lo, hi): the suffix is cached too.
+// Both are approximations for bidirectional models (cached rows do not see the block's new tokens
+// until the next block). For block-causal models they are exact (up to rounding) and the same: rows
+// of finished blocks never change nor attend to later rows, so the first forward of a block computes
+// the previous block (now final) and this one, later forwards only this block.
+//
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
@@ -55,6 +65,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool logits_eos_inf = false;  // forbid eos_ids[0] (LLaDA's logits_eos_inf)
   bool stop_at_eos = true;      // trim the output at the first EOS; stop after a block that holds one
+  std::string cache = "none";   // KV cache: none | prefix | dual (see above)
   std::vector<int32_t> eos_ids;
 };
 

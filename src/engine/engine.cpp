@@ -47,17 +47,19 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   return e;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
+}
 
 const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp) {
   const ModelConfig& cfg = model_->config();
   tokens_.clear();
   q_pos_.clear();
-  cu_.clear();
+  cu_q_.clear();
   rows_.clear();
   keys_.clear();
   targets_.clear();
-  cu_.push_back(0);
+  cu_q_.push_back(0);
   for (const SeqInput& s : seqs) {
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) fail("forward: an empty sequence");
@@ -86,15 +88,22 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
       keys_.push_back(pos);
       if (mode == OutputMode::LogProb) targets_.push_back(s.targets[j]);
     }
-    cu_.push_back(static_cast<int32_t>(tokens_.size()));
+    cu_q_.push_back(static_cast<int32_t>(tokens_.size()));
   }
+  k_pos_.assign(q_pos_.begin(), q_pos_.end());
+  cu_k_.assign(cu_q_.begin(), cu_q_.end());
   graph::StepShape shape;
   shape.n_query = static_cast<int64_t>(tokens_.size());
   shape.n_kv = shape.n_query;
   shape.n_logits = static_cast<int64_t>(rows_.size());
   shape.n_seqs = static_cast<int64_t>(seqs.size());
-  const graph::GraphTemplate& g = model_->graph(mode);
-  const graph::Program& prog = program_for(mode, shape);
+  return execute_step(mode, false, shape, sp);
+}
+
+const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
+                                           const SampleParams* sp) {
+  const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
+  const graph::Program& prog = program_for(mode, shape, kv_cache);
   ws_->commit(prog.peak);
 
   ExecContext ctx;
@@ -102,16 +111,28 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   ctx.base = static_cast<char*>(ws_->base());
   ctx.sample = sp;
   ctx.dump_dir = opt_.dump_dir;
+  if (kv_cache) {  // State tensors: consecutive slices of the cache buffer, kv_capacity_ rows each
+    state_ptrs_.assign(g.tensors().size(), nullptr);
+    size_t off = 0;
+    for (size_t i = 0; i < g.tensors().size(); ++i) {
+      const graph::TensorDecl& d = g.tensors()[i];
+      if (d.kind != graph::TensorKind::State) continue;
+      state_ptrs_[i] = static_cast<char*>(kv_buf_) + off;
+      off += static_cast<size_t>(kv_capacity_ * d.rows_mul * d.cols) * dtype_size(d.dtype);
+    }
+    TESSERA_CHECK(off <= kv_bytes_, "engine: internal error, the KV cache layout exceeds its buffer");
+    ctx.state = &state_ptrs_;
+  }
   auto stage = [&](int id, const std::vector<int32_t>& v) {
     if (id < 0 || v.empty()) return;
     backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(id)].offset, v.data(), v.size() * 4);
   };
-  const GraphIo& ids = io(mode);
+  const GraphIo& ids = io(mode, kv_cache);
   stage(ids.tokens, tokens_);
   stage(ids.q_pos, q_pos_);
-  stage(ids.k_pos, q_pos_);
-  stage(ids.cu_q, cu_);
-  stage(ids.cu_k, cu_);
+  stage(ids.k_pos, k_pos_);
+  stage(ids.cu_q, cu_q_);
+  stage(ids.cu_k, cu_k_);
   stage(ids.rows, rows_);
   stage(ids.keys, keys_);
   stage(ids.target, targets_);
@@ -119,12 +140,13 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   return prog;
 }
 
-const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shape) {
-  const PlanKey key{static_cast<int>(mode), shape.n_query, shape.n_kv, shape.n_logits, shape.n_seqs};
+const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shape, bool kv_cache) {
+  const PlanKey key{static_cast<int>(mode) + (kv_cache ? 3 : 0), shape.n_query, shape.n_kv, shape.n_logits,
+                    shape.n_seqs};
   auto it = plans_.find(key);
   last_.plan_cached = it != plans_.end();
   if (it == plans_.end()) {
-    const graph::GraphTemplate& g = model_->graph(mode);
+    const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
     CachedPlan c;
     shape.k_ffn = opt_.k_ffn;
     shape.k_logits = opt_.k_logits;
@@ -178,7 +200,7 @@ size_t Engine::workspace_resident() const {
 }
 
 size_t Engine::activation_budget() const {
-  const size_t w = model_ ? model_->weight_bytes() : 0;
+  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_bytes_;
   return opt_.memory_budget > w ? opt_.memory_budget - w : 0;
 }
 
@@ -214,11 +236,11 @@ void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t 
        " tokens (at the same mask ratio " + r + "); raise the budget or shorten the request.");
 }
 
-const Engine::GraphIo& Engine::io(OutputMode mode) {
-  const auto m = static_cast<size_t>(mode);
-  if (!io_ready_[m]) {
-    const graph::GraphTemplate& g = model_->graph(mode);
-    GraphIo& r = io_[m];
+const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
+  const auto m = static_cast<size_t>(mode), slot = m + (kv_cache ? 3 : 0);
+  if (!io_ready_[slot]) {
+    const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
+    GraphIo& r = io_[slot];
     r.tokens = g.find("tokens");
     r.q_pos = g.find("q_pos");
     r.k_pos = g.find("k_pos");
@@ -229,9 +251,9 @@ const Engine::GraphIo& Engine::io(OutputMode mode) {
     r.target = g.find("target");
     const char* outs[3][2] = {{"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}};
     for (int i = 0; i < 2; ++i) r.out[i] = outs[m][i] != nullptr ? g.find(outs[m][i]) : -1;
-    io_ready_[m] = true;
+    io_ready_[slot] = true;
   }
-  return io_[m];
+  return io_[slot];
 }
 
 void Engine::read_output(const graph::Program& p, int id, void* dst, size_t bytes) {
@@ -271,6 +293,107 @@ void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> po
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }
 
+void Engine::kv_cache_reset(int64_t capacity) {
+  const ModelConfig& cfg = model_->config();
+  TESSERA_CHECK(capacity > 0 && capacity <= cfg.max_positions,
+                "KV cache: a canvas of " + std::to_string(capacity) + " positions does not fit the model's " +
+                    std::to_string(cfg.max_positions) + " positions");
+  if (capacity > kv_capacity_) {
+    size_t row_bytes = 0;  // one canvas row of every State tensor
+    for (const graph::TensorDecl& d : model_->graph(OutputMode::Sample, true).tensors()) {
+      if (d.kind == graph::TensorKind::State)
+        row_bytes += static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
+    }
+    const size_t bytes = row_bytes * static_cast<size_t>(capacity);
+    if (opt_.memory_budget > 0 && model_->weight_bytes() + bytes >= opt_.memory_budget) {
+      fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+           " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+           ") plus a KV cache of " + std::to_string(capacity) + " positions (" +
+           memory::format_bytes(static_cast<double>(bytes)) + ", K and V of every layer in f32)");
+    }
+    if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
+    kv_buf_ = nullptr;
+    kv_bytes_ = 0;
+    kv_capacity_ = 0;
+    kv_buf_ = backend_->alloc_weights(bytes);
+    kv_bytes_ = bytes;
+    kv_capacity_ = capacity;
+    if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank by the cache
+  }
+  kv_written_.assign(static_cast<size_t>(kv_capacity_), 0);
+}
+
+void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                            std::span<const int32_t> positions, const SampleParams& sp,
+                            std::span<int32_t> tokens, std::span<float> conf) {
+  const graph::Program& p = run_cached(OutputMode::Sample, canvas, q_lo, q_hi, positions, &sp);
+  const GraphIo& ids = io(OutputMode::Sample, true);
+  read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
+  read_output(p, ids.out[1], conf.data(), conf.size_bytes());
+}
+
+void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                           std::span<const int32_t> positions, std::span<float> out) {
+  const graph::Program& p = run_cached(OutputMode::Logits, canvas, q_lo, q_hi, positions, nullptr);
+  read_output(p, io(OutputMode::Logits, true).out[0], out.data(), out.size_bytes());
+}
+
+const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_t> canvas, int64_t q_lo,
+                                         int64_t q_hi, std::span<const int32_t> positions,
+                                         const SampleParams* sp) {
+  const ModelConfig& cfg = model_->config();
+  const auto n = static_cast<int64_t>(canvas.size());
+  TESSERA_CHECK(kv_buf_ != nullptr && n <= kv_capacity_,
+                "KV cache: no cache for a canvas of " + std::to_string(n) +
+                    " positions (call kv_cache_reset with the request's canvas size first)");
+  TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
+                "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
+                    ") are not a non-empty range of the canvas of " + std::to_string(n));
+  rows_.clear();
+  keys_.clear();
+  targets_.clear();
+  for (const int32_t pos : positions) {
+    if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
+    const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;  // Dream's shift
+    q_lo = std::min<int64_t>(q_lo, row);
+    q_hi = std::max<int64_t>(q_hi, row + 1);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if ((r < q_lo || r >= q_hi) && kv_written_[static_cast<size_t>(r)] == 0) {
+      fail("KV cache: canvas row " + std::to_string(r) +
+           " was never computed in this request; compute it (or the whole canvas) before reusing the cache");
+    }
+  }
+  tokens_.clear();
+  q_pos_.clear();
+  k_pos_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = canvas[static_cast<size_t>(i)];
+    if (t < 0 || t >= cfg.vocab) {
+      fail("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(cfg.vocab));
+    }
+    k_pos_.push_back(static_cast<int32_t>(i));
+    if (i >= q_lo && i < q_hi) {
+      tokens_.push_back(t);
+      q_pos_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  for (const int32_t pos : positions) {
+    const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;
+    rows_.push_back(static_cast<int32_t>(row - q_lo));
+    keys_.push_back(pos);
+  }
+  cu_q_.assign({0, static_cast<int32_t>(q_hi - q_lo)});
+  cu_k_.assign({0, static_cast<int32_t>(n)});
+  graph::StepShape shape;
+  shape.n_query = q_hi - q_lo;
+  shape.n_kv = n;
+  shape.n_logits = static_cast<int64_t>(positions.size());
+  const graph::Program& p = execute_step(mode, true, shape, sp);
+  std::fill(kv_written_.begin() + q_lo, kv_written_.begin() + q_hi, uint8_t{1});
+  return p;
+}
+
 int Engine::attention_block() const {
   return model_->options().mask == MaskKind::BlockCausal ? model_->options().mask_block : 0;
 }
@@ -280,6 +403,7 @@ void Engine::set_attention_block(int block) {
   model_->set_mask_block(block);
   plans_.clear();  // programs were instantiated from the previous graphs
   for (bool& r : io_ready_) r = false;
+  std::fill(kv_written_.begin(), kv_written_.end(), uint8_t{0});  // cached rows saw the old mask
 }
 
 }  // namespace tessera

@@ -97,6 +97,16 @@ class Engine final : public Denoiser {
                std::span<int32_t> tokens, std::span<float> conf) override;
   void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
               std::span<float> out) override;
+  bool supports_kv_cache() const override { return true; }
+  void kv_cache_reset(int64_t capacity) override;
+  void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                      std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                      std::span<float> conf) override;
+  // Full logits [positions, vocab] of a KV-cache step (as predict_cached; tests and host-side policies).
+  void logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                     std::span<const int32_t> positions, std::span<float> out);
+  // Bytes held by the KV cache (0 until a request uses it): every layer's K and V, f32, at capacity.
+  size_t kv_cache_bytes() const { return kv_bytes_; }
   int attention_block() const override;
   // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
   // drops the cached plans when the block changes.
@@ -105,11 +115,19 @@ class Engine final : public Denoiser {
  private:
   Engine() = default;
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
-  // Stages inputs, plans (cached), commits the workspace and executes; returns the program.
+  // Packs the sequences into the host staging arrays, then execute_step; returns the program.
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
+  // Plans (cached), commits the workspace, copies the staged inputs and executes the graph of `mode`
+  // (its KV cache variant when kv_cache).
+  // A KV-cache step: stages canvas rows [q_lo, q_hi) (widened to the logit rows of `positions`) as
+  // queries and the whole canvas as keys, checks that every other row is cached, runs execute_step.
+  const graph::Program& run_cached(OutputMode mode, std::span<const int32_t> canvas, int64_t q_lo,
+                                   int64_t q_hi, std::span<const int32_t> positions, const SampleParams* sp);
+  const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
+                                     const SampleParams* sp);
   // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
   // come from the lazy chunking optimizer, else from the options. Fills last_.
-  const graph::Program& program_for(OutputMode mode, graph::StepShape shape);
+  const graph::Program& program_for(OutputMode mode, graph::StepShape shape, bool kv_cache = false);
   [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
   void check_weights_fit() const;
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
@@ -119,16 +137,16 @@ class Engine final : public Denoiser {
     int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
     int out[2] = {-1, -1};
   };
-  const GraphIo& io(OutputMode mode);
-  GraphIo io_[3];
-  bool io_ready_[3] = {false, false, false};
+  const GraphIo& io(OutputMode mode, bool kv_cache = false);
+  GraphIo io_[6];  // [mode + 3 * kv_cache]
+  bool io_ready_[6] = {};
 
   EngineOptions opt_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Workspace> ws_;
-  using PlanKey =
-      std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // mode, n_query, n_kv, n_logits, n_seqs
+  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t,
+                             int64_t>;  // mode + 3 * kv_cache, n_query, n_kv, n_logits, n_seqs
   struct CachedPlan {
     graph::Program prog;
     double search_ms = 0.0;
@@ -138,7 +156,14 @@ class Engine final : public Denoiser {
   StepStats last_;
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
-  std::vector<int32_t> tokens_, q_pos_, cu_, rows_, keys_, targets_;
+  std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_;
+  // KV cache: one backend buffer with every State tensor at kv_capacity_ rows; kv_written_ marks
+  // the canvas rows whose K / V it holds for the current request.
+  void* kv_buf_ = nullptr;
+  size_t kv_bytes_ = 0;
+  int64_t kv_capacity_ = 0;
+  std::vector<uint8_t> kv_written_;
+  std::vector<char*> state_ptrs_;  // per tensor id of the cached graph
 };
 
 }  // namespace tessera

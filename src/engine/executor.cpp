@@ -16,6 +16,12 @@ Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const
   if (d.kind == graph::TensorKind::Weight) return d.weight;
   const graph::InstTensor& t = p.tensors[static_cast<size_t>(id)];
   char* ptr = c.base + t.offset;
+  if (d.kind == graph::TensorKind::State) {
+    TESSERA_CHECK(c.state != nullptr && static_cast<size_t>(id) < c.state->size() &&
+                      (*c.state)[static_cast<size_t>(id)] != nullptr,
+                  "execute: no memory bound for the state tensor " + d.full_name());
+    ptr = (*c.state)[static_cast<size_t>(id)];
+  }
   int64_t rows = t.rows;
   if (loop >= 0) {
     const graph::Program::Loop& L = p.loops[static_cast<size_t>(loop)];
@@ -121,6 +127,11 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
       MoeRouteParams rp = op.p.route;
       if (op.in.size() > 1) rp.expert_bias = in(1).as<const float>();
       b.moe_route(in(0), rp, ids, w);
+      break;
+    }
+    case OpKind::ScatterRows: {
+      Tensor o = out(0);
+      b.scatter_rows(in(0), in(1), o);
       break;
     }
     case OpKind::MoeFfn: {

@@ -2,6 +2,7 @@
 // chunk loops executed K times on consecutive row ranges.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "graph/graph.h"
@@ -13,6 +14,8 @@ struct ExecContext {
   char* base = nullptr;                  // workspace base (device pointer)
   const SampleParams* sample = nullptr;  // for SampleRows
   std::string dump_dir;                  // non-empty: dump every op output (debug)
+  // State tensors (KV cache): the device pointer of each, indexed by tensor id (others null).
+  const std::vector<char*>* state = nullptr;
 };
 
 // A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).

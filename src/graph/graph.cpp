@@ -52,6 +52,8 @@ const char* op_name(OpKind k) {
       return "moe_route";
     case OpKind::MoeFfn:
       return "moe_ffn";
+    case OpKind::ScatterRows:
+      return "scatter_rows";
   }
   return "?";
 }
@@ -107,6 +109,12 @@ int GraphTemplate::add_tensor(std::string name, int layer, DType dt, Sym rows, i
 int GraphTemplate::add_output(std::string name, DType dt, Sym rows, int64_t cols) {
   const int id = add_tensor(std::move(name), -1, dt, rows, cols);
   tensors_[static_cast<size_t>(id)].kind = TensorKind::Output;
+  return id;
+}
+
+int GraphTemplate::add_state(std::string name, int layer, DType dt, Sym rows, int64_t cols) {
+  const int id = add_tensor(std::move(name), layer, dt, rows, cols);
+  tensors_[static_cast<size_t>(id)].kind = TensorKind::State;
   return id;
 }
 
@@ -229,7 +237,7 @@ Program instantiate(const GraphTemplate& g, const StepShape& s) {
     for (int oi = l.begin; oi < l.end; ++oi) {
       for (const Ref& r : ops[static_cast<size_t>(oi)].in) {
         const auto kind = decls[static_cast<size_t>(r.id)].kind;
-        if (kind == TensorKind::Weight) continue;
+        if (kind == TensorKind::Weight || kind == TensorKind::State) continue;
         if (prog.tensors[static_cast<size_t>(r.id)].first < l.begin &&
             std::find(l.barriers.begin(), l.barriers.end(), r.id) == l.barriers.end()) {
           fail("graph: " + decls[static_cast<size_t>(r.id)].full_name() +
@@ -248,6 +256,10 @@ Program instantiate(const GraphTemplate& g, const StepShape& s) {
     }
     if (decls[i].kind == TensorKind::Output) t.last = n_ops;
     if (decls[i].kind != TensorKind::Weight && t.first < 0) t.first = t.last = 0;  // unused
+    if (decls[i].kind == TensorKind::State) {                                      // outlives the step
+      t.first = 0;
+      t.last = n_ops;
+    }
   }
   // Aliases merge into their root's lifetime.
   for (size_t i = 0; i < decls.size(); ++i) {

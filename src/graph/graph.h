@@ -33,7 +33,9 @@ struct StepShape {
   std::array<int64_t, static_cast<size_t>(Sym::kCount)> bind() const;
 };
 
-enum class TensorKind : uint8_t { Weight, Input, Transient, Output };
+// State: memory that outlives a step (the KV cache): not planned; the engine gives each State tensor
+// its own buffer (ExecContext::state), and rows = value(sym) is the part a step sees.
+enum class TensorKind : uint8_t { Weight, Input, Transient, Output, State };
 
 struct TensorDecl {
   std::string name;  // e.g. "attn_norm"; with layer >= 0 printed as "blk.3.attn_norm"
@@ -59,8 +61,9 @@ enum class OpKind : uint8_t {
   Swiglu,
   SampleRows,
   TokenLogprob,
-  MoeRoute,  // in: router logits [, expert bias]; out: ids, weights
-  MoeFfn,    // in: x, ids, weights, x (accumulated) [, expert weight shapes]; out: scratch, x
+  MoeRoute,     // in: router logits [, expert bias]; out: ids, weights
+  MoeFfn,       // in: x, ids, weights, x (accumulated) [, expert weight shapes]; out: scratch, x
+  ScatterRows,  // in: src, row indices; out: dst (State) with dst[rows[i]] = src[i]
 };
 const char* op_name(OpKind k);
 
@@ -108,6 +111,8 @@ class GraphTemplate {
   int add_input(std::string name, DType dt, Sym rows, int64_t cols = 1);
   int add_tensor(std::string name, int layer, DType dt, Sym rows, int64_t cols, int64_t mul = 1);
   int add_output(std::string name, DType dt, Sym rows, int64_t cols = 1);
+  // Memory kept across steps (KV cache rows): rows = value(rows) visible to the step, not planned.
+  int add_state(std::string name, int layer, DType dt, Sym rows, int64_t cols);
   // A byte buffer of bytes_per_row * rows + fixed_bytes (an op's workspace, e.g. moe_scratch).
   int add_scratch(std::string name, int layer, Sym rows, size_t bytes_per_row, size_t fixed_bytes);
   // `out` is written straight into `in`'s memory (same or smaller size); lifetimes merge.

@@ -136,7 +136,9 @@ std::vector<Buffer> program_buffers(const graph::GraphTemplate& g, const graph::
   std::vector<Buffer> bufs;
   std::vector<int> of(decls.size(), -1);
   for (size_t i = 0; i < decls.size(); ++i) {
-    if (decls[i].kind == graph::TensorKind::Weight || decls[i].alias_of >= 0) continue;
+    if (decls[i].kind == graph::TensorKind::Weight || decls[i].kind == graph::TensorKind::State ||
+        decls[i].alias_of >= 0)
+      continue;
     const auto& t = prog.tensors[i];
     of[i] = static_cast<int>(bufs.size());
     bufs.push_back(Buffer{t.bytes, t.first, t.last});

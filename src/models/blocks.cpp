@@ -127,13 +127,20 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     }
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
+    int keys = k, values = v;
+    if (o.kv_cache) {  // this step's rows go into the cache at their positions; attention reads all of it
+      keys = g.add_state("k_cache", l, DType::F32, Sym::NKv, kv_width);
+      values = g.add_state("v_cache", l, DType::F32, Sym::NKv, kv_width);
+      g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {q_pos}}, {{keys}});
+      g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {q_pos}}, {{values}});
+    }
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
     std::vector<Ref> attn_outs{{att}};
     if (o.stage_kv_bf16) {  // bf16 copies of K and V for tensor-core attention, planned like any tensor
       attn_outs.push_back({g.add_tensor("attn_kv_bf16", l, DType::BF16, Sym::NKv, 2 * kv_width)});
     }
-    g.add_op(OpKind::Attention, "attention", l, {{q}, {k}, {v}, {cu_q}, {cu_k}, {q_pos}, {k_pos}}, attn_outs,
-             attn);
+    g.add_op(OpKind::Attention, "attention", l, {{q}, {keys}, {values}, {cu_q}, {cu_k}, {q_pos}, {k_pos}},
+             attn_outs, attn);
     g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);  // x += att wo^T
 
     // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk. A dense layer runs

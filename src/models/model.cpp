@@ -151,9 +151,13 @@ void Model::set_mask_block(int64_t block) {
   for (auto& g : graphs_) g.reset();
 }
 
-const graph::GraphTemplate& Model::graph(OutputMode mode) {
-  auto& slot = graphs_[static_cast<int>(mode)];
-  if (!slot) slot = std::make_unique<graph::GraphTemplate>(build_dense_graph(w_, opts_, mode));
+const graph::GraphTemplate& Model::graph(OutputMode mode, bool kv_cache) {
+  auto& slot = graphs_[static_cast<int>(mode) + (kv_cache ? 3 : 0)];
+  if (!slot) {
+    GraphOptions o = opts_;
+    o.kv_cache = kv_cache;
+    slot = std::make_unique<graph::GraphTemplate>(build_dense_graph(w_, o, mode));
+  }
   return *slot;
 }
 

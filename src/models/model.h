@@ -56,6 +56,10 @@ struct GraphOptions {
   // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch): set for GPU
   // backends computing in bf16, whose tensor-core attention reads bf16 K and V.
   bool stage_kv_bf16 = false;
+  // KV cache graph: every layer writes its post-RoPE K and V rows into the State tensors
+  // blk.N.k_cache / blk.N.v_cache (n_kv rows, f32) at the rows' positions, and attention reads the
+  // whole cache. A step computes only its n_query rows; the other rows' K / V come from the cache.
+  bool kv_cache = false;
 };
 
 class Model {
@@ -74,8 +78,9 @@ class Model {
   const GraphOptions& options() const { return opts_; }
   DType act_dtype() const { return opts_.act; }
   size_t weight_bytes() const { return weight_bytes_; }
-  // The family's graph template for an output mode (built once, cached).
-  const graph::GraphTemplate& graph(OutputMode mode);
+  // The family's graph template for an output mode (built once, cached); kv_cache: the variant that
+  // reads and writes the KV cache (GraphOptions::kv_cache).
+  const graph::GraphTemplate& graph(OutputMode mode, bool kv_cache = false);
 
   // Used by the family files while binding weights.
   Tensor bind(const std::string& name, std::vector<int64_t> shape, bool gemm_weight);
@@ -111,7 +116,7 @@ class Model {
   Backend* backend_ = nullptr;
   std::vector<void*> owned_;  // backend allocations to free
   size_t weight_bytes_ = 0;
-  std::unique_ptr<graph::GraphTemplate> graphs_[3];
+  std::unique_ptr<graph::GraphTemplate> graphs_[6];  // [mode + 3 * kv_cache]
 };
 
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).

@@ -21,11 +21,7 @@ namespace {
 
 constexpr const char* kArgs = "--seed 7";
 
-std::vector<int32_t> all_positions(int64_t n) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  return p;
-}
+using test::all_positions;
 
 std::vector<int32_t> tokens_of(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));

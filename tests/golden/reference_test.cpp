@@ -14,22 +14,8 @@
 namespace tessera {
 namespace {
 
-std::vector<int32_t> canvas_of(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& x : t) {
-    s = rng_mix(s);
-    x = static_cast<int32_t>(s % static_cast<uint64_t>(vocab));
-    if (static_cast<double>(rng_mix(s) % 1000) / 1000.0 < mask_ratio) x = mask;
-  }
-  return t;
-}
-
-std::vector<int32_t> all_positions(int64_t n) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  return p;
-}
+using test::all_positions;
+using test::random_canvas;
 
 // bf16 MoE: a row whose top-k router margin (reference logits) is within about twice the bf16 noise
 // of the router logits (up to 1e-2 on the tiny models, logits ~N(0, 1)) may pick another expert, which
@@ -49,7 +35,7 @@ void check_against_reference(const std::string& family, Precision prec, double t
   auto e = Engine::load(dir, o);
   const int64_t V = e->vocab_size();
   for (int64_t n : {1, 5, 33, 130}) {  // below, at odd offsets of and above the 32/128 tiles
-    const auto canvas = canvas_of(n, V, static_cast<uint64_t>(n), e->mask_token(), 0.4);
+    const auto canvas = random_canvas(n, V, static_cast<uint64_t>(n), e->mask_token(), 0.4);
     const auto pos = all_positions(n);
     std::vector<float> got(static_cast<size_t>(n * V)), margins;
     e->logits(canvas, pos, got);
@@ -152,7 +138,7 @@ TEST(MaskOnlyLogits, EqualTheMatchingRowsOfFullLogits) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
     auto e = Engine::load(dir);
     const int64_t V = e->vocab_size(), n = 300;
-    const auto canvas = canvas_of(n, V, 9, e->mask_token(), 0.5);
+    const auto canvas = random_canvas(n, V, 9, e->mask_token(), 0.5);
     std::vector<float> full(static_cast<size_t>(n * V));
     e->logits(canvas, all_positions(n), full);
     std::vector<int32_t> masked;
@@ -174,7 +160,8 @@ TEST(Packing, TwoSequencesInOneForwardEqualSeparateForwards) {
   TESSERA_TINY_OR_SKIP(dir, "dream", "--seed 5");
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
   const int64_t V = e->vocab_size();
-  const auto a = canvas_of(41, V, 1, e->mask_token(), 0.5), b = canvas_of(70, V, 2, e->mask_token(), 0.5);
+  const auto a = random_canvas(41, V, 1, e->mask_token(), 0.5),
+             b = random_canvas(70, V, 2, e->mask_token(), 0.5);
   const std::vector<int32_t> pa = {0, 3, 40}, pb = {1, 69};
   std::vector<float> sa(3 * static_cast<size_t>(V)), sb(2 * static_cast<size_t>(V)),
       both(5 * static_cast<size_t>(V));
@@ -191,7 +178,7 @@ void check_chunking(const std::string& family, const std::string& args) {
   auto plain = Engine::load(dir, EngineOptions{.precision = Precision::F32});
   auto chunked = Engine::load(dir, EngineOptions{.precision = Precision::F32, .k_ffn = 3, .k_logits = 4});
   const int64_t V = plain->vocab_size(), n = 97;
-  const auto canvas = canvas_of(n, V, 3, plain->mask_token(), 0.6);
+  const auto canvas = random_canvas(n, V, 3, plain->mask_token(), 0.6);
   const auto pos = all_positions(n);
   std::vector<float> x(static_cast<size_t>(n * V)), y(x.size());
   plain->logits(canvas, pos, x);

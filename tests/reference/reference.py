@@ -111,21 +111,24 @@ def apply_rope(x, positions, theta, interleaved=False, rotary_dim=None):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def attention(q, k, v, causal=False, block=0):
-    """q [L, H, hd], k/v [L, KV, hd] (post-RoPE) -> [L, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
+def attention(q, k, v, causal=False, block=0, q_pos=None):
+    """q [Lq, H, hd], k/v [L, KV, hd] (post-RoPE) -> [Lq, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
     GQA by repeating each kv head H/KV times; causal masks keys j > i; block > 0 (LLaDA2's block-causal
-    mask) masks keys of later blocks: key j is seen by query i iff j // block <= i // block."""
+    mask) masks keys of later blocks: key j is seen by query i iff j // block <= i // block. Key j is at
+    position j; query i at q_pos[i] (default i)."""
     n, H, hd = q.shape
+    qp = np.arange(n) if q_pos is None else np.asarray(q_pos)
     KV = k.shape[1]
     if H % KV:
         raise ValueError(f"{H} query heads are not a multiple of {KV} kv heads")
     k = np.repeat(k, H // KV, axis=1)
     v = np.repeat(v, H // KV, axis=1)
     s = np.einsum("qhd,khd->hqk", q, k).astype(np.float32) / np.float32(np.sqrt(hd))
+    kp = np.arange(k.shape[0])
     if causal:
-        s = np.where(np.tril(np.ones((n, k.shape[0]), dtype=bool))[None], s, np.float32(-np.inf))
+        s = np.where((kp[None, :] <= qp[:, None])[None], s, np.float32(-np.inf))
     if block > 0:
-        qb, kb = np.arange(n) // block, np.arange(k.shape[0]) // block
+        qb, kb = qp // block, kp // block
         s = np.where((kb[None, :] <= qb[:, None])[None], s, np.float32(-np.inf))
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
@@ -363,16 +366,19 @@ class Model:
             return swiglu_mlp(m, *ly["dense"])
         return swiglu_mlp(m, ly["g"], ly["u"], ly["dn"])
 
-    def hidden(self, tokens):
-        """Final-norm hidden states [L, d] (before the LM head)."""
+    def hidden(self, tokens, record=None, cached=None):
+        """Final-norm hidden states [L, d] (before the LM head). record: a list that receives every
+        layer's post-RoPE (K, V) of all rows. cached = (lo, hi, kv): a KV-cache step, computing only rows
+        [lo, hi) (returns their hidden states); the other rows' K / V come from kv (a record)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= self.emb.shape[0]:
             raise SystemExit("token id outside the vocabulary")
-        n = len(tokens)
-        pos = np.arange(n)
+        lo, hi = (cached[0], cached[1]) if cached else (0, len(tokens))
+        pos = np.arange(lo, hi)
+        n = len(pos)
         self.margins = np.full(n, np.inf, dtype=np.float32)  # smallest router margin of each row
-        x = self.emb[tokens].astype(np.float32)
-        for ly in self.layers:
+        x = self.emb[tokens[lo:hi]].astype(np.float32)
+        for li, ly in enumerate(self.layers):
             h = rms_norm(x, ly["an"], self.eps)
             q, k, v = h @ ly["q"].T, h @ ly["k"].T, h @ ly["v"].T
             if ly["bq"] is not None:
@@ -383,7 +389,13 @@ class Model:
             q = apply_rope(q, pos, self.theta, self.interleaved, self.rotary_dim)
             k = apply_rope(k, pos, self.theta, self.interleaved, self.rotary_dim)
             v = v.reshape(n, self.KV, self.hd).astype(np.float32)
-            att = attention(q, k, v, self.causal, self.block).reshape(n, self.H * self.hd)
+            if cached:
+                k_all, v_all = cached[2][li][0].copy(), cached[2][li][1].copy()
+                k_all[lo:hi], v_all[lo:hi] = k, v
+                k, v = k_all, v_all
+            if record is not None:
+                record.append((k, v))
+            att = attention(q, k, v, self.causal, self.block, pos).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
             x = x + self.ffn(rms_norm(x, ly["fn"], self.eps), ly)
         return rms_norm(x, self.norm_f, self.eps)
@@ -525,6 +537,9 @@ def main():
     a.add_argument("--out", required=True)
     a.add_argument("--margins", default="", help="also write each row's smallest router margin (f32)")
     a.add_argument("--block", type=int, default=32, help="LLaDA2: the attention block (generation block length)")
+    a.add_argument("--cache-tokens", default="",
+                   help="KV-cache step: the canvas whose full forward filled the cache (same length as --tokens)")
+    a.add_argument("--compute", default="", help="KV-cache step: LO,HI, the rows of --tokens computed")
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
     g.add_argument("--prompt", required=True)
@@ -539,8 +554,19 @@ def main():
         if m.family == "llada2":
             m.block = args.block
         toks = ids(args.tokens)
-        L = m.forward(toks)
         rows = ids(args.rows)
+        if args.cache_tokens:  # logits of positions `rows`, from a KV-cache step over rows [lo, hi)
+            lo, hi = ids(args.compute)
+            kv = []
+            m.hidden(ids(args.cache_tokens), record=kv)
+            H = m.hidden(toks, cached=(lo, hi, kv))
+            src = [max(r - 1, 0) if m.shift else r for r in rows]
+            if min(src) < lo or max(src) >= hi:
+                raise SystemExit("a row's hidden state is outside the computed rows")
+            L = (H[[r - lo for r in src]] @ m.head.T).astype(np.float32)
+            np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
+            return
+        L = m.forward(toks)
         if rows:
             if min(rows) < 0 or max(rows) >= len(toks):
                 raise SystemExit("row outside the token list")

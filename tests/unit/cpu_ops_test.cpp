@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -231,6 +232,20 @@ TEST(CpuOps, SwigluAndEmbed) {
   EXPECT_EQ(e, (std::vector<float>{20, 21, 0, 1}));
   ids[0] = 3;
   EXPECT_THROW(be->embed(ti, tt, te), std::exception);
+}
+
+// KV cache writes: named rows replaced, the others untouched; an index outside the destination fails.
+TEST(CpuOps, ScatterRowsHandComputed) {
+  auto be = make_cpu_backend();
+  std::vector<float> dst = {0, 0, 1, 1, 2, 2, 3, 3}, src = {10, 11, 20, 21};
+  std::vector<int32_t> rows = {2, 0};
+  Tensor td(dst.data(), DType::F32, {4, 2});
+  be->scatter_rows(Tensor(src.data(), DType::F32, {2, 2}), Tensor(rows.data(), DType::I32, {2}), td);
+  EXPECT_EQ(dst, (std::vector<float>{20, 21, 1, 1, 10, 11, 3, 3}));
+  rows[1] = 4;
+  EXPECT_THROW(
+      be->scatter_rows(Tensor(src.data(), DType::F32, {2, 2}), Tensor(rows.data(), DType::I32, {2}), td),
+      Error);
 }
 
 }  // namespace

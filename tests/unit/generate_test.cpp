@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <set>
@@ -49,6 +50,23 @@ class FakeDenoiser final : public Denoiser {
     fill(canvas, positions, out);
   }
 
+  // KV cache (off unless `cached`): records each predict_cached's computed range and canvas length,
+  // then predicts from the whole canvas (the fake has no stale state).
+  bool supports_kv_cache() const override { return cached; }
+  void kv_cache_reset(int64_t capacity) override { resets.push_back(capacity); }
+  void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                      std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                      std::span<float> conf) override {
+    ranges.push_back({q_lo, q_hi, static_cast<int64_t>(canvas.size())});
+    predict(canvas, positions, sp, tokens, conf);
+  }
+  int attention_block() const override { return block; }
+  void set_attention_block(int b) override { block = b; }
+
+  bool cached = false;
+  int block = 0;  // > 0: a block-causal model
+  std::vector<int64_t> resets;
+  std::vector<std::array<int64_t, 3>> ranges;        // (q_lo, q_hi, canvas size) of each predict_cached
   std::vector<std::vector<int32_t>> calls;           // positions of each predict()
   std::vector<uint64_t> seeds;                       // SampleParams.seed of each predict()
   std::vector<std::vector<int32_t>> logit_canvases;  // canvas of each logits()
@@ -412,6 +430,53 @@ void expect_error(const GenerateOptions& o, const std::string& msg, std::vector<
   }
 }
 
+// The rows each forward computes under the KV caches (Fast-dLLM prefix / dual; block-causal exact).
+TEST(Generate, KvCacheComputesTheExpectedRows) {
+  using R = std::array<int64_t, 3>;
+  auto run = [](const std::string& cache, int block, int gen, int bl, int steps, float thr = 0.0f) {
+    FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+    d.cached = true;
+    d.block = block;
+    GenerateOptions o;
+    o.gen_length = gen;
+    o.block_length = bl;
+    o.steps = steps;
+    o.threshold = thr;
+    o.stop_at_eos = false;
+    o.cache = cache;
+    const GenerateResult r = generate(d, kPrompt, o);
+    EXPECT_EQ(d.calls.size(), static_cast<size_t>(r.steps_run));
+    EXPECT_EQ(d.ranges.size(), d.calls.size());  // every forward went through the cache
+    return std::make_pair(d.resets, d.ranges);
+  };
+  // Prompt 3, gen 8 in blocks of 4, 2 steps per block: canvas 11, blocks [3, 7) and [7, 11).
+  auto [rs, pre] = run("prefix", 0, 8, 4, 4);
+  EXPECT_EQ(rs, (std::vector<int64_t>{11}));
+  EXPECT_EQ(pre, (std::vector<R>{{0, 11, 11}, {3, 11, 11}, {0, 11, 11}, {7, 11, 11}}));
+  auto [rd, dual] = run("dual", 0, 8, 4, 4);
+  EXPECT_EQ(dual, (std::vector<R>{{0, 11, 11}, {3, 7, 11}, {0, 11, 11}, {7, 11, 11}}));
+  // Block-causal (blocks of 4 on the absolute grid: [0,4) holds the prompt and position 3, then [4,8),
+  // [8,12) padded): forwards see the canvas up to the block's end; the first forward of a block also
+  // computes the previous block, final now; later ones only the block. prefix and dual agree.
+  for (const char* c : {"prefix", "dual"}) {
+    auto [rb, bc] = run(c, 4, 8, 4, 2);
+    EXPECT_EQ(rb, (std::vector<int64_t>{12})) << c;
+    EXPECT_EQ(bc, (std::vector<R>{{0, 4, 4}, {0, 8, 8}, {4, 8, 8}, {4, 12, 12}, {8, 12, 12}})) << c;
+  }
+  // Threshold decoding: the first forward of each block refreshes, the others reuse.
+  auto [rt, thr] = run("dual", 0, 8, 4, 8, 0.99f);
+  ASSERT_GE(thr.size(), 2u);
+  EXPECT_EQ(thr[0], (R{0, 11, 11}));
+  for (size_t i = 1; i < thr.size(); ++i)
+    EXPECT_TRUE(thr[i] == (R{3, 7, 11}) || thr[i] == (R{0, 11, 11}) || thr[i] == (R{7, 11, 11}));
+  // Without support the cache is refused, not ignored.
+  FakeDenoiser plain(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  GenerateOptions o;
+  o.gen_length = o.block_length = o.steps = 4;
+  o.cache = "prefix";
+  EXPECT_THROW(generate(plain, kPrompt, o), Error);
+}
+
 TEST(Generate, ValidationErrors) {
   auto with = [](std::function<void(GenerateOptions&)> f) {
     GenerateOptions o;
@@ -440,6 +505,12 @@ TEST(Generate, ValidationErrors) {
                  o.steps = 100;
                }),
                "steps 100 is not divisible by the number of blocks 3");
+  expect_error(with([](auto& o) { o.cache = "lru"; }), "unknown KV cache 'lru'; use none, prefix or dual");
+  expect_error(with([](auto& o) {
+                 o.cache = "dual";
+                 o.cfg_scale = 1.0f;
+               }),
+               "the KV cache cannot be combined with classifier-free guidance");
   expect_error(with([](auto& o) { o.temperature = -0.5f; }), "temperature must be >= 0 (got -0.5)");
   expect_error(with([](auto& o) { o.threshold = 1.5f; }), "threshold must be in [0, 1] (got 1.5)");
   expect_error(with([](auto& o) {

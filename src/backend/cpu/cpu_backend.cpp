@@ -46,6 +46,9 @@ class CpuBackend final : public Backend {
     cpu::attention(q, k, v, out, nh, nkv, hd, p);
   }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::swiglu(g, u, out); }
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
+    cpu::scatter_rows(src, rows, dst);
+  }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cpu_sample_rows(logits, keys, p, tok, conf);

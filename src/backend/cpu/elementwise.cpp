@@ -1,5 +1,7 @@
-// Row-wise CPU kernels: embedding lookup, RMSNorm, RoPE, SwiGLU.
+// Row-wise CPU kernels: embedding lookup, RMSNorm, RoPE, SwiGLU, row scatter (KV cache writes).
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -132,6 +134,25 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
     const float gv = bf16_to_f32(g[i]);
     // HF bf16: silu(g) is rounded to bf16 before the multiply.
     o[i] = f32_to_bf16(round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
+  }
+}
+
+void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  TESSERA_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols(),
+                "scatter_rows: src and dst differ in dtype or columns");
+  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
+                "scatter_rows: one i32 row index per source row expected");
+  const int32_t* idx = rows.as<const int32_t>();
+  const size_t row_bytes = static_cast<size_t>(src.cols()) * dtype_size(src.dtype);
+  for (int64_t i = 0; i < src.rows(); ++i) {
+    TESSERA_CHECK(idx[i] >= 0 && idx[i] < dst.rows(), "scatter_rows: row index " + std::to_string(idx[i]) +
+                                                          " is outside the destination's " +
+                                                          std::to_string(dst.rows()) + " rows");
+  }
+#pragma omp parallel for if (static_cast <size_t>(src.rows()) * row_bytes > (size_t{1} << 20))
+  for (int64_t i = 0; i < src.rows(); ++i) {
+    std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(idx[i]) * row_bytes,
+                static_cast<const char*>(src.data) + static_cast<size_t>(i) * row_bytes, row_bytes);
   }
 }
 

@@ -126,6 +126,9 @@ class CudaBackend final : public Backend {
     cuda::attention(q, k, v, out, nh, nkv, hd, p, stream_);
   }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cuda::swiglu(g, u, out, stream_); }
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
+    cuda::scatter_rows(src, rows, dst, stream_);
+  }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cuda::sample_rows(logits, keys, p, tok, conf, stream_);

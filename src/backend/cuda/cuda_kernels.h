@@ -40,6 +40,8 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
           cudaStream_t s);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);
+// dst[rows[i], :] = src[i, :]; rows outside [0, dst.rows()) are skipped (the engine validates them).
+void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p, cudaStream_t s);
 // The generic attention kernel (any head_dim <= 256); the tensor-core kernel is tested against it.

@@ -1,4 +1,4 @@
-// Row-wise CUDA kernels: embedding lookup, RMSNorm (fused with the bf16 casts), RoPE, SwiGLU.
+// Row-wise CUDA kernels: embedding lookup, RMSNorm (fused with the bf16 casts), RoPE, SwiGLU, row scatter.
 // Semantics match the CPU kernels in backend/cpu/elementwise.cpp (their reference).
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -91,6 +91,23 @@ __global__ void swiglu_bf16_kernel(const __nv_bfloat16* g, const __nv_bfloat16* 
   }
 }
 
+// One block per source row, 16-byte words when the row allows it (rows are 4-byte multiples).
+__global__ void scatter_rows_kernel(const char* src, const int32_t* rows, char* dst, int64_t dst_rows,
+                                    int64_t row_bytes, bool vec16) {
+  const int64_t r = blockIdx.x;
+  const int32_t d = rows[r];
+  if (d < 0 || d >= dst_rows) return;
+  const char* s = src + r * row_bytes;
+  char* o = dst + static_cast<int64_t>(d) * row_bytes;
+  if (vec16) {
+    for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x)
+      reinterpret_cast<int4*>(o)[i] = reinterpret_cast<const int4*>(s)[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
+      reinterpret_cast<int32_t*>(o)[i] = reinterpret_cast<const int32_t*>(s)[i];
+  }
+}
+
 }  // namespace
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s) {
@@ -146,6 +163,22 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s) {
         gate.as<const __nv_bfloat16>(), up.as<const __nv_bfloat16>(), out.as<__nv_bfloat16>(), n);
   }
   check_launch("swiglu");
+}
+
+void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s) {
+  TESSERA_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols(),
+                "scatter_rows: src and dst differ in dtype or columns");
+  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
+                "scatter_rows: one i32 row index per source row expected");
+  const int64_t row_bytes = src.cols() * static_cast<int64_t>(dtype_size(src.dtype));
+  TESSERA_CHECK(row_bytes % 4 == 0, "scatter_rows: rows must be a multiple of 4 bytes");
+  if (src.rows() == 0 || row_bytes == 0) return;
+  const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(dst.data) % 16 == 0;
+  scatter_rows_kernel<<<static_cast<unsigned>(src.rows()), 128, 0, s>>>(
+      static_cast<const char*>(src.data), rows.as<const int32_t>(), static_cast<char*>(dst.data), dst.rows(),
+      row_bytes, vec16);
+  check_launch("scatter_rows");
 }
 
 }  // namespace tessera::cuda

@@ -1,0 +1,70 @@
+// The KV cache on the GPU: scatter_rows against the CPU backend (rows not named keep their values),
+// and a cached step of the engine (rows [lo, hi) computed, the rest from the cache of an earlier
+// canvas) against the numpy reference, as tests/golden/kv_cache_test.cpp does on the CPU.
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "engine/engine.h"
+#include "tiny_models.h"
+
+namespace tessera {
+namespace {
+
+using test::CudaTest;
+using test::DevBuf;
+
+TEST_F(CudaTest, ScatterRowsMatchesCpu) {
+  for (const int64_t cols : {256, 6, 12}) {  // 16-byte rows and 4-byte rows (f32), bf16 below
+    for (DType t : {DType::F32, DType::BF16}) {
+      if (t == DType::BF16 && cols % 2 != 0) continue;
+      const int64_t dst_rows = 50, src_rows = 17;
+      const size_t es = dtype_size(t);
+      std::vector<unsigned char> src(static_cast<size_t>(src_rows * cols) * es),
+          dst(static_cast<size_t>(dst_rows * cols) * es);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(rng_mix(i) & 0xFF);
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<unsigned char>(rng_mix(i + 999) & 0xFF);
+      std::vector<int32_t> rows;
+      for (int64_t i = 0; i < src_rows; ++i) rows.push_back(static_cast<int32_t>((i * 7 + 3) % dst_rows));
+      DevBuf ds(*gpu, src.size()), dd(*gpu, dst.size()), dr(*gpu, rows.size() * 4);
+      ds.upload(src);
+      dd.upload(dst);
+      dr.upload(rows);
+      std::vector<unsigned char> ref = dst;
+      Tensor ref_t(ref.data(), t, {dst_rows, cols});
+      cpu->scatter_rows(Tensor(src.data(), t, {src_rows, cols}), Tensor(rows.data(), DType::I32, {src_rows}),
+                        ref_t);
+      Tensor out = dd.view(t, {dst_rows, cols});
+      gpu->scatter_rows(ds.view(t, {src_rows, cols}), dr.view(DType::I32, {src_rows}), out);
+      EXPECT_EQ(dd.download<unsigned char>(dst.size()), ref) << "cols " << cols;
+    }
+  }
+}
+
+TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
+  for (const char* fam : {"llada", "dream", "llada_moe", "llada2"}) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    EngineOptions o;
+    o.device = "cuda";
+    o.precision = Precision::F32;
+    o.reserve_bytes = size_t{8} << 30;
+    auto e = Engine::load(dir, o);
+    const int64_t V = e->vocab_size(), n = 75, lo = 32, hi = 64;
+    const auto a = test::random_canvas(n, V, 12, e->mask_token(), 0.7);
+    auto b = a;
+    const auto fill = test::random_canvas(n, V, 13, e->mask_token(), 0.0);
+    for (int64_t i = lo; i < hi; i += 2) b[static_cast<size_t>(i)] = fill[static_cast<size_t>(i)];
+    std::vector<int32_t> pos;
+    for (int64_t p = lo + 1; p < hi; p += 3) pos.push_back(static_cast<int32_t>(p));
+    std::vector<float> got(pos.size() * static_cast<size_t>(V)), scratch(static_cast<size_t>(V));
+    e->kv_cache_reset(n);
+    e->logits_cached(a, 0, n, std::vector<int32_t>{0}, scratch);
+    e->logits_cached(b, lo, hi, pos, got);
+    const auto ref = test::reference_logits(dir, b, pos, V, nullptr,
+                                            "--cache-tokens " + test::join_ids(a) + " --compute " +
+                                                std::to_string(lo) + "," + std::to_string(hi));
+    ASSERT_EQ(ref.size(), got.size());
+    EXPECT_LE(test::rel_error(got.data(), ref.data(), got.size()), 1e-3) << fam;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

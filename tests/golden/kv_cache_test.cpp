@@ -1,0 +1,188 @@
+// The KV cache (Fast-dLLM prefix / dual cache, the engine's State tensors) on tiny checkpoints in the
+// real layouts: a step over the whole canvas equals the uncached forward; a step over a row range with
+// the other rows' K / V from an earlier canvas equals the numpy reference of that computation (and
+// differs from recomputing everything, so the cache is really read); for block-causal LLaDA2 the
+// cached generation equals the uncached one token for token; misuse fails clearly.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "decode/generate.h"
+#include "engine/engine.h"
+#include "test_util.h"
+#include "tiny_models.h"
+
+namespace tessera {
+namespace {
+
+using test::all_positions;
+using test::random_canvas;
+
+constexpr const char* kFamilies[] = {"llada", "dream", "llada_moe", "llada2"};
+
+void expect_error(const std::function<void()>& f, const std::string& want) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << want;
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
+  }
+}
+
+TEST(KvCache, WholeCanvasStepEqualsTheUncachedForward) {
+  for (const char* fam : kFamilies) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+    const int64_t V = e->vocab_size(), n = 75;
+    const auto canvas = random_canvas(n, V, 11, e->mask_token(), 0.5);
+    const auto pos = all_positions(n);
+    std::vector<float> full(static_cast<size_t>(n * V)), cached(full.size());
+    e->logits(canvas, pos, full);
+    e->kv_cache_reset(n);
+    e->logits_cached(canvas, 0, n, pos, cached);
+    EXPECT_LE(test::rel_error(cached.data(), full.data(), full.size()), 1e-6) << fam;
+    EXPECT_GT(e->kv_cache_bytes(), 0u);
+  }
+}
+
+// Canvas A fills the cache; canvas B differs from A only inside [lo, hi) and the step computes just
+// those rows. The reference (reference.py logits --cache-tokens A --compute lo,hi) does the same in
+// numpy: A's per-layer K / V for the other rows, B's for [lo, hi).
+TEST(KvCache, RangeStepMatchesTheNumpyReference) {
+  for (const char* fam : kFamilies) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+    const int64_t V = e->vocab_size(), n = 75, lo = 32, hi = 64;
+    const auto a = random_canvas(n, V, 12, e->mask_token(), 0.7);
+    auto b = a;
+    const auto fill = random_canvas(n, V, 13, e->mask_token(), 0.0);
+    for (int64_t i = lo; i < hi; i += 2) b[static_cast<size_t>(i)] = fill[static_cast<size_t>(i)];
+    std::vector<int32_t> pos;  // positions whose logits come from rows inside [lo, hi) (Dream: row p-1)
+    for (int64_t p = lo + 1; p < hi; p += 3) pos.push_back(static_cast<int32_t>(p));
+    const auto np = static_cast<int64_t>(pos.size());
+    std::vector<float> got(static_cast<size_t>(np * V)), full(got.size());
+    e->kv_cache_reset(n);
+    std::vector<float> scratch(static_cast<size_t>(V));
+    const std::vector<int32_t> one = {0};
+    e->logits_cached(a, 0, n, one, scratch);  // fills the cache from A
+    e->logits_cached(b, lo, hi, pos, got);
+    EXPECT_EQ(e->last_step().shape.n_query, hi - lo) << fam;
+    EXPECT_EQ(e->last_step().shape.n_kv, n) << fam;
+    const auto ref = test::reference_logits(dir, b, pos, V, nullptr,
+                                            "--cache-tokens " + test::join_ids(a) + " --compute " +
+                                                std::to_string(lo) + "," + std::to_string(hi));
+    ASSERT_EQ(ref.size(), got.size());
+    const double err = test::rel_error(got.data(), ref.data(), got.size());
+    EXPECT_LE(err, 1e-3) << fam;
+    e->logits(b, pos, full);  // recomputing everything from B
+    const double diff = test::rel_error(got.data(), full.data(), got.size());
+    if (std::string(fam) == "llada2") {
+      // Block-causal, blocks of 32: rows before lo never see [lo, hi), so their cached K / V are B's.
+      EXPECT_LE(diff, 1e-5) << fam;
+    } else {
+      EXPECT_GT(diff, 1e-3) << fam << ": the stale rows of A should show (was the cache read?)";
+    }
+    std::printf("%s: cached step vs reference %.2e, vs full recompute %.2e\n", fam, err, diff);
+  }
+}
+
+// LLaDA2 (block-causal): rows of finished blocks never change nor see later rows, so the cached
+// generation decides exactly what the uncached one decides (f32; threshold and step schedules;
+// prompt ending mid-block).
+TEST(KvCache, BlockCausalGenerationIsExact) {
+  TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const auto prompt = random_canvas(13, e->vocab_size() - 8, 5, 0, 0.0);
+  for (const int block : {8, 16}) {
+    for (const float thr : {0.0f, 0.05f}) {
+      GenerateOptions o;
+      o.gen_length = 30;
+      o.block_length = block;
+      o.steps = block / 2;
+      o.threshold = thr;
+      o.stop_at_eos = false;
+      const GenerateResult exact = generate(*e, prompt, o);
+      for (const char* c : {"prefix", "dual"}) {
+        o.cache = c;
+        const GenerateResult got = generate(*e, prompt, o);
+        EXPECT_EQ(got.tokens, exact.tokens) << c << " block " << block << " threshold " << thr;
+        EXPECT_EQ(got.order, exact.order) << c << " block " << block << " threshold " << thr;
+      }
+      o.cache = "none";
+    }
+  }
+}
+
+// Bidirectional models: the caches are approximations, but every position is still decided once,
+// the first forward of every block is exact, and the later forwards compute fewer rows.
+TEST(KvCache, BidirectionalGenerationRunsWithFewerRows) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 4");
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const auto prompt = random_canvas(20, e->vocab_size() - 8, 6, 0, 0.0);
+  GenerateOptions o;
+  o.gen_length = 32;
+  o.block_length = 8;
+  o.steps = 16;
+  o.stop_at_eos = false;
+  const GenerateResult exact = generate(*e, prompt, o);
+  for (const char* c : {"prefix", "dual"}) {
+    o.cache = c;
+    const GenerateResult got = generate(*e, prompt, o);
+    ASSERT_EQ(got.tokens.size(), 32u) << c;
+    EXPECT_EQ(got.steps_run, exact.steps_run) << c;
+    EXPECT_EQ(got.order.front(), exact.order.front()) << c;  // the first step computes the whole canvas
+    // The last forward computed the last block (dual) or the last block and what follows (prefix).
+    EXPECT_EQ(e->last_step().shape.n_query, 8) << c;
+    EXPECT_EQ(e->last_step().shape.n_kv, 52) << c;
+  }
+}
+
+TEST(KvCache, MisuseFailsClearly) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 4");
+  auto e = Engine::load(dir);
+  const int64_t V = e->vocab_size();
+  const auto canvas = random_canvas(40, V, 3, e->mask_token(), 0.5);
+  const std::vector<int32_t> pos = {10, 11};
+  std::vector<int32_t> tok(2);
+  std::vector<float> conf(2);
+  const SampleParams sp;
+  expect_error([&] { e->predict_cached(canvas, 0, 40, pos, sp, tok, conf); },
+               "KV cache: no cache for a canvas of 40 positions");
+  e->kv_cache_reset(40);
+  expect_error([&] { e->predict_cached(canvas, 8, 16, pos, sp, tok, conf); },
+               "KV cache: canvas row 0 was never computed in this request");
+  expect_error([&] { e->predict_cached(canvas, 16, 8, pos, sp, tok, conf); },
+               "KV cache: the computed rows [16, 8) are not a non-empty range");
+  e->predict_cached(canvas, 0, 40, pos, sp, tok, conf);
+  e->predict_cached(canvas, 8, 16, pos, sp, tok, conf);  // now every other row is cached
+  e->kv_cache_reset(40);                                 // a new request forgets them
+  expect_error([&] { e->predict_cached(canvas, 8, 16, pos, sp, tok, conf); }, "was never computed");
+  expect_error([&] { e->kv_cache_reset(e->config().max_positions + 1); }, "does not fit the model's");
+  // A budget that holds the weights but not the weights plus the cache.
+  EngineOptions o;
+  o.memory_budget = e->model().weight_bytes() + 4096;
+  auto tight = Engine::load(dir, o);
+  expect_error([&] { tight->kv_cache_reset(40); }, "plus a KV cache of 40 positions");
+}
+
+TEST(KvCache, CliGeneratesWithEveryCache) {
+  TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
+  const std::string bin = TESSERA_BINARY;
+  std::string none, out;
+  const std::string base =
+      bin + " generate -m " + dir.string() + " -p hi --gen-length 24 --block-length 8 --precision f32 --raw ";
+  ASSERT_EQ(test::run_command(base + "--json 2>/dev/null", &none), 0) << none;
+  const auto exact = nlohmann::json::parse(none);
+  ASSERT_EQ(exact["tokens"].size(), 24u) << none;
+  for (const char* c : {"prefix", "dual"}) {
+    ASSERT_EQ(test::run_command(base + "--json --cache " + c + " 2>/dev/null", &out), 0) << out;
+    EXPECT_EQ(nlohmann::json::parse(out)["tokens"], exact["tokens"]) << c;
+  }
+  EXPECT_NE(test::run_command(base + "--cache lru 2>&1", &out), 0);
+  EXPECT_NE(out.find("--cache"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tessera
