@@ -15,10 +15,13 @@ namespace {
 
 void print_stats(const Session::Output& o, Session& s, FILE* f) {
   const double tps = o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0;
-  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s)]\n",
+  const std::string kv = s.engine().kv_cache_bytes() > 0
+                             ? ", KV cache " + human_bytes(static_cast<double>(s.engine().kv_cache_bytes()))
+                             : "";
+  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s%s)]\n",
                o.result.steps_run, o.result.tokens.size(), o.seconds, tps,
                human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
-               human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str());
+               human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str(), kv.c_str());
 }
 
 // One line of JSON. Generated text need not be valid UTF-8 (a byte-level model may stop inside a
@@ -38,9 +41,11 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"activation_peak_bytes", s.engine().max_planned_peak()},
+      {"kv_cache_bytes", s.engine().kv_cache_bytes()},
       {"gen_length", s.options().gen_length},
       {"block_length", s.options().block_length},
-      {"alg", s.options().alg}};
+      {"alg", s.options().alg},
+      {"cache", s.options().cache}};
 }
 
 }  // namespace
