@@ -182,6 +182,13 @@ TEST(KvCache, CliGeneratesWithEveryCache) {
   }
   EXPECT_NE(test::run_command(base + "--cache lru 2>&1", &out), 0);
   EXPECT_NE(out.find("--cache"), std::string::npos) << out;
+  // inspect predicts the cache the engine holds for a canvas of that size.
+  auto e = Engine::load(dir);
+  e->kv_cache_reset(40);
+  ASSERT_EQ(test::run_command(bin + " inspect " + dir.string() + " --context 40", &out), 0) << out;
+  const std::string want =
+      "kv cache     " + std::to_string(e->kv_cache_bytes() / 1024) + ".0 KiB at context 40";
+  EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
 }
 
 }  // namespace
