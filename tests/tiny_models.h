@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "decode/generate.h"
+#include "engine/engine.h"
+
 namespace tessera::test {
 
 // Path of a tiny checkpoint of `family` ("llada" | "dream" | "llada_moe" | "llada2") made with `extra_args`;
@@ -28,6 +31,21 @@ struct CheckpointParams {
   int64_t total = 0, routed_experts = 0;
 };
 CheckpointParams checkpoint_params(const std::filesystem::path& dir);
+
+// tessera's logits (an Engine loaded with `options`: device, precision) of the tiny `family` checkpoint
+// made with `args` against the numpy reference, every row of random canvases of 1, 5, 33 and 130
+// tokens (40% masks): relative error <= tol. In bf16, rows of MoE models near a routing tie are left
+// out (see tiny_models.cpp); at least two thirds of the rows of the longer canvases must stay. Skips
+// the calling test without python3 + numpy.
+void check_logits_against_reference(const std::string& family, const std::string& args,
+                                    const EngineOptions& options, double tol);
+
+// LLaDA2 block diffusion as the tests run it on the tiny checkpoint: a prompt of 11 ordinary tokens
+// (it ends inside the first block) and 30 generated tokens (they end inside a block: the canvas is
+// padded), greedy, in blocks of 8 (8 steps per block, threshold 0.05) and of 16 (4 steps, threshold
+// 0.03); both thresholds decide several positions in some steps.
+std::vector<int32_t> llada2_prompt(int64_t vocab);
+std::vector<GenerateOptions> llada2_generate_cases(int32_t eos_id);
 
 }  // namespace tessera::test
 

@@ -85,8 +85,7 @@ struct Loop {
     conf.assign(n, 0.0f);
     const size_t seen = window > 0 ? static_cast<size_t>(window) : canvas.size();
     if (cache > 0) {
-      const auto n = static_cast<int64_t>(seen);
-      int64_t q_lo = blk_lo, q_hi = n;
+      int64_t q_lo = blk_lo, q_hi = static_cast<int64_t>(seen);
       if (window > 0) {
         if (blk_fresh) q_lo = stale_from;
       } else if (blk_fresh) {

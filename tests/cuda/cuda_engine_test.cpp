@@ -11,46 +11,25 @@
 namespace tessera {
 namespace {
 
+using test::cuda_engine_options;
 using test::CudaTest;
-
-EngineOptions cuda_options(Precision p = Precision::Auto) {
-  EngineOptions o;
-  o.device = "cuda";
-  o.precision = p;
-  o.reserve_bytes = size_t{8} << 30;
-  return o;
-}
 
 TEST_F(CudaTest, Stories260KPrintsTheGoldenText) {
   TESSERA_SKIP_WITHOUT_SHARED("models/stories260K");
-  EXPECT_EQ(test::stories_greedy_text(cuda_options()), test::stories_golden_text());
+  EXPECT_EQ(test::stories_greedy_text(cuda_engine_options()), test::stories_golden_text());
 }
 
 TEST_F(CudaTest, Stories260KMatchesTheNumpyReference) {
   TESSERA_SKIP_WITHOUT_SHARED("models/stories260K");
-  const double err = test::stories_reference_error(cuda_options());
+  const double err = test::stories_reference_error(cuda_engine_options());
   EXPECT_GE(err, 0.0);
   EXPECT_LE(err, 1e-4);
 }
 
-// Tiny checkpoints in the real layouts: CUDA logits against the numpy reference.
+// Tiny checkpoints in the real layouts: CUDA logits against the numpy reference, on the canvases of
+// the CPU test (tests/golden/reference_test.cpp).
 void check_tiny(const std::string& family, const std::string& args, Precision prec, double tol) {
-  TESSERA_TINY_OR_SKIP(dir, family, args);
-  auto e = Engine::load(dir, cuda_options(prec));
-  const int64_t V = e->vocab_size();
-  for (int64_t n : {1, 5, 33, 130}) {
-    std::vector<int32_t> canvas(static_cast<size_t>(n)), rows(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      canvas[static_cast<size_t>(i)] = static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i + 17 * n)) % V);
-      if (i % 3 == 1) canvas[static_cast<size_t>(i)] = e->mask_token();
-      rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    }
-    std::vector<float> got(static_cast<size_t>(n * V));
-    e->logits(canvas, rows, got);
-    const auto ref = test::reference_logits(dir, canvas, rows, V);
-    ASSERT_EQ(ref.size(), got.size());
-    EXPECT_LE(test::rel_error(got.data(), ref.data(), got.size()), tol) << family << " n=" << n;
-  }
+  test::check_logits_against_reference(family, args, cuda_engine_options(prec), tol);
 }
 
 TEST_F(CudaTest, TinyLladaMatchesTheNumpyReference) {
@@ -72,7 +51,7 @@ TEST_F(CudaTest, TinyLladaMoeMatchesTheNumpyReference) {
 
 TEST_F(CudaTest, NoDeviceAllocationAfterWarmUp) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 5 --hidden 256 --heads 4");
-  auto e = Engine::load(dir, cuda_options(Precision::BF16));
+  auto e = Engine::load(dir, cuda_engine_options(Precision::BF16));
   std::vector<int32_t> canvas(96, e->mask_token()), pos(64), tok(64);
   std::vector<float> conf(64);
   for (int32_t i = 0; i < 64; ++i) pos[static_cast<size_t>(i)] = i + 32;

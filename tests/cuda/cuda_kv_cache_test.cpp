@@ -42,11 +42,7 @@ TEST_F(CudaTest, ScatterRowsMatchesCpu) {
 TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
   for (const char* fam : {"llada", "dream", "llada_moe", "llada2"}) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
-    EngineOptions o;
-    o.device = "cuda";
-    o.precision = Precision::F32;
-    o.reserve_bytes = size_t{8} << 30;
-    auto e = Engine::load(dir, o);
+    auto e = Engine::load(dir, test::cuda_engine_options(Precision::F32));
     const int64_t V = e->vocab_size(), n = 75, lo = 32, hi = 64;
     const auto a = test::random_canvas(n, V, 12, e->mask_token(), 0.7);
     auto b = a;

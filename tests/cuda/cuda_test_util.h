@@ -10,9 +10,19 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "test_util.h"
 
 namespace tessera::test {
+
+// An Engine on the GPU (an 8 GiB workspace reservation: the tests' models are tiny).
+inline EngineOptions cuda_engine_options(Precision p = Precision::Auto) {
+  EngineOptions o;
+  o.device = "cuda";
+  o.precision = p;
+  o.reserve_bytes = size_t{8} << 30;
+  return o;
+}
 
 class CudaTest : public ::testing::Test {
  protected:

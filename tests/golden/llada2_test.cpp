@@ -122,22 +122,17 @@ TEST(Llada2, OnlyBlockCausalModelsTakeAnAttentionBlock) {
 TEST(Llada2, GenerateMatchesTheReferenceLoop) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", kArgs);
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  const auto prompt = tokens_of(11, e->vocab_size(), 5);
-  for (const auto& [block, steps, threshold] : {std::tuple{8, 8, 0.05f}, std::tuple{16, 4, 0.03f}}) {
-    GenerateOptions o;
-    o.gen_length = 30;
-    o.block_length = block;
-    o.steps = steps;
-    o.threshold = threshold;
-    o.eos_ids = {e->config().eos_id};
+  const auto prompt = test::llada2_prompt(e->vocab_size());
+  for (const GenerateOptions& o : test::llada2_generate_cases(e->config().eos_id)) {
+    const int block = o.block_length;
     const GenerateResult r = generate(*e, prompt, o);
     EXPECT_EQ(e->attention_block(), block);
     std::string out;
-    const std::string cmd = test::python() + " " +
-                            (test::source_dir() / "tests/reference/reference.py").string() +
-                            " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
-                            " --gen-length 30 --steps " + std::to_string(steps) + " --block-length " +
-                            std::to_string(block) + " --threshold " + std::to_string(threshold);
+    const std::string cmd =
+        test::python() + " " + (test::source_dir() / "tests/reference/reference.py").string() +
+        " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) + " --gen-length " +
+        std::to_string(o.gen_length) + " --steps " + std::to_string(o.steps) + " --block-length " +
+        std::to_string(block) + " --threshold " + std::to_string(o.threshold);
     ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
     const auto j = nlohmann::json::parse(out);
     std::vector<int32_t> want;

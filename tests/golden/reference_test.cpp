@@ -17,46 +17,11 @@ namespace {
 using test::all_positions;
 using test::random_canvas;
 
-// bf16 MoE: a row whose top-k router margin (reference logits) is within about twice the bf16 noise
-// of the router logits (up to 1e-2 on the tiny models, logits ~N(0, 1)) may pick another expert, which
-// changes that row completely; such rows are left out of the bf16 comparison (f32 compares them all).
-// LLaDA2 routes on sigmoid scores (slope <= 1/4): its margins are in score units, where that logit
-// noise is at most 2.5e-3 per expert score; 5e-3 keeps about 85% of the rows, and the kept rows' error
-// equals that of the rows far from any tie (no kept row changed experts).
-constexpr float kTieMargin = 0.02f;
-constexpr float kTieMarginSigmoid = 0.005f;
-
+// The comparison (canvases, bf16 rows near a routing tie left out) is test::check_logits_against_reference,
+// which the CUDA tests run with the same bounds on --device cuda.
 void check_against_reference(const std::string& family, Precision prec, double tol,
                              const std::string& args = "--seed 3") {
-  const float tie_margin = family == "llada2" ? kTieMarginSigmoid : kTieMargin;
-  TESSERA_TINY_OR_SKIP(dir, family, args);
-  EngineOptions o;
-  o.precision = prec;
-  auto e = Engine::load(dir, o);
-  const int64_t V = e->vocab_size();
-  for (int64_t n : {1, 5, 33, 130}) {  // below, at odd offsets of and above the 32/128 tiles
-    const auto canvas = random_canvas(n, V, static_cast<uint64_t>(n), e->mask_token(), 0.4);
-    const auto pos = all_positions(n);
-    std::vector<float> got(static_cast<size_t>(n * V)), margins;
-    e->logits(canvas, pos, got);
-    const auto ref = test::reference_logits(dir, canvas, pos, V, &margins);
-    ASSERT_EQ(ref.size(), got.size());
-    // Rows near a routing tie are compared only in f32 (where the router logits agree to ~1e-6).
-    std::vector<float> kept_got, kept_ref;
-    for (int64_t r = 0; r < n; ++r) {
-      if (prec == Precision::F32 || margins[static_cast<size_t>(r)] >= tie_margin) {
-        kept_got.insert(kept_got.end(), got.begin() + r * V, got.begin() + (r + 1) * V);
-        kept_ref.insert(kept_ref.end(), ref.begin() + r * V, ref.begin() + (r + 1) * V);
-      }
-    }
-    const auto kept = static_cast<int64_t>(kept_ref.size()) / V;
-    EXPECT_TRUE(n < 33 || kept * 3 >= n * 2) << family << " L=" << n << ": too many rows near a routing tie";
-    const double err = test::rel_error(kept_got.data(), kept_ref.data(), kept_got.size());
-    EXPECT_LE(err, tol) << family << " L=" << n;
-    std::printf("%s %s L=%lld: relative error %.2e (%lld of %lld rows away from routing ties)\n",
-                family.c_str(), prec == Precision::F32 ? "f32" : "bf16", static_cast<long long>(n), err,
-                static_cast<long long>(kept), static_cast<long long>(n));
-  }
+  test::check_logits_against_reference(family, args, EngineOptions{.precision = prec}, tol);
 }
 
 TEST(Reference, LladaF32) {

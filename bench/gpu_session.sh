@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The pending GPU work in as few device calls as possible: the CUDA test binary (every op against the
+# CPU backend, the golden tests on --device cuda, LLaDA2 included), then tessera's longest context at
+# 24 / 40 / 80 GiB (issue item 4c). The GPU machine has nvcc and cmake but, by its package list, none of
+# tessera's libraries (oneDNN, PCRE2, utf8proc, GTest), so the binaries are built here and carried there.
+#
+# Here, on the development machine (no GPU needed):
+#   bash bench/gpu_session.sh pack
+#     configures build-cuda (CUDA, sm_90, warnings as errors, benchmarks on, no -march=native: the GPU
+#     machine's processor may lack this one's instructions), builds cuda_tests and forward_bench
+#     (-j${JOBS:-1}), and packs them with the shared libraries that machine lacks and
+#     shared/models/stories260K into
+#     build-cuda/gpu_pack/tessera-gpu.tar.xz (about 10 MB), checking that the pack and the working tree
+#     together stay under the device's 64 MiB transfer.
+# There, through the device tool's run, with carry ["build-cuda/gpu_pack"], one stage per call:
+#   bash bench/gpu_session.sh all           # tests, then lmax: timeouts 200 + 370 s (the default)
+#   bash bench/gpu_session.sh tests         # ./build-cuda/tests/cuda_tests: $OUT/cuda_tests.json, .log
+#   bash bench/gpu_session.sh lmax [GIB,..] # forward_bench --lmax (24,40,80): $OUT/lmax.json, .log
+# (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
+# Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
+# checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
+# runs under `timeout` (TESTS_TIMEOUT, LMAX_TIMEOUT override the seconds). Without $OUT (run here), the
+# outputs go to build-cuda/gpu_out/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PACK_DIR=build-cuda/gpu_pack
+PACK=$PACK_DIR/tessera-gpu.tar.xz
+STAMP=build-cuda/.gpu_pack_unpacked  # checksum of the pack whose files are in build-cuda/
+LIMIT=$((64 << 20))                  # the device's transfer: working tree + carried paths
+
+die() {
+  echo "gpu_session: $*" >&2
+  exit 1
+}
+
+checksum() { sha256sum "$1" | cut -c1-64; }
+
+# ---- here: build and pack ------------------------------------------------------------------------
+pack() {
+  export PATH=/usr/local/cuda/bin:$PATH
+  command -v nvcc >/dev/null || die "nvcc is not installed (/usr/local/cuda/bin)"
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BENCH=ON -DTESSERA_NATIVE=OFF >/dev/null
+  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench
+  local stage
+  stage=$(mktemp -d)
+  chmod 755 "$stage"
+  mkdir -p "$stage/tests" "$stage/bench" "$stage/gpu-libs"
+  cp build-cuda/tests/cuda_tests "$stage/tests/"
+  cp build-cuda/bench/forward_bench "$stage/bench/"
+  # Shared libraries the binaries load, except glibc, the compiler's runtime and CUDA's (those are
+  # there, and newer); the rest (oneDNN, PCRE2, utf8proc, libgomp, OpenCL) travels.
+  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+    sort -u | while read -r name path; do
+    case $name in
+      ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libstdc++.so* | libgcc_s.so*) ;;
+      libcublas* | libcudart* | libcuda.so*) ;;
+      *) cp -L "$path" "$stage/gpu-libs/$name" ;;
+    esac
+  done
+  local shared=${TESSERA_SHARED_DIR:-$ROOT/../shared}
+  if [ -d "$shared/models/stories260K" ]; then
+    mkdir -p "$stage/gpu-shared/models"
+    cp -r "$shared/models/stories260K" "$stage/gpu-shared/models/"
+  else
+    echo "gpu_session: $shared/models/stories260K is absent: the Stories260K tests will skip there" >&2
+  fi
+  chmod -R u+w "$stage"
+  {
+    echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+      "($(git status --porcelain 2>/dev/null | wc -l) uncommitted changes)"
+    echo "build: CUDA sm_90, Release, -DTESSERA_NATIVE=OFF; $(nvcc --version | tail -1)"
+    echo "libraries: $(cd "$stage/gpu-libs" && echo *)"
+  } >"$stage/gpu-pack-info.txt"
+  mkdir -p "$PACK_DIR"
+  rm -f "$PACK_DIR"/*
+  XZ_OPT="-6 -T1" tar -C "$stage" -cJf "$PACK" .
+  rm -rf "$stage"
+  checksum "$PACK" >"$STAMP"  # here the build's own binaries are the packed ones
+  # What the device receives: tracked and untracked-not-ignored files, plus the carried pack.
+  local tree pack_bytes
+  tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  pack_bytes=$(stat -c %s "$PACK")
+  echo "pack: $PACK $((pack_bytes >> 20)) MiB; working tree $((tree >> 20)) MiB; limit 64 MiB"
+  [ $((tree + pack_bytes)) -lt $LIMIT ] || die "the working tree and the pack exceed the device's 64 MiB"
+  echo 'next, on the GPU: run(command="bash bench/gpu_session.sh all", carry=["build-cuda/gpu_pack"], timeout_s=600)'
+}
+
+# ---- there: unpack, environment ------------------------------------------------------------------
+OUT=${OUT:-$ROOT/build-cuda/gpu_out}
+
+prepare() {
+  mkdir -p "$OUT"
+  if [ -f "$PACK" ] && [ "$(cat "$STAMP" 2>/dev/null)" != "$(checksum "$PACK")" ]; then
+    chmod -R u+w build-cuda/gpu-shared 2>/dev/null || true
+    rm -rf build-cuda/gpu-libs build-cuda/gpu-shared
+    if ! tar -C build-cuda -xJf "$PACK" 2>/dev/null; then  # without xz: Python's tarfile reads it
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$PACK" build-cuda
+    fi
+    checksum "$PACK" >"$STAMP"
+  fi
+  [ -x build-cuda/tests/cuda_tests ] || die "no build-cuda/tests/cuda_tests: run 'pack' here, carry $PACK_DIR"
+  if [ -d build-cuda/gpu-libs ]; then
+    export LD_LIBRARY_PATH=$ROOT/build-cuda/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+  # cuBLASLt comes from that machine's CUDA toolkit (or the pip wheel beside its PyTorch).
+  local missing lib dir py_cublas
+  missing=$(ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench 2>/dev/null |
+    awk '$2 == "=>" && $3 == "not" {print $1}' | sort -u)
+  for lib in $missing; do
+    py_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' \
+      2>/dev/null || true)
+    for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib $py_cublas \
+      "$(find /usr/local /usr/lib /opt -name "$lib" -printf '%h\n' 2>/dev/null | head -1)"; do
+      if [ -n "$dir" ] && [ -e "$dir/$lib" ]; then
+        export LD_LIBRARY_PATH=$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        break
+      fi
+    done
+  done
+  # A library still missing, or one too old for the binaries (a GLIBC version, say): stop here.
+  if ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench 2>&1 | grep -E 'not found'; then
+    die "shared libraries missing (above)"
+  fi
+  export TESSERA_SOURCE_DIR=$ROOT  # tools/ and tests/reference/ of this copy of the tree
+  if [ -d build-cuda/gpu-shared ]; then
+    export TESSERA_SHARED_DIR=$ROOT/build-cuda/gpu-shared
+  fi
+  local py
+  for py in "${TESSERA_PYTHON:-}" /usr/bin/python3 python3; do
+    if [ -n "$py" ] && "$py" -c 'import numpy' 2>/dev/null; then
+      export TESSERA_PYTHON=$py
+      break
+    fi
+  done
+  {
+    cat build-cuda/gpu-pack-info.txt 2>/dev/null || echo "binaries of this machine's own build-cuda"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || true
+    echo "TESSERA_PYTHON=${TESSERA_PYTHON:-none with numpy} TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR:-default}"
+  } | tee "$OUT/env.txt"
+}
+
+# Line-buffered output, so that a command stopped by its timeout still leaves every finished line.
+LINEBUF=()
+if command -v stdbuf >/dev/null; then LINEBUF=(stdbuf -oL -eL); fi
+
+run_tests() {
+  local rc=0
+  echo "== cuda_tests (timeout ${1}s)"
+  timeout "$1" "${LINEBUF[@]}" ./build-cuda/tests/cuda_tests --gtest_output="json:$OUT/cuda_tests.json" \
+    >"$OUT/cuda_tests.log" 2>&1 || rc=$?
+  # The relative errors the golden tests print, then gtest's summary (the whole log is in $OUT).
+  grep -E 'relative error|^\[  (PASSED|FAILED)  \]|^\[  SKIPPED \] [0-9]+ test|^\[==========\]' \
+    "$OUT/cuda_tests.log" || true
+  [ "$rc" -eq 0 ] || tail -n 30 "$OUT/cuda_tests.log"
+  echo "== cuda_tests exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
+  return "$rc"
+}
+
+run_lmax() {
+  local rc=0
+  echo "== forward_bench --lmax $2 (timeout ${1}s)"
+  timeout "$1" "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda --lengths 0 \
+    --lmax "$2" --lmax-ratio 0.5 --lmax-cap 131072 --json "$OUT/lmax.json" 2>&1 | tee "$OUT/lmax.log" || rc=$?
+  echo "== forward_bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out: rows done so far are in lmax.log)')"
+  return "$rc"
+}
+
+stage=${1:-all}
+case $stage in
+  pack) pack ;;
+  tests)
+    prepare
+    run_tests "${TESTS_TIMEOUT:-560}"
+    ;;
+  lmax)
+    prepare
+    run_lmax "${LMAX_TIMEOUT:-570}" "${2:-24,40,80}"
+    ;;
+  all)
+    prepare
+    rc=0
+    run_tests "${TESTS_TIMEOUT:-200}" || rc=$?
+    run_lmax "${LMAX_TIMEOUT:-370}" "${2:-24,40,80}" || rc=$?
+    exit "$rc"
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...]" ;;
+esac
