@@ -7,7 +7,7 @@
 # Here, on the development machine (no GPU needed):
 #   bash bench/gpu_session.sh pack
 #     configures build-cuda (CUDA, sm_90, warnings as errors, benchmarks on, no -march=native: the GPU
-#     machine's processor may lack this one's instructions), builds cuda_tests and forward_bench
+#     machine's processor may lack this one's instructions), builds cuda_tests, forward_bench and tessera
 #     (-j${JOBS:-1}), and packs them with the shared libraries that machine lacks and
 #     shared/models/stories260K into
 #     build-cuda/gpu_pack/tessera-gpu.tar.xz (about 10 MB), checking that the pack and the working tree
@@ -16,7 +16,7 @@
 #   bash bench/gpu_session.sh all           # tests, then lmax: timeouts 200 + 370 s (the default)
 #   bash bench/gpu_session.sh tests         # ./build-cuda/tests/cuda_tests: $OUT/cuda_tests.json, .log
 #   bash bench/gpu_session.sh lmax [GIB,..] # forward_bench --lmax (24,40,80): $OUT/lmax.json, .log
-#   bash bench/gpu_session.sh cache         # cache_bench, llada-8b: KV cache none / prefix / dual
+#   bash bench/gpu_session.sh cache         # tessera bench, llada-8b: KV cache none / prefix / dual
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -43,16 +43,17 @@ pack() {
   command -v nvcc >/dev/null || die "nvcc is not installed (/usr/local/cuda/bin)"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BENCH=ON -DTESSERA_NATIVE=OFF >/dev/null
-  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench cache_bench
+  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench tessera
   local stage
   stage=$(mktemp -d)
   chmod 755 "$stage"
   mkdir -p "$stage/tests" "$stage/bench" "$stage/gpu-libs"
   cp build-cuda/tests/cuda_tests "$stage/tests/"
-  cp build-cuda/bench/forward_bench build-cuda/bench/cache_bench "$stage/bench/"
+  cp build-cuda/bench/forward_bench "$stage/bench/"
+  cp build-cuda/tessera "$stage/"
   # Shared libraries the binaries load, except glibc, the compiler's runtime and CUDA's (those are
   # there, and newer); the rest (oneDNN, PCRE2, utf8proc, libgomp, OpenCL) travels.
-  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/cache_bench | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
     sort -u | while read -r name path; do
     case $name in
       ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libstdc++.so* | libgcc_s.so*) ;;
@@ -107,7 +108,7 @@ prepare() {
   fi
   # cuBLASLt comes from that machine's CUDA toolkit (or the pip wheel beside its PyTorch).
   local missing lib dir py_cublas
-  missing=$(ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/cache_bench 2>/dev/null |
+  missing=$(ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/tessera 2>/dev/null |
     awk '$2 == "=>" && $3 == "not" {print $1}' | sort -u)
   for lib in $missing; do
     py_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' \
@@ -121,7 +122,7 @@ prepare() {
     done
   done
   # A library still missing, or one too old for the binaries (a GLIBC version, say): stop here.
-  if ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/cache_bench 2>&1 |
+  if ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/tessera 2>&1 |
     grep -E 'not found'; then
     die "shared libraries missing (above)"
   fi
@@ -171,10 +172,11 @@ run_lmax() {
 
 run_cache() {
   local rc=0
-  echo "== cache_bench llada-8b, prompt 4096, gen 256, blocks of 32 (timeout ${1}s)"
-  timeout "$1" "${LINEBUF[@]}" ./build-cuda/bench/cache_bench --geometry llada-8b --device cuda --prompt-len 4096 \
-    --gen-length 256 --block-length 32 --steps 256 --json "$OUT/cache.json" 2>&1 | tee "$OUT/cache.log" || rc=$?
-  echo "== cache_bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
+  echo "== tessera bench llada-8b, prompt 4096, gen 256, blocks of 32 (timeout ${1}s)"
+  timeout "$1" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 4096 \
+    --gen-length 256 --block-length 32 --compare cache=prefix --compare cache=dual --json "$OUT/cache.json" 2>&1 |
+    tee "$OUT/cache.log" || rc=$?
+  echo "== tessera bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
   return "$rc"
 }
 

@@ -16,5 +16,6 @@ void add_inspect(CLI::App& app, Registry& reg);
 void add_convert(CLI::App& app, Registry& reg);
 void add_plan(CLI::App& app, Registry& reg);
 void add_eval(CLI::App& app, Registry& reg);
+void add_bench(CLI::App& app, Registry& reg);
 
 }  // namespace tessera::cli

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_convert(app, reg);
   tessera::cli::add_plan(app, reg);
   tessera::cli::add_eval(app, reg);
+  tessera::cli::add_bench(app, reg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

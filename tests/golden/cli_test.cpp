@@ -167,5 +167,33 @@ TEST(Cli, JsonOutputOfInvalidUtf8TextIsValidJson) {
       << "this model's text was valid UTF-8: the test did not test the replacement";
 }
 
+// tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
+// the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison is reported and fails.
+TEST(Cli, BenchComparesOptionsSideBySide) {
+  TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
+  const auto json_path = test::temp_dir("cli_bench") / "bench.json";
+  const std::string base = tessera_bin() + " bench -m " + dir.string() +
+                           " --precision f32 --prompt-len 20 --gen-length 24 --block-length 8 --json " +
+                           json_path.string();
+  std::string out;
+  ASSERT_EQ(test::run_command(base + " --compare cache=prefix --compare cache=dual 2>&1", &out), 0) << out;
+  std::ifstream f(json_path);
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["rows"].size(), 3u) << j.dump();
+  EXPECT_EQ(j["rows"][0]["option"], "baseline");
+  for (size_t i = 1; i < 3; ++i) {
+    const auto& r = j["rows"][i];
+    EXPECT_EQ(r["agreement"].get<double>(), 1.0) << r.dump();
+    EXPECT_EQ(r["steps"], j["rows"][0]["steps"]) << r.dump();
+    EXPECT_LT(r["query_rows"].get<double>(), j["rows"][0]["query_rows"].get<double>()) << r.dump();
+    EXPECT_GT(r["kv_cache_bytes"].get<double>(), 0.0) << r.dump();
+  }
+  EXPECT_NE(out.find("cache=dual"), std::string::npos) << out;
+  EXPECT_NE(test::run_command(base + " --compare cache=lru 2>&1", &out), 0);
+  EXPECT_NE(out.find("comparison 'cache=lru' cannot run: unknown KV cache 'lru'"), std::string::npos) << out;
+  expect_error("bench -m " + dir.string() + " --geometry llada-mid",
+               "give -m DIR or --geometry NAME, not both");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,0 +1,226 @@
+// tessera bench: generation speed of engine options side by side, in one run, on one prompt.
+//   tessera bench [-m DIR | --geometry NAME] [--prompt-len 512 | -p TEXT] [--gen-length 128]
+//                 [--block-length 32] [--steps N] [--threshold X] [--cache C] [--compare SPEC]... [--json F]
+// The baseline is the options given; each --compare SPEC (the keys of tessera eval) changes some of
+// them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
+// speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows),
+// the largest planned activation peak, the KV cache held, and the share of generated tokens equal to
+// the baseline's. Generation never stops at EOS here, so every row produces the same number of tokens.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "apps/tessera/commands.h"
+#include "apps/tessera/compare.h"
+#include "apps/tessera/session.h"
+#include "core/error.h"
+#include "io/tokenizer.h"
+#include "memory/chunk_optimizer.h"
+
+namespace tessera::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct BenchArgs {
+  std::string model, geometry, prompt, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
+  std::string cache = "none";
+  int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1;
+  float threshold = 0.0f;
+  std::vector<std::string> compare;
+};
+
+struct Row {
+  std::string label;
+  double seconds = 0;
+  int steps = 0;
+  double query_rows = 0;
+  size_t activation_peak = 0, kv_cache = 0;
+  double agreement = 1.0;
+  std::vector<int32_t> tokens;
+};
+
+std::unique_ptr<Engine> make_engine(const BenchArgs& a, const EngineOptions& eng) {
+  if (!a.geometry.empty()) return Engine::synthetic(named_geometry(a.geometry), eng);
+  return Engine::load(a.model.empty() ? default_model_dir() : a.model, eng);
+}
+
+Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, int reps) {
+  {  // warm-up: one forward over the whole canvas commits the workspace and starts the threads
+    std::vector<int32_t> canvas = prompt, pos(static_cast<size_t>(o.gen_length)), tok(pos.size());
+    std::vector<float> conf(pos.size());
+    canvas.resize(prompt.size() + pos.size(), e.mask_token());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(prompt.size() + i);
+    if (e.attention_block() > 0) e.set_attention_block(o.block_length);
+    e.predict(canvas, pos, SampleParams{}, tok, conf);
+  }
+  Row r;
+  for (int rep = 0; rep < reps; ++rep) {
+    double rows = 0;
+    size_t peak = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    GenerateResult res = generate(e, prompt, o, [&](const StepEvent&) {
+      rows += static_cast<double>(e.last_step().shape.n_query);
+      peak = std::max(peak, e.last_step().planned_peak);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep == 0 || s < r.seconds) r.seconds = s;
+    r.steps = res.steps_run;
+    r.query_rows = rows;
+    r.activation_peak = peak;
+    r.tokens = std::move(res.tokens);
+  }
+  r.kv_cache = o.cache == "none" ? 0 : e.kv_cache_bytes();
+  return r;
+}
+
+int run_bench(const BenchArgs& a) {
+  TESSERA_CHECK(a.model.empty() || a.geometry.empty(), "give -m DIR or --geometry NAME, not both");
+  TESSERA_CHECK(a.reps >= 1, "--reps must be >= 1");
+  EngineOptions eng;
+  eng.device = a.device;
+  eng.precision = parse_precision(a.precision);
+  auto base_engine = make_engine(a, eng);
+  const ModelConfig& cfg = base_engine->config();
+  std::vector<int32_t> prompt;
+  if (!a.prompt.empty()) {
+    TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
+    const std::string dir = a.model.empty() ? default_model_dir() : a.model;
+    prompt = Tokenizer::from_file(fs::path(dir) / "tokenizer.json").encode(a.prompt);
+  } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
+    for (int i = 0; i < a.prompt_len; ++i)
+      prompt.push_back(static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 77) %
+                                            static_cast<uint64_t>(std::max<int64_t>(cfg.vocab / 2, 1))));
+  }
+  GenerateOptions base;
+  base.gen_length = a.gen_length;
+  base.block_length = a.block_length;
+  base.steps = a.steps > 0 ? a.steps : a.gen_length;
+  base.alg = a.alg;
+  base.threshold = a.threshold;
+  base.cache = a.cache;
+  base.stop_at_eos = false;
+  const bool block_causal = base_engine->attention_block() > 0;
+  validate_generate_options(base, cfg.vocab, block_causal);
+  if (static_cast<int64_t>(prompt.size()) + a.gen_length > cfg.max_positions) {
+    fail("the prompt of " + std::to_string(prompt.size()) + " tokens plus gen-length " +
+         std::to_string(a.gen_length) + " exceeds the model's context of " +
+         std::to_string(cfg.max_positions));
+  }
+
+  std::vector<Row> rows;
+  Row b = measure(*base_engine, prompt, base, a.reps);
+  b.label = "baseline";
+  rows.push_back(std::move(b));
+  int failures = 0;
+  json comparisons = json::array();
+  for (const std::string& spec : a.compare) {
+    try {
+      Candidate c = parse_spec(spec, base, eng);
+      TESSERA_CHECK(c.gen.gen_length == base.gen_length, "a comparison must generate the same length");
+      validate_generate_options(c.gen, cfg.vocab, block_causal);
+      std::unique_ptr<Engine> own;
+      if (c.own_engine) own = make_engine(a, c.eng);
+      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps);
+      r.label = spec;
+      size_t same = 0;
+      for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
+        same += r.tokens[i] == rows.front().tokens[i] ? 1 : 0;
+      r.agreement =
+          static_cast<double>(same) / static_cast<double>(std::max<size_t>(rows.front().tokens.size(), 1));
+      rows.push_back(std::move(r));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "tessera bench: comparison '%s' cannot run: %s\n", spec.c_str(), e.what());
+      comparisons.push_back({{"option", spec}, {"error", e.what()}});
+      ++failures;
+    }
+  }
+
+  const std::string what = a.geometry.empty() ? (a.model.empty() ? default_model_dir() : a.model)
+                                              : a.geometry + " (synthetic weights)";
+  std::printf(
+      "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d\n", what.c_str(),
+      base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
+      base.alg.c_str(),
+      base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
+      base.cache.c_str(), a.reps);
+  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s\n", "option", "seconds", "tokens/s", "speed-up",
+              "steps", "query rows", "act. peak", "KV cache", "agreement");
+  const Row& r0 = rows.front();
+  for (const Row& r : rows) {
+    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %12.0f %11s %10s %9.4f\n", r.label.c_str(), r.seconds,
+                a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows,
+                human_bytes(static_cast<double>(r.activation_peak)).c_str(),
+                human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
+    comparisons.push_back({{"option", r.label},
+                           {"seconds", r.seconds},
+                           {"tokens_per_second", a.gen_length / r.seconds},
+                           {"speedup", r0.seconds / r.seconds},
+                           {"steps", r.steps},
+                           {"query_rows", r.query_rows},
+                           {"activation_peak_bytes", r.activation_peak},
+                           {"kv_cache_bytes", r.kv_cache},
+                           {"agreement", r.agreement}});
+  }
+  if (!a.json_path.empty()) {
+    std::ofstream f(a.json_path);
+    if (!f) fail("cannot write " + a.json_path);
+    f << json{{"model", what},
+              {"device", base_engine->backend().name()},
+              {"prompt_tokens", prompt.size()},
+              {"gen_length", base.gen_length},
+              {"block_length", base.block_length},
+              {"steps", base.steps},
+              {"alg", base.alg},
+              {"threshold", base.threshold},
+              {"cache", base.cache},
+              {"reps", a.reps},
+              {"rows", comparisons}}
+             .dump(1)
+      << "\n";
+  }
+  return failures > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, Registry& reg) {
+  auto* sub = app.add_subcommand(
+      "bench",
+      "Generation speed of engine options side by side (KV cache, threshold, chunking, precision, ...)");
+  auto a = std::make_shared<BenchArgs>();
+  sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
+  sub->add_option("--geometry", a->geometry,
+                  "a real geometry with synthetic weights instead of a model: llada-8b, dream-7b, llada-mid, "
+                  "llada-moe-7b, llada2-mini");
+  sub->add_option("-p,--prompt", a->prompt, "prompt text (default: --prompt-len pseudo-random tokens)");
+  sub->add_option("--prompt-len", a->prompt_len, "prompt tokens when no -p is given")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--gen-length", a->gen_length, "tokens to generate")->check(CLI::PositiveNumber);
+  sub->add_option("--block-length", a->block_length, "block length")->check(CLI::PositiveNumber);
+  sub->add_option("--steps", a->steps, "denoising steps (default: gen-length)");
+  sub->add_option("--alg", a->alg, "unmasking policy")
+      ->check(
+          CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
+  sub->add_option("--threshold", a->threshold, "confidence-threshold decoding (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--cache", a->cache, "KV cache of the baseline")
+      ->check(CLI::IsMember({"none", "prefix", "dual"}));
+  sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--precision", a->precision, "auto, bf16 or f32")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_option("--reps", a->reps, "timed generations per row (the best counts)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+      "--compare", a->compare,
+      "options to compare with the baseline, e.g. \"cache=dual\" or \"threshold=0.9,cache=prefix\" "
+      "(repeatable; keys as in tessera eval)");
+  sub->add_option("--json", a->json_path, "write the results as JSON");
+  reg.handlers.emplace_back(sub, [a] { return run_bench(*a); });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,70 @@
+#include "apps/tessera/compare.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "core/error.h"
+#include "memory/chunk_optimizer.h"
+
+namespace tessera::cli {
+
+Precision parse_precision(const std::string& p) {
+  if (p == "bf16") return Precision::BF16;
+  if (p == "f32") return Precision::F32;
+  if (p == "auto") return Precision::Auto;
+  fail("precision must be auto, bf16 or f32, got '" + p + "'");
+}
+
+Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const EngineOptions& base_eng) {
+  Candidate c{spec, base, base_eng, false};
+  std::stringstream ss(spec);
+  std::string kv;
+  while (std::getline(ss, kv, ',')) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) fail("--compare '" + spec + "': expected key=value, got '" + kv + "'");
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    try {
+      if (k == "steps") {
+        c.gen.steps = std::stoi(v);
+      } else if (k == "block-length") {
+        c.gen.block_length = std::stoi(v);
+      } else if (k == "threshold") {
+        c.gen.threshold = std::stof(v);
+      } else if (k == "alg") {
+        c.gen.alg = v;
+      } else if (k == "temperature") {
+        c.gen.temperature = std::stof(v);
+      } else if (k == "cache") {
+        c.gen.cache = v;
+      } else if (k == "precision") {
+        c.eng.precision = parse_precision(v);
+        c.own_engine = true;
+      } else if (k == "device") {
+        c.eng.device = v;
+        c.own_engine = true;
+      } else if (k == "k-ffn") {
+        c.eng.k_ffn = std::stoll(v);
+        c.own_engine = true;
+      } else if (k == "k-logits") {
+        c.eng.k_logits = std::stoll(v);
+        c.own_engine = true;
+      } else if (k == "memory-budget") {
+        c.eng.memory_budget = memory::parse_size(v);
+        c.own_engine = true;
+      } else {
+        fail("--compare '" + spec + "': unknown option '" + k +
+             "' (known: steps, block-length, threshold, alg, temperature, cache, precision, device, k-ffn, "
+             "k-logits, memory-budget)");
+      }
+    } catch (const std::invalid_argument&) {
+      fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);
+    } catch (const std::out_of_range&) {
+      fail("--compare '" + spec + "': '" + v + "' is out of range for " + k);
+    }
+  }
+  TESSERA_CHECK(c.eng.k_ffn >= 1 && c.eng.k_logits >= 1,
+                "--compare '" + spec + "': chunk counts must be >= 1");
+  return c;
+}
+
+}  // namespace tessera::cli
