@@ -17,5 +17,6 @@ void add_convert(CLI::App& app, Registry& reg);
 void add_plan(CLI::App& app, Registry& reg);
 void add_eval(CLI::App& app, Registry& reg);
 void add_bench(CLI::App& app, Registry& reg);
+void add_serve(CLI::App& app, Registry& reg);
 
 }  // namespace tessera::cli

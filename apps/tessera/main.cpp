@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_plan(app, reg);
   tessera::cli::add_eval(app, reg);
   tessera::cli::add_bench(app, reg);
+  tessera::cli::add_serve(app, reg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -173,14 +173,15 @@ Session::Session(const SessionArgs& a) {
   validate_generate_options(gen_, c.vocab, model_block > 0);
 }
 
-int64_t Session::canvas_length(int64_t prompt_len) const {
-  const int64_t n = prompt_len + gen_.gen_length;
+int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) const {
+  const int64_t n = prompt_len + o.gen_length;
   if (engine_->attention_block() <= 0) return n;
-  const int64_t bl = gen_.block_length;  // block-causal: padded to whole blocks (generate.h)
+  const int64_t bl = o.block_length;  // block-causal: padded to whole blocks (generate.h)
   return (n + bl - 1) / bl * bl;
 }
 
-std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
+std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
+                                         const GenerateOptions& o) const {
   for (const auto& m : msgs) check_utf8(m.content, "the prompt");
   std::vector<int32_t> ids;
   if (use_chat) {
@@ -193,10 +194,10 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     const auto body = tok_->encode(text);
     ids.insert(ids.end(), body.begin(), body.end());
   }
-  const int64_t total = canvas_length(static_cast<int64_t>(ids.size()));
+  const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
   if (total > engine_->config().max_positions) {
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
-         std::to_string(gen_.gen_length) +
+         std::to_string(o.gen_length) +
          (engine_->attention_block() > 0 ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
          " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
   }
@@ -269,27 +270,32 @@ class LiveView {
 }  // namespace
 
 Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
-  Output o;
   std::optional<LiveView> view;
-  // A memory budget is checked on the request's largest step (the whole canvas, a full block of
-  // masked positions) before the first forward.
-  const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()));
-  // The KV cache is held for the whole request: made first so that the budget check counts it.
-  if (gen_.cache != "none") engine_->kv_cache_reset(canvas);
-  if (engine_->activation_budget() > 0) {
-    if (engine_->attention_block() > 0) engine_->set_attention_block(gen_.block_length);
-    engine_->check_memory(
-        canvas,
-        engine_->attention_block() > 0 ? gen_.block_length : std::min(gen_.block_length, gen_.gen_length),
-        gen_.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
-  }
   if (tty != nullptr) view.emplace(tty, *tok_, prompt.size(), engine_->mask_token());
-  const auto t0 = std::chrono::steady_clock::now();
-  o.result = generate(*engine_, prompt, gen_, [&](const StepEvent& ev) {
+  Output o = run(prompt, gen_, [&](const StepEvent& ev) {
     if (view) view->draw(ev, gen_.steps);
   });
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (view) view->clear();
+  return o;
+}
+
+Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                             const std::function<void(const StepEvent&)>& on_step) {
+  Output o;
+  // A memory budget is checked on the request's largest step (the whole canvas, a full block of
+  // masked positions) before the first forward.
+  const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
+  // The KV cache is held for the whole request: made first so that the budget check counts it.
+  if (g.cache != "none") engine_->kv_cache_reset(canvas);
+  if (engine_->activation_budget() > 0) {
+    if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
+    engine_->check_memory(
+        canvas, engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
+        g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  o.result = generate(*engine_, prompt, g, on_step);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.text = tok_->decode(o.result.tokens, true);
   return o;
 }

@@ -2,6 +2,7 @@
 // view and the result line.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,8 +36,13 @@ void add_session_options(CLI::App* sub, SessionArgs& a);
 class Session {
  public:
   explicit Session(const SessionArgs& a);
-  // Token ids of a prompt (chat template applied unless raw; BOS where the model adds one).
-  std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const;
+  // Token ids of a prompt (chat template applied unless raw; BOS where the model adds one); throws
+  // when the prompt plus the generation of `o` (default: the session's options) exceeds the context.
+  std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
+    return prompt_ids(msgs, use_chat, gen_);
+  }
+  std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
+                                  const GenerateOptions& o) const;
   bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
   struct Output {
     std::string text;
@@ -45,11 +51,17 @@ class Session {
   };
   // Generates with a live view on `tty` (nullptr: none).
   Output run(const std::vector<int32_t>& prompt, FILE* tty);
+  // Generates with the options `o` (validated by the caller), calling on_step after every step.
+  Output run(const std::vector<int32_t>& prompt, const GenerateOptions& o,
+             const std::function<void(const StepEvent&)>& on_step);
+  const Tokenizer& tokenizer() const { return *tok_; }
   Engine& engine() { return *engine_; }
+  const ModelConfig& config() const { return engine_->config(); }
   const GenerateOptions& options() const { return gen_; }
   std::string model_dir() const { return dir_; }
   // The canvas of a request: prompt + gen_length, padded to whole blocks for block-causal models.
-  int64_t canvas_length(int64_t prompt_len) const;
+  int64_t canvas_length(int64_t prompt_len) const { return canvas_length(prompt_len, gen_); }
+  int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o) const;
 
  private:
   std::string dir_;

@@ -1,0 +1,166 @@
+// tessera serve end to end: a real server process on a free port, requests through cpp-httplib's client.
+// A completion equals `tessera generate` with the same options; the streamed deltas concatenate to the
+// same text; every bad request gets a 4xx with an OpenAI-style error object and the server keeps going.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "test_util.h"
+#include "tiny_models.h"
+
+namespace tessera {
+namespace {
+
+using json = nlohmann::json;
+
+// A `tessera serve` process for the test's lifetime.
+class ServerProcess {
+ public:
+  ServerProcess(const std::string& args, const std::filesystem::path& dir) {
+    const auto log = dir / "serve.log";
+    std::string out;
+    EXPECT_EQ(test::run_command(std::string(TESSERA_BINARY) + " serve --port 0 " + args + " >" +
+                                    log.string() + " 2>&1 & echo $!",
+                                &out),
+              0);
+    pid_ = std::stoi(out);
+    for (int i = 0; i < 200 && port_ == 0; ++i) {  // up to 20 s for the model to load
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::ifstream f(log);
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t at = text.find("127.0.0.1:");
+      if (at != std::string::npos) port_ = std::stoi(text.substr(at + 10));
+    }
+    EXPECT_GT(port_, 0) << "the server did not start";
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) kill(pid_, SIGTERM);
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int pid_ = 0, port_ = 0;
+};
+
+json post(httplib::Client& c, const std::string& path, const std::string& body, int want_status) {
+  auto r = c.Post(path, body, "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response for " << body;
+    return {};
+  }
+  EXPECT_EQ(r->status, want_status) << body << "\n" << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+// The events of an SSE body ("data: X" lines), [DONE] included.
+std::vector<std::string> events(const std::string& body) {
+  std::vector<std::string> ev;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    ev.push_back(body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return ev;
+}
+
+TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
+  const auto tmp = test::temp_dir("serve");
+  ServerProcess server("-m " + dir.string() + " --model-id tiny", tmp);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+
+  // A completion is what `tessera generate` writes for the same options.
+  const json req = {
+      {"model", "tiny"}, {"prompt", "hello"}, {"max_tokens", 16}, {"block_length", 8}, {"seed", 3}};
+  const json got = post(c, "/v1/completions", req.dump(), 200);
+  std::string cli;
+  ASSERT_EQ(
+      test::run_command(std::string(TESSERA_BINARY) + " generate -m " + dir.string() +
+                            " -p hello --raw --gen-length 16 --block-length 8 --steps 16 --seed 3 --json "
+                            "2>/dev/null",
+                        &cli),
+      0);
+  const json want = json::parse(cli);
+  EXPECT_EQ(got["choices"][0]["text"], want["text"]);
+  EXPECT_EQ(got["usage"]["completion_tokens"], want["tokens"].size());
+  EXPECT_EQ(got["object"], "text_completion");
+
+  // Streaming: the deltas concatenate to the same text, then the finish reason, then [DONE].
+  json sreq = req;
+  sreq["stream"] = true;
+  auto sr = c.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  EXPECT_EQ(sr->get_header_value("Content-Type"), "text/event-stream");
+  const auto ev = events(sr->body);
+  ASSERT_GE(ev.size(), 3u) << sr->body;
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < ev.size(); ++i)
+    text += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, want["text"].get<std::string>());
+  EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"], "length");
+
+  // Chat, streamed: a role chunk first; with the KV cache as a tessera option.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 16},
+                     {"block_length", 8},
+                     {"cache", "dual"},
+                     {"stream", true}};
+  auto cr = c.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(cr);
+  const auto cev = events(cr->body);
+  ASSERT_GE(cev.size(), 3u) << cr->body;
+  EXPECT_EQ(json::parse(cev[0])["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(json::parse(cev[0])["object"], "chat.completion.chunk");
+
+  // Bad requests: 4xx, an error object naming the problem; the server still answers afterwards.
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"prompt": "x", "bogus": 1})", "unknown field 'bogus'"},
+      {R"({"prompt": )", "not valid JSON"},
+      {R"([1, 2])", "must be a JSON object"},
+      {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be in [1, "},
+      {R"({"prompt": "x", "max_tokens": "many"})", "'max_tokens' must be an integer"},
+      {R"({"prompt": "x", "max_tokens": 16, "block_length": 8, "steps": 5})",
+       "not divisible by the number of blocks"},
+      {R"({"prompt": "x", "n": 2})", "only n = 1"},
+      {R"({"prompt": "x", "stop": ["\n"]})", "'stop' sequences are not supported"},
+      {R"({"prompt": "x", "cache": "lru"})", "unknown KV cache 'lru'"},
+      {R"({"prompt": "x", "seed": -1})", "'seed' must be >= 0"},
+      {R"({"prompt": 7})", "'prompt' must be a string"},
+      {R"({"messages": []})", "'messages' must be a non-empty array"},
+  };
+  for (const auto& [body, msg] : bad) {
+    const bool chat_route = body.find("messages") != std::string::npos;
+    const json e = post(c, chat_route ? "/v1/chat/completions" : "/v1/completions", body, 400);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos)
+        << body << " -> " << e.dump();
+  }
+  const std::string long_prompt(3000, 'a');
+  const json too_long = post(c, "/v1/completions", json{{"prompt", long_prompt}}.dump(), 400);
+  EXPECT_NE(too_long["error"]["message"].get<std::string>().find("exceeds the model's context"),
+            std::string::npos)
+      << too_long.dump();
+  const json wrong_model = post(c, "/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404);
+  EXPECT_NE(wrong_model["error"]["message"].get<std::string>().find("serves 'tiny'"), std::string::npos);
+  auto nf = c.Get("/v1/nothing");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_EQ(post(c, "/v1/completions", req.dump(), 200)["choices"][0]["text"], want["text"]);
+}
+
+}  // namespace
+}  // namespace tessera
