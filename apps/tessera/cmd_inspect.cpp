@@ -91,7 +91,7 @@ void add_inspect(CLI::App& app, Registry& reg) {
                 human_bytes(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
                 human_bytes(static_cast<double>(p.lower_bound)).c_str());
     // --cache prefix|dual keeps K and V of every layer, f32, for the whole canvas.
-    const double kv = 2.0 * 4.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim * ctx);
+    const double kv = static_cast<double>(c.kv_cache_bytes_per_token() * ctx);
     std::printf("kv cache     %s at context %lld (--cache prefix|dual: K and V of every layer, f32)\n",
                 human_bytes(kv).c_str(), static_cast<long long>(ctx));
     return 0;

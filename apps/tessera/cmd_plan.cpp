@@ -29,6 +29,7 @@ struct PlanArgs {
   int64_t context = 0;
   double mask_ratio = 0.5;
   bool json = false;
+  bool cache = false;  // a KV cache (--cache prefix|dual) is held for the request
 };
 
 // One planned step with its figures.
@@ -226,7 +227,9 @@ int run_plan(const PlanArgs& a) {
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act), OutputMode::Sample);
   const size_t weights = static_cast<size_t>(c.param_count()) * dtype_size(act);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
-  const size_t act_budget = budget > weights ? budget - weights : 0;
+  const size_t per_token = a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token()) : 0;
+  const size_t kv = per_token * static_cast<size_t>(a.context);
+  const size_t act_budget = budget > weights + kv ? budget - weights - kv : 0;
   const graph::StepShape s = memory::step_shape(a.context, a.mask_ratio);
 
   const Planned unchunked = plan_step(g, s, 1, 1);
@@ -236,7 +239,7 @@ int run_plan(const PlanArgs& a) {
   int64_t l_max = -1;
   if (budget > 0) {
     choice = memory::choose_chunks(g, s, act_budget);
-    l_max = act_budget > 0 ? memory::largest_context(g, a.mask_ratio, act_budget) : 0;
+    l_max = budget > weights ? memory::largest_context(g, a.mask_ratio, budget - weights, per_token) : 0;
   }
   const Planned chosen = plan_step(g, s, choice.k_ffn, choice.k_logits);
   const std::string dtype = std::string(dtype_name(act));
@@ -261,7 +264,8 @@ int run_plan(const PlanArgs& a) {
               {"n_logits", s.n_logits},
               {"unchunked", stats_json(unchunked)},
               {"chosen", stats_json(chosen)},
-              {"floor_bytes", floor}};
+              {"floor_bytes", floor},
+              {"kv_cache_bytes", kv}};
     if (budget > 0) {
       j["budget_bytes"] = budget;
       j["activation_budget_bytes"] = act_budget;
@@ -280,9 +284,14 @@ int run_plan(const PlanArgs& a) {
               hb(static_cast<double>(weights)).c_str(), dtype_size(act));
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));
+  if (a.cache) {
+    std::printf("KV cache %s (--cache: K and V of every layer, f32, for the whole canvas)\n",
+                hb(static_cast<double>(kv)).c_str());
+  }
   if (budget > 0) {
-    std::printf("budget %s total -> %s for activations\n", hb(static_cast<double>(budget)).c_str(),
-                hb(static_cast<double>(act_budget)).c_str());
+    std::printf("budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),
+                hb(static_cast<double>(act_budget)).c_str(),
+                a.cache ? " (after the weights and the KV cache)" : "");
   }
   char col[64];
   std::snprintf(col, sizeof col, "lazy (K_ffn %lld, K_logits %lld)", static_cast<long long>(choice.k_ffn),
@@ -318,7 +327,8 @@ int run_plan(const PlanArgs& a) {
     std::printf(
         "%-22s DOES NOT FIT: %s\n", "verdict",
         act_budget == 0
-            ? "the weights alone exceed the budget"
+            ? (a.cache ? "the weights and the KV cache exceed the budget"
+                       : "the weights alone exceed the budget")
             : ("the floor " + hb(static_cast<double>(floor)) + " exceeds the activation budget").c_str());
   }
   std::printf("%-22s %lld tokens at mask ratio %.2f\n", "L_max (this budget)", static_cast<long long>(l_max),
@@ -344,6 +354,8 @@ void add_plan(CLI::App& app, Registry& reg) {
                   "K_logits and reports L_max")
       ->check(size_validator());
   sub->add_flag("--json", a->json, "print one JSON object");
+  sub->add_flag("--cache", a->cache,
+                "a KV cache (generate --cache prefix|dual) is held: count it in the budget");
   sub->add_option("--svg", a->svg, "write the memory timeline of the chosen plan to FILE (SVG)");
   reg.handlers.emplace_back(sub, [a] {
     if (a->model.empty() && a->geometry.empty()) fail("plan: give -m DIR or --geometry NAME");

@@ -222,7 +222,10 @@ void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode) {
 void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor) {
   const double ratio =
       shape.n_query > 0 ? static_cast<double>(shape.n_logits) / static_cast<double>(shape.n_query) : 0;
-  const int64_t l_max = memory::largest_context(model_->graph(mode), ratio, activation_budget());
+  // A KV cache held for the request grows with the context too.
+  const size_t per_token = kv_capacity_ > 0 ? kv_bytes_ / static_cast<size_t>(kv_capacity_) : 0;
+  const size_t budget = per_token > 0 ? activation_budget() + kv_bytes_ : activation_budget();
+  const int64_t l_max = memory::largest_context(model_->graph(mode), ratio, budget, per_token);
   char r[32];
   std::snprintf(r, sizeof r, "%.3g", ratio);
   const auto gib = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };

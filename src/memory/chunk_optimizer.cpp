@@ -184,9 +184,13 @@ int64_t largest_fitting(const std::function<bool(int64_t)>& fits, int64_t hi) {
   return lo;
 }
 
-int64_t largest_context(const graph::GraphTemplate& g, double mask_ratio, size_t activation_budget) {
-  return largest_fitting(
-      [&](int64_t L) { return chunk_floor(g, step_shape(L, mask_ratio)) <= activation_budget; });
+int64_t largest_context(const graph::GraphTemplate& g, double mask_ratio, size_t activation_budget,
+                        size_t bytes_per_token) {
+  return largest_fitting([&](int64_t L) {
+    const size_t cache = static_cast<size_t>(L) * bytes_per_token;
+    return cache <= activation_budget &&
+           chunk_floor(g, step_shape(L, mask_ratio)) <= activation_budget - cache;
+  });
 }
 
 size_t parse_size(const std::string& text) {

@@ -230,6 +230,18 @@ TEST(ChunkOptimizer, LargestContextIsTheLastContextWhoseFloorFits) {
   EXPECT_FALSE(choose_chunks(g, step_shape(L + 1, 0.3), budget).fits);
 }
 
+// A KV cache held for the request: the floor plus L x bytes per token must fit, so L_max shrinks.
+TEST(ChunkOptimizer, LargestContextCountsAKvCachePerToken) {
+  const graph::GraphTemplate g = toy_graph("llada-8b");
+  const size_t budget = chunk_floor(g, step_shape(5000, 0.3)) + 12345, per_token = 4096;
+  const int64_t plain = largest_context(g, 0.3, budget);
+  const int64_t L = largest_context(g, 0.3, budget, per_token);
+  EXPECT_LT(L, plain);
+  EXPECT_LE(chunk_floor(g, step_shape(L, 0.3)) + static_cast<size_t>(L) * per_token, budget);
+  EXPECT_GT(chunk_floor(g, step_shape(L + 1, 0.3)) + static_cast<size_t>(L + 1) * per_token, budget);
+  EXPECT_EQ(largest_context(g, 0.3, 1000, 4096), 0);  // not even one token's cache fits
+}
+
 TEST(ChunkOptimizer, StepShapeRoundsMaskedUp) {
   EXPECT_EQ(step_shape(4096, 0.1).n_logits, 410);
   EXPECT_EQ(step_shape(4096, 0.5).n_logits, 2048);
