@@ -90,10 +90,11 @@ void add_inspect(CLI::App& app, Registry& reg) {
     std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
                 human_bytes(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
                 human_bytes(static_cast<double>(p.lower_bound)).c_str());
-    // --cache prefix|dual keeps K and V of every layer, f32, for the whole canvas.
-    const double kv = static_cast<double>(c.kv_cache_bytes_per_token() * ctx);
-    std::printf("kv cache     %s at context %lld (--cache prefix|dual: K and V of every layer, f32)\n",
-                human_bytes(kv).c_str(), static_cast<long long>(ctx));
+    // --cache prefix|dual keeps K and V of every layer, in the compute dtype, for the whole canvas.
+    const double kv =
+        static_cast<double>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act))) * ctx);
+    std::printf("kv cache     %s at context %lld (--cache prefix|dual: K and V of every layer, %s)\n",
+                human_bytes(kv).c_str(), static_cast<long long>(ctx), std::string(dtype_name(act)).c_str());
     return 0;
   });
 }

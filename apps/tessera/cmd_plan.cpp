@@ -227,7 +227,8 @@ int run_plan(const PlanArgs& a) {
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act), OutputMode::Sample);
   const size_t weights = static_cast<size_t>(c.param_count()) * dtype_size(act);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
-  const size_t per_token = a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token()) : 0;
+  const size_t per_token =
+      a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
   const size_t kv = per_token * static_cast<size_t>(a.context);
   const size_t act_budget = budget > weights + kv ? budget - weights - kv : 0;
   const graph::StepShape s = memory::step_shape(a.context, a.mask_ratio);
@@ -285,8 +286,8 @@ int run_plan(const PlanArgs& a) {
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));
   if (a.cache) {
-    std::printf("KV cache %s (--cache: K and V of every layer, f32, for the whole canvas)\n",
-                hb(static_cast<double>(kv)).c_str());
+    std::printf("KV cache %s (--cache: K and V of every layer, %s, for the whole canvas)\n",
+                hb(static_cast<double>(kv)).c_str(), dtype.c_str());
   }
   if (budget > 0) {
     std::printf("budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),

@@ -187,9 +187,11 @@ class Backend {
                        Tensor& scratch, Tensor& out) = 0;
 
   // KV cache writes: dst[rows[i], :] = src[i, :] for every i < rows.numel(); src and dst have the same
-  // dtype and columns, rows (i32) must lie in [0, dst.rows()) and be distinct. Other rows of dst keep
-  // their values.
+  // columns and either the same dtype (a copy) or src f32 and dst bf16 (rounded to nearest even). rows
+  // (i32) must lie in [0, dst.rows()) and be distinct. Other rows of dst keep their values.
   virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
+  // dst = src converted elementwise (same element count; f32 <-> bf16, or a copy for equal dtypes).
+  virtual void convert(const Tensor& src, Tensor& dst) = 0;
 
   // Optional capabilities.
   virtual bool supports_block_sparse() const { return false; }

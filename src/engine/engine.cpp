@@ -312,7 +312,8 @@ void Engine::kv_cache_reset(int64_t capacity) {
       fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
            " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
            ") plus a KV cache of " + std::to_string(capacity) + " positions (" +
-           memory::format_bytes(static_cast<double>(bytes)) + ", K and V of every layer in f32)");
+           memory::format_bytes(static_cast<double>(bytes)) +
+           ", K and V of every layer in the compute dtype)");
     }
     if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
     kv_buf_ = nullptr;

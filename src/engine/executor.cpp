@@ -134,6 +134,11 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
       b.scatter_rows(in(0), in(1), o);
       break;
     }
+    case OpKind::Convert: {
+      Tensor o = out(0);
+      b.convert(in(0), o);
+      break;
+    }
     case OpKind::MoeFfn: {
       // The scratch is the whole planned buffer (its fixed part included), seen as bytes.
       const Tensor s = out(0);

@@ -54,6 +54,8 @@ const char* op_name(OpKind k) {
       return "moe_ffn";
     case OpKind::ScatterRows:
       return "scatter_rows";
+    case OpKind::Convert:
+      return "convert";
   }
   return "?";
 }

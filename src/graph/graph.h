@@ -64,6 +64,7 @@ enum class OpKind : uint8_t {
   MoeRoute,     // in: router logits [, expert bias]; out: ids, weights
   MoeFfn,       // in: x, ids, weights, x (accumulated) [, expert weight shapes]; out: scratch, x
   ScatterRows,  // in: src, row indices; out: dst (State) with dst[rows[i]] = src[i]
+  Convert,      // in: src; out: dst of another dtype (elementwise)
 };
 const char* op_name(OpKind k);
 

@@ -56,8 +56,11 @@ struct ModelConfig {
   int64_t rotary() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   // Every parameter, all experts included.
   int64_t param_count() const;
-  // Bytes a KV cache (--cache) holds per canvas position: K and V of every layer, f32.
-  int64_t kv_cache_bytes_per_token() const { return 2 * 4 * n_layers * n_kv_heads * head_dim; }
+  // Bytes a KV cache (--cache) holds per canvas position: K and V of every layer, in the compute
+  // dtype (elem_bytes: 2 for bf16, 4 for f32).
+  int64_t kv_cache_bytes_per_token(int64_t elem_bytes) const {
+    return 2 * elem_bytes * n_layers * n_kv_heads * head_dim;
+  }
   // The parameters one token uses: as param_count() but only top_k of the routed experts per
   // MoE layer (the router, the shared expert, embeddings and LM head count in full).
   int64_t active_param_count() const;

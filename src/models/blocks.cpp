@@ -129,10 +129,21 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
     int keys = k, values = v;
     if (o.kv_cache) {  // this step's rows go into the cache at their positions; attention reads all of it
-      keys = g.add_state("k_cache", l, DType::F32, Sym::NKv, kv_width);
-      values = g.add_state("v_cache", l, DType::F32, Sym::NKv, kv_width);
+      // The cache is kept in the compute dtype: bf16 models hold half the bytes, and attention reads the
+      // whole cache back in f32 from a planned transient (bf16 -> f32 is exact).
+      const DType cdt = o.act == DType::BF16 ? DType::BF16 : DType::F32;
+      keys = g.add_state("k_cache", l, cdt, Sym::NKv, kv_width);
+      values = g.add_state("v_cache", l, cdt, Sym::NKv, kv_width);
       g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {q_pos}}, {{keys}});
       g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {q_pos}}, {{values}});
+      if (cdt != DType::F32) {
+        const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
+        const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
+        g.add_op(OpKind::Convert, "k_all", l, {{keys}}, {{k32}});
+        g.add_op(OpKind::Convert, "v_all", l, {{values}}, {{v32}});
+        keys = k32;
+        values = v32;
+      }
     }
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
     std::vector<Ref> attn_outs{{att}};

@@ -57,8 +57,9 @@ struct GraphOptions {
   // backends computing in bf16, whose tensor-core attention reads bf16 K and V.
   bool stage_kv_bf16 = false;
   // KV cache graph: every layer writes its post-RoPE K and V rows into the State tensors
-  // blk.N.k_cache / blk.N.v_cache (n_kv rows, f32) at the rows' positions, and attention reads the
-  // whole cache. A step computes only its n_query rows; the other rows' K / V come from the cache.
+  // blk.N.k_cache / blk.N.v_cache (n_kv rows, in the compute dtype: bf16 or f32) at the rows'
+  // positions, and attention reads the whole cache (bf16: through f32 transients k_all / v_all). A
+  // step computes only its n_query rows; the other rows' K / V come from the cache.
   bool kv_cache = false;
 };
 

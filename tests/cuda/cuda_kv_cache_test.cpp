@@ -11,6 +11,7 @@ namespace {
 
 using test::CudaTest;
 using test::DevBuf;
+using test::random_floats;
 
 TEST_F(CudaTest, ScatterRowsMatchesCpu) {
   for (const int64_t cols : {256, 6, 12}) {  // 16-byte rows and 4-byte rows (f32), bf16 below
@@ -37,6 +38,35 @@ TEST_F(CudaTest, ScatterRowsMatchesCpu) {
       EXPECT_EQ(dd.download<unsigned char>(dst.size()), ref) << "cols " << cols;
     }
   }
+}
+
+// f32 rows rounded into a bf16 cache, and read back: bit-identical to the CPU backend.
+TEST_F(CudaTest, ScatterRowsIntoBf16AndConvertMatchCpu) {
+  const int64_t cols = 72, dst_rows = 40, src_rows = 9;
+  const auto src = random_floats(static_cast<size_t>(src_rows * cols), 41, 3.0f);
+  std::vector<uint16_t> dst(static_cast<size_t>(dst_rows * cols), 0x3f80);  // 1.0
+  std::vector<int32_t> rows;
+  for (int64_t i = 0; i < src_rows; ++i) rows.push_back(static_cast<int32_t>((i * 5 + 2) % dst_rows));
+  std::vector<uint16_t> ref = dst;
+  Tensor ref_t(ref.data(), DType::BF16, {dst_rows, cols});
+  std::vector<float> s = src;
+  cpu->scatter_rows(Tensor(s.data(), DType::F32, {src_rows, cols}),
+                    Tensor(rows.data(), DType::I32, {src_rows}), ref_t);
+  std::vector<float> ref32(ref.size());
+  Tensor ref32_t(ref32.data(), DType::F32, {dst_rows, cols});
+  cpu->convert(ref_t, ref32_t);
+  DevBuf ds(*gpu, src.size() * 4), dd(*gpu, dst.size() * 2), dr(*gpu, rows.size() * 4),
+      d32(*gpu, ref32.size() * 4);
+  ds.upload(src);
+  dd.upload(dst);
+  dr.upload(rows);
+  d32.poison();
+  Tensor out = dd.view(DType::BF16, {dst_rows, cols});
+  gpu->scatter_rows(ds.view(DType::F32, {src_rows, cols}), dr.view(DType::I32, {src_rows}), out);
+  EXPECT_EQ(dd.download<uint16_t>(dst.size()), ref);
+  Tensor out32 = d32.view(DType::F32, {dst_rows, cols});
+  gpu->convert(out, out32);
+  EXPECT_CLOSE_TO_CPU(d32.download<float>(ref32.size()), ref32, 0.0);
 }
 
 TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {

@@ -47,6 +47,30 @@ TEST(KvCache, WholeCanvasStepEqualsTheUncachedForward) {
   }
 }
 
+// bf16 models keep the cache in bf16: half the bytes of f32, and a whole-canvas step differs from the
+// uncached forward only by K and V rounded to bf16 (within the bf16 bound of the reference tests).
+TEST(KvCache, Bf16CacheHoldsHalfTheBytes) {
+  for (const char* fam : kFamilies) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    auto e = Engine::load(dir);  // bf16 checkpoint, bf16 compute
+    auto f = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+    const int64_t V = e->vocab_size(), n = 75;
+    e->kv_cache_reset(n);
+    f->kv_cache_reset(n);
+    EXPECT_EQ(e->kv_cache_bytes() * 2, f->kv_cache_bytes()) << fam;
+    EXPECT_EQ(static_cast<int64_t>(e->kv_cache_bytes()), e->config().kv_cache_bytes_per_token(2) * n) << fam;
+    const auto canvas = random_canvas(n, V, 21, e->mask_token(), 0.5);
+    const auto pos = all_positions(n);
+    std::vector<float> full(static_cast<size_t>(n * V)), cached(full.size());
+    e->logits(canvas, pos, full);
+    e->logits_cached(canvas, 0, n, pos, cached);
+    const double err = test::rel_error(cached.data(), full.data(), full.size());
+    EXPECT_LE(err, 3e-2) << fam;
+    EXPECT_GT(err, 0.0) << fam << ": K / V were not rounded to bf16 (is the cache f32?)";
+    std::printf("%s bf16: cached whole-canvas step vs uncached %.2e\n", fam, err);
+  }
+}
+
 // Canvas A fills the cache; canvas B differs from A only inside [lo, hi) and the step computes just
 // those rows. The reference (reference.py logits --cache-tokens A --compute lo,hi) does the same in
 // numpy: A's per-layer K / V for the other rows, B's for [lo, hi).

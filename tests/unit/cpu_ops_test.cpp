@@ -242,6 +242,16 @@ TEST(CpuOps, ScatterRowsHandComputed) {
   Tensor td(dst.data(), DType::F32, {4, 2});
   be->scatter_rows(Tensor(src.data(), DType::F32, {2, 2}), Tensor(rows.data(), DType::I32, {2}), td);
   EXPECT_EQ(dst, (std::vector<float>{20, 21, 1, 1, 10, 11, 3, 3}));
+  // f32 rows into a bf16 destination are rounded to nearest even; convert reads them back exactly.
+  std::vector<uint16_t> half(8, 0);
+  std::vector<float> vals = {1.0f, 1.00390625f, 3.0f, -2.5f};  // 1 + 2^-8 is a tie: rounds to 1
+  rows = {3, 1};
+  Tensor th(half.data(), DType::BF16, {4, 2});
+  be->scatter_rows(Tensor(vals.data(), DType::F32, {2, 2}), Tensor(rows.data(), DType::I32, {2}), th);
+  std::vector<float> back(8, -1.0f);
+  Tensor tb(back.data(), DType::F32, {4, 2});
+  be->convert(th, tb);
+  EXPECT_EQ(back, (std::vector<float>{0, 0, 3.0f, -2.5f, 0, 0, 1.0f, 1.0f}));
   rows[1] = 4;
   EXPECT_THROW(
       be->scatter_rows(Tensor(src.data(), DType::F32, {2, 2}), Tensor(rows.data(), DType::I32, {2}), td),

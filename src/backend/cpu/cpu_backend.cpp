@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
     cpu::scatter_rows(src, rows, dst);
   }
+  void convert(const Tensor& src, Tensor& dst) override { cpu::convert(src, dst); }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cpu_sample_rows(logits, keys, p, tok, conf);

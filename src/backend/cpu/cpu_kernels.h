@@ -12,6 +12,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
+void convert(const Tensor& src, Tensor& dst);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);

@@ -138,22 +138,55 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
-  TESSERA_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols(),
-                "scatter_rows: src and dst differ in dtype or columns");
+  const bool round = src.dtype == DType::F32 && dst.dtype == DType::BF16;
+  TESSERA_CHECK((src.dtype == dst.dtype || round) && src.cols() == dst.cols(),
+                "scatter_rows: src and dst must have the same columns and dtype (or f32 into bf16)");
   TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
                 "scatter_rows: one i32 row index per source row expected");
   const int32_t* idx = rows.as<const int32_t>();
-  const size_t row_bytes = static_cast<size_t>(src.cols()) * dtype_size(src.dtype);
   for (int64_t i = 0; i < src.rows(); ++i) {
     TESSERA_CHECK(idx[i] >= 0 && idx[i] < dst.rows(), "scatter_rows: row index " + std::to_string(idx[i]) +
                                                           " is outside the destination's " +
                                                           std::to_string(dst.rows()) + " rows");
   }
+  const int64_t cols = src.cols();
+  if (round) {
+    const float* s = src.as<const float>();
+    auto* d = dst.as<uint16_t>();
+#pragma omp parallel for if (src.rows() * cols > (int64_t{1} << 18))
+    for (int64_t i = 0; i < src.rows(); ++i) {
+      for (int64_t c = 0; c < cols; ++c)
+        d[static_cast<int64_t>(idx[i]) * cols + c] = f32_to_bf16(s[i * cols + c]);
+    }
+    return;
+  }
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(src.dtype);
 #pragma omp parallel for if (static_cast <size_t>(src.rows()) * row_bytes > (size_t{1} << 20))
   for (int64_t i = 0; i < src.rows(); ++i) {
     std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(idx[i]) * row_bytes,
                 static_cast<const char*>(src.data) + static_cast<size_t>(i) * row_bytes, row_bytes);
   }
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  TESSERA_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  const int64_t n = src.numel();
+  if (src.dtype == dst.dtype) {
+    std::memcpy(dst.data, src.data, src.nbytes());
+    return;
+  }
+  if (src.dtype == DType::BF16 && dst.dtype == DType::F32) {
+    const auto* s = src.as<const uint16_t>();
+    float* d = dst.as<float>();
+#pragma omp parallel for simd if (n > (int64_t{1} << 18))
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    return;
+  }
+  TESSERA_CHECK(src.dtype == DType::F32 && dst.dtype == DType::BF16, "convert: only f32 <-> bf16");
+  const float* s = src.as<const float>();
+  auto* d = dst.as<uint16_t>();
+#pragma omp parallel for simd if (n > (int64_t{1} << 18))
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 
 }  // namespace tessera::cpu

@@ -129,6 +129,7 @@ class CudaBackend final : public Backend {
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
     cuda::scatter_rows(src, rows, dst, stream_);
   }
+  void convert(const Tensor& src, Tensor& dst) override { cuda::convert(src, dst, stream_); }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cuda::sample_rows(logits, keys, p, tok, conf, stream_);

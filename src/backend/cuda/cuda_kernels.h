@@ -40,8 +40,11 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
           cudaStream_t s);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);
-// dst[rows[i], :] = src[i, :]; rows outside [0, dst.rows()) are skipped (the engine validates them).
+// dst[rows[i], :] = src[i, :] (a copy, or f32 rounded into bf16); rows outside [0, dst.rows()) are
+// skipped (the engine validates them).
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s);
+// dst = src converted elementwise (f32 <-> bf16, or a copy).
+void convert(const Tensor& src, Tensor& dst, cudaStream_t s);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p, cudaStream_t s);
 // The generic attention kernel (any head_dim <= 256); the tensor-core kernel is tested against it.

@@ -108,6 +108,27 @@ __global__ void scatter_rows_kernel(const char* src, const int32_t* rows, char* 
   }
 }
 
+// f32 rows rounded into bf16 rows of the destination; one block per source row.
+__global__ void scatter_rows_bf16_kernel(const float* src, const int32_t* rows, __nv_bfloat16* dst,
+                                         int64_t dst_rows, int64_t cols) {
+  const int64_t r = blockIdx.x;
+  const int32_t d = rows[r];
+  if (d < 0 || d >= dst_rows) return;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dst[static_cast<int64_t>(d) * cols + c] = float_to_bf16(src[r * cols + c]);
+}
+
+__global__ void convert_kernel(const void* src, int sdt, void* dst, bool dst_bf16, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = load_any(src, sdt, i);
+  if (dst_bf16) {
+    static_cast<__nv_bfloat16*>(dst)[i] = float_to_bf16(v);
+  } else {
+    static_cast<float*>(dst)[i] = v;
+  }
+}
+
 }  // namespace
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s) {
@@ -166,19 +187,38 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s) {
 }
 
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s) {
-  TESSERA_CHECK(src.dtype == dst.dtype && src.cols() == dst.cols(),
-                "scatter_rows: src and dst differ in dtype or columns");
+  const bool round = src.dtype == DType::F32 && dst.dtype == DType::BF16;
+  TESSERA_CHECK((src.dtype == dst.dtype || round) && src.cols() == dst.cols(),
+                "scatter_rows: src and dst must have the same columns and dtype (or f32 into bf16)");
   TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
                 "scatter_rows: one i32 row index per source row expected");
+  if (src.rows() == 0 || src.cols() == 0) return;
+  if (round) {
+    scatter_rows_bf16_kernel<<<static_cast<unsigned>(src.rows()), 128, 0, s>>>(
+        src.as<const float>(), rows.as<const int32_t>(), dst.as<__nv_bfloat16>(), dst.rows(), src.cols());
+    check_launch("scatter_rows");
+    return;
+  }
   const int64_t row_bytes = src.cols() * static_cast<int64_t>(dtype_size(src.dtype));
   TESSERA_CHECK(row_bytes % 4 == 0, "scatter_rows: rows must be a multiple of 4 bytes");
-  if (src.rows() == 0 || row_bytes == 0) return;
   const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(dst.data) % 16 == 0;
   scatter_rows_kernel<<<static_cast<unsigned>(src.rows()), 128, 0, s>>>(
       static_cast<const char*>(src.data), rows.as<const int32_t>(), static_cast<char*>(dst.data), dst.rows(),
       row_bytes, vec16);
   check_launch("scatter_rows");
+}
+
+void convert(const Tensor& src, Tensor& dst, cudaStream_t s) {
+  TESSERA_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  TESSERA_CHECK((src.dtype == DType::F32 || src.dtype == DType::BF16) &&
+                    (dst.dtype == DType::F32 || dst.dtype == DType::BF16),
+                "convert: only f32 and bf16");
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  convert_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, s>>>(
+      src.data, dtype_code(src.dtype), dst.data, dst.dtype == DType::BF16, n);
+  check_launch("convert");
 }
 
 }  // namespace tessera::cuda
