@@ -145,6 +145,12 @@ class Server {
 
   int run() {
     httplib::Server svr;
+    // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server bind the same port and
+    // silently take half of the requests; here the second one fails to start.
+    svr.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
     svr.set_payload_max_length(size_t{16} << 20);
     svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
@@ -181,7 +187,10 @@ class Server {
     });
     const int port = args_.port == 0 ? svr.bind_to_any_port(args_.host)
                                      : (svr.bind_to_port(args_.host, args_.port) ? args_.port : -1);
-    if (port < 0) fail("cannot listen on " + args_.host + ":" + std::to_string(args_.port));
+    if (port < 0) {
+      fail("cannot listen on " + args_.host + ":" + std::to_string(args_.port) +
+           " (address in use, not a local address, or a privileged port)");
+    }
     std::fprintf(stderr, "tessera serve: %s (%s) on http://%s:%d\n", model_id_.c_str(),
                  session_.model_dir().c_str(), args_.host.c_str(), port);
     std::fflush(stderr);

@@ -160,6 +160,15 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   ASSERT_TRUE(nf);
   EXPECT_EQ(nf->status, 404);
   EXPECT_EQ(post(c, "/v1/completions", req.dump(), 200)["choices"][0]["text"], want["text"]);
+
+  // A second server on the same port fails to start instead of sharing the port.
+  std::string second;
+  EXPECT_NE(test::run_command("timeout 30 " + std::string(TESSERA_BINARY) + " serve -m " + dir.string() +
+                                  " --port " + std::to_string(server.port()) + " 2>&1",
+                              &second),
+            0);
+  EXPECT_NE(second.find("cannot listen on 127.0.0.1:" + std::to_string(server.port())), std::string::npos)
+      << second;
 }
 
 }  // namespace
