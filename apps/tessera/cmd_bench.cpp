@@ -106,10 +106,12 @@ int run_bench(const BenchArgs& a) {
   base.stop_at_eos = false;
   const bool block_causal = base_engine->attention_block() > 0;
   validate_generate_options(base, cfg.vocab, block_causal);
-  if (static_cast<int64_t>(prompt.size()) + a.gen_length > cfg.max_positions) {
+  const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), base, block_causal);
+  if (canvas > cfg.max_positions) {
     fail("the prompt of " + std::to_string(prompt.size()) + " tokens plus gen-length " +
-         std::to_string(a.gen_length) + " exceeds the model's context of " +
-         std::to_string(cfg.max_positions));
+         std::to_string(a.gen_length) +
+         (block_causal ? " (padded to whole blocks: " + std::to_string(canvas) + ")" : std::string()) +
+         " exceeds the model's context of " + std::to_string(cfg.max_positions));
   }
 
   std::vector<Row> rows;

@@ -174,10 +174,7 @@ Session::Session(const SessionArgs& a) {
 }
 
 int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) const {
-  const int64_t n = prompt_len + o.gen_length;
-  if (engine_->attention_block() <= 0) return n;
-  const int64_t bl = o.block_length;  // block-causal: padded to whole blocks (generate.h)
-  return (n + bl - 1) / bl * bl;
+  return tessera::canvas_length(prompt_len, o, engine_->attention_block() > 0);
 }
 
 std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,

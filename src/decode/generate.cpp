@@ -299,7 +299,7 @@ GenerateResult finish(Loop& L) {
 GenerateResult generate_block_causal(Loop& L, bool llada) {
   const GenerateOptions& o = L.o;
   const int BL = o.block_length;
-  const int total = (L.P + L.G + BL - 1) / BL * BL;
+  const auto total = static_cast<int>(canvas_length(L.P, o, true));
   L.canvas.resize(static_cast<size_t>(total), L.mask);
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
@@ -380,6 +380,13 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
 }
 
+int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal) {
+  const int64_t n = prompt_len + o.gen_length;
+  if (!block_causal) return n;
+  const int64_t bl = o.block_length;
+  return (n + bl - 1) / bl * bl;
+}
+
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& o,
                         const std::function<void(const StepEvent&)>& on_step) {
   const int64_t V = den.vocab_size();
@@ -399,9 +406,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.cache = o.cache == "prefix" ? 1 : o.cache == "dual" ? 2 : 0;
   if (L.cache > 0) {
     TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
-    const int64_t total =
-        aligned ? (L.P + L.G + o.block_length - 1) / o.block_length * o.block_length : int64_t{L.P} + L.G;
-    den.kv_cache_reset(total);
+    den.kv_cache_reset(canvas_length(L.P, o, aligned));
   }
   if (aligned) {
     den.set_attention_block(o.block_length);

@@ -85,6 +85,9 @@ struct GenerateResult {
 // the options are for a block-causal model (no divisibility rules; see generate()).
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
 
+// The canvas a generation uses: prompt + gen_length, padded to whole blocks for block-causal models.
+int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal);
+
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(const StepEvent&)>& on_step = {});
 

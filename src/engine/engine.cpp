@@ -51,6 +51,12 @@ Engine::~Engine() {
   if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
 }
 
+void Engine::check_token(int32_t t) const {
+  const int64_t v = model_->config().vocab;
+  if (t < 0 || t >= v)
+    fail("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(v));
+}
+
 const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp) {
   const ModelConfig& cfg = model_->config();
   tokens_.clear();
@@ -73,18 +79,14 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
     const auto base = static_cast<int32_t>(tokens_.size());
     for (int64_t i = 0; i < n; ++i) {
       const int32_t t = s.tokens[static_cast<size_t>(i)];
-      if (t < 0 || t >= cfg.vocab) {
-        fail("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(cfg.vocab));
-      }
+      check_token(t);
       tokens_.push_back(t);
       q_pos_.push_back(static_cast<int32_t>(i));
     }
     for (size_t j = 0; j < s.positions.size(); ++j) {
       const int32_t pos = s.positions[j];
       if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
-      // Dream's shift: the prediction for position i comes from hidden row i-1 (row 0 for i = 0).
-      const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;
-      rows_.push_back(base + row);
+      rows_.push_back(base + logit_row(pos));
       keys_.push_back(pos);
       if (mode == OutputMode::LogProb) targets_.push_back(s.targets[j]);
     }
@@ -345,7 +347,6 @@ void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_
 const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_t> canvas, int64_t q_lo,
                                          int64_t q_hi, std::span<const int32_t> positions,
                                          const SampleParams* sp) {
-  const ModelConfig& cfg = model_->config();
   const auto n = static_cast<int64_t>(canvas.size());
   TESSERA_CHECK(kv_buf_ != nullptr && n <= kv_capacity_,
                 "KV cache: no cache for a canvas of " + std::to_string(n) +
@@ -358,7 +359,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   targets_.clear();
   for (const int32_t pos : positions) {
     if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
-    const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;  // Dream's shift
+    const int32_t row = logit_row(pos);
     q_lo = std::min<int64_t>(q_lo, row);
     q_hi = std::max<int64_t>(q_hi, row + 1);
   }
@@ -373,9 +374,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   k_pos_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = canvas[static_cast<size_t>(i)];
-    if (t < 0 || t >= cfg.vocab) {
-      fail("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(cfg.vocab));
-    }
+    check_token(t);
     k_pos_.push_back(static_cast<int32_t>(i));
     if (i >= q_lo && i < q_hi) {
       tokens_.push_back(t);
@@ -383,8 +382,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
     }
   }
   for (const int32_t pos : positions) {
-    const int32_t row = cfg.logit_shift ? std::max(pos - 1, 0) : pos;
-    rows_.push_back(static_cast<int32_t>(row - q_lo));
+    rows_.push_back(static_cast<int32_t>(logit_row(pos) - q_lo));
     keys_.push_back(pos);
   }
   cu_q_.assign({0, static_cast<int32_t>(q_hi - q_lo)});

@@ -1,6 +1,7 @@
 // The Engine: loads a model, owns the backend and the workspace, and runs forward steps over
 // packed sequences with a cached memory plan per step shape.
 #pragma once
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -128,6 +129,10 @@ class Engine final : public Denoiser {
   // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
   // come from the lazy chunking optimizer, else from the options. Fills last_.
   const graph::Program& program_for(OutputMode mode, graph::StepShape shape, bool kv_cache = false);
+  // The hidden row whose logits predict position pos (Dream's shift: pos - 1, row 0 for pos 0).
+  int32_t logit_row(int32_t pos) const { return model_->config().logit_shift ? std::max(pos - 1, 0) : pos; }
+  // Throws Error for a token id outside the vocabulary.
+  void check_token(int32_t t) const;
   [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
   void check_weights_fit() const;
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
