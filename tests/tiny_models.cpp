@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -156,6 +157,26 @@ std::vector<GenerateOptions> llada2_generate_cases(int32_t eos_id) {
     cases.push_back(o);
   }
   return cases;
+}
+
+CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir) {
+  CachedStep c;
+  const int64_t V = e.vocab_size(), n = 75;
+  c.a = random_canvas(n, V, 12, e.mask_token(), 0.7);
+  c.b = c.a;
+  const auto fill = random_canvas(n, V, 13, e.mask_token(), 0.0);
+  for (int64_t i = c.lo; i < c.hi; i += 2) c.b[static_cast<size_t>(i)] = fill[static_cast<size_t>(i)];
+  for (int64_t p = c.lo + 1; p < c.hi; p += 3) c.positions.push_back(static_cast<int32_t>(p));
+  c.got.resize(c.positions.size() * static_cast<size_t>(V));
+  std::vector<float> scratch(static_cast<size_t>(V));
+  e.kv_cache_reset(n);
+  e.logits_cached(c.a, 0, n, std::vector<int32_t>{0}, scratch);  // fills the cache from A
+  e.logits_cached(c.b, c.lo, c.hi, c.positions, c.got);
+  c.reference = reference_logits(
+      dir, c.b, c.positions, V, nullptr,
+      "--cache-tokens " + join_ids(c.a) + " --compute " + std::to_string(c.lo) + "," + std::to_string(c.hi));
+  EXPECT_EQ(c.reference.size(), c.got.size());
+  return c;
 }
 
 }  // namespace tessera::test

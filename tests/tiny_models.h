@@ -8,6 +8,10 @@
 #include "decode/generate.h"
 #include "engine/engine.h"
 
+namespace tessera {
+class Engine;
+}
+
 namespace tessera::test {
 
 // Path of a tiny checkpoint of `family` ("llada" | "dream" | "llada_moe" | "llada2") made with `extra_args`;
@@ -26,6 +30,18 @@ std::string join_ids(const std::vector<int32_t>& v);
 std::vector<int32_t> random_canvas(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio);
 // 0, 1, ..., n - 1.
 std::vector<int32_t> all_positions(int64_t n);
+
+// A KV-cache step on a tiny model: canvas `a` (75 tokens, 70% masks) fills the cache of `e` (reset to
+// its size), then `b` (a with every second row of [lo, hi) filled in) computes only rows [lo, hi).
+// positions: every third one from lo + 1, whose logit rows lie inside the range (Dream: p - 1). got:
+// the engine's logits; reference: reference.py's numpy version of the same computation (A's K / V
+// for the other rows).
+struct CachedStep {
+  std::vector<int32_t> a, b, positions;
+  int64_t lo = 32, hi = 64;
+  std::vector<float> got, reference;
+};
+CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir);
 // The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
 struct CheckpointParams {
   int64_t total = 0, routed_experts = 0;

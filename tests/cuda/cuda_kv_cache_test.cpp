@@ -73,22 +73,9 @@ TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
   for (const char* fam : {"llada", "dream", "llada_moe", "llada2"}) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
     auto e = Engine::load(dir, test::cuda_engine_options(Precision::F32));
-    const int64_t V = e->vocab_size(), n = 75, lo = 32, hi = 64;
-    const auto a = test::random_canvas(n, V, 12, e->mask_token(), 0.7);
-    auto b = a;
-    const auto fill = test::random_canvas(n, V, 13, e->mask_token(), 0.0);
-    for (int64_t i = lo; i < hi; i += 2) b[static_cast<size_t>(i)] = fill[static_cast<size_t>(i)];
-    std::vector<int32_t> pos;
-    for (int64_t p = lo + 1; p < hi; p += 3) pos.push_back(static_cast<int32_t>(p));
-    std::vector<float> got(pos.size() * static_cast<size_t>(V)), scratch(static_cast<size_t>(V));
-    e->kv_cache_reset(n);
-    e->logits_cached(a, 0, n, std::vector<int32_t>{0}, scratch);
-    e->logits_cached(b, lo, hi, pos, got);
-    const auto ref = test::reference_logits(dir, b, pos, V, nullptr,
-                                            "--cache-tokens " + test::join_ids(a) + " --compute " +
-                                                std::to_string(lo) + "," + std::to_string(hi));
-    ASSERT_EQ(ref.size(), got.size());
-    EXPECT_LE(test::rel_error(got.data(), ref.data(), got.size()), 1e-3) << fam;
+    const test::CachedStep c = test::run_cached_step(*e, dir);
+    ASSERT_EQ(c.reference.size(), c.got.size());
+    EXPECT_LE(test::rel_error(c.got.data(), c.reference.data(), c.got.size()), 1e-3) << fam;
   }
 }
 

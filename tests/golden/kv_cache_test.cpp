@@ -78,30 +78,15 @@ TEST(KvCache, RangeStepMatchesTheNumpyReference) {
   for (const char* fam : kFamilies) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
     auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-    const int64_t V = e->vocab_size(), n = 75, lo = 32, hi = 64;
-    const auto a = random_canvas(n, V, 12, e->mask_token(), 0.7);
-    auto b = a;
-    const auto fill = random_canvas(n, V, 13, e->mask_token(), 0.0);
-    for (int64_t i = lo; i < hi; i += 2) b[static_cast<size_t>(i)] = fill[static_cast<size_t>(i)];
-    std::vector<int32_t> pos;  // positions whose logits come from rows inside [lo, hi) (Dream: row p-1)
-    for (int64_t p = lo + 1; p < hi; p += 3) pos.push_back(static_cast<int32_t>(p));
-    const auto np = static_cast<int64_t>(pos.size());
-    std::vector<float> got(static_cast<size_t>(np * V)), full(got.size());
-    e->kv_cache_reset(n);
-    std::vector<float> scratch(static_cast<size_t>(V));
-    const std::vector<int32_t> one = {0};
-    e->logits_cached(a, 0, n, one, scratch);  // fills the cache from A
-    e->logits_cached(b, lo, hi, pos, got);
-    EXPECT_EQ(e->last_step().shape.n_query, hi - lo) << fam;
-    EXPECT_EQ(e->last_step().shape.n_kv, n) << fam;
-    const auto ref = test::reference_logits(dir, b, pos, V, nullptr,
-                                            "--cache-tokens " + test::join_ids(a) + " --compute " +
-                                                std::to_string(lo) + "," + std::to_string(hi));
-    ASSERT_EQ(ref.size(), got.size());
-    const double err = test::rel_error(got.data(), ref.data(), got.size());
+    const test::CachedStep c = test::run_cached_step(*e, dir);
+    EXPECT_EQ(e->last_step().shape.n_query, c.hi - c.lo) << fam;
+    EXPECT_EQ(e->last_step().shape.n_kv, static_cast<int64_t>(c.a.size())) << fam;
+    ASSERT_EQ(c.reference.size(), c.got.size());
+    const double err = test::rel_error(c.got.data(), c.reference.data(), c.got.size());
     EXPECT_LE(err, 1e-3) << fam;
-    e->logits(b, pos, full);  // recomputing everything from B
-    const double diff = test::rel_error(got.data(), full.data(), got.size());
+    std::vector<float> full(c.got.size());
+    e->logits(c.b, c.positions, full);  // recomputing everything from B
+    const double diff = test::rel_error(c.got.data(), full.data(), c.got.size());
     if (std::string(fam) == "llada2") {
       // Block-causal, blocks of 32: rows before lo never see [lo, hi), so their cached K / V are B's.
       EXPECT_LE(diff, 1e-5) << fam;
