@@ -1,10 +1,14 @@
 #include "test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <vector>
+
+#include "backend/backend.h"
 
 namespace tessera::test {
 
@@ -74,6 +78,54 @@ double rel_error(const float* a, const float* b, size_t n) {
     den = std::max(den, std::fabs(static_cast<double>(b[i])));
   }
   return den == 0 ? num : num / den;
+}
+
+SparseSelection sparse_select_reference(const std::vector<float>& q, const std::vector<float>& k, int64_t mq,
+                                        int64_t mk, int hq, int hkv, int d, float scale, int block, float rho,
+                                        int64_t n_prompt_keys, double tie) {
+  SparseSelection r;
+  r.n_qb = (mq + block - 1) / block;
+  r.n_kb = (mk + block - 1) / block;
+  r.mask.assign(static_cast<size_t>(hq * r.n_qb * r.n_kb), 0);
+  r.clear.assign(static_cast<size_t>(hq * r.n_qb), 1);
+  const int64_t g = n_prompt_keys / block;
+  const int group = hq / hkv;
+  std::vector<double> imp(static_cast<size_t>(r.n_kb)), s(static_cast<size_t>(mk));
+  for (int h = 0; h < hq; ++h) {
+    for (int64_t qb = 0; qb < r.n_qb; ++qb) {
+      std::fill(imp.begin(), imp.end(), 0.0);
+      for (int64_t i = qb * block; i < std::min<int64_t>(qb * block + block, mq); ++i) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j < mk; ++j) {
+          double dot = 0.0;
+          for (int t = 0; t < d; ++t)
+            dot += static_cast<double>(q[static_cast<size_t>(i * hq * d + h * d + t)]) *
+                   k[static_cast<size_t>(j * hkv * d + (h / group) * d + t)];
+          s[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        }
+        for (int64_t j = 0; j < mk; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        for (int64_t j = 0; j < mk; ++j)
+          imp[static_cast<size_t>(j / block)] += std::exp(s[static_cast<size_t>(j)] - mx) / sum;
+      }
+      uint8_t* row = r.mask.data() + (h * r.n_qb + qb) * r.n_kb;
+      for (auto [a, b] : {std::pair<int64_t, int64_t>{0, g}, {g, r.n_kb}}) {
+        const int64_t keep = sparse_keep(b - a, rho);
+        std::vector<int64_t> order(static_cast<size_t>(b - a));
+        std::iota(order.begin(), order.end(), a);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+          return imp[static_cast<size_t>(x)] > imp[static_cast<size_t>(y)];
+        });
+        for (int64_t i = 0; i < keep; ++i) row[order[static_cast<size_t>(i)]] = 1;
+        if (keep > 0 && keep < b - a) {
+          const double kept = imp[static_cast<size_t>(order[static_cast<size_t>(keep - 1)])];
+          const double next = imp[static_cast<size_t>(order[static_cast<size_t>(keep)])];
+          if (kept - next <= tie * std::max(kept, 1e-30)) r.clear[static_cast<size_t>(h * r.n_qb + qb)] = 0;
+        }
+      }
+    }
+  }
+  return r;
 }
 
 }  // namespace tessera::test

@@ -20,6 +20,18 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
 // max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
 double rel_error(const float* a, const float* b, size_t n);
 
+// SparseD selection computed in double, straight from the definition (Backend::sparse_select): q [mq,
+// hq*d], k [mk, hkv*d] row-major f32. mask [hq, n_qb, n_kb]; clear[(h, qb)] is false where the
+// selection of that query block is a near tie (a kept and a dropped block of one set within `tie`
+// relative importance), where two correct implementations may differ by rounding.
+struct SparseSelection {
+  std::vector<uint8_t> mask, clear;
+  int64_t n_qb = 0, n_kb = 0;
+};
+SparseSelection sparse_select_reference(const std::vector<float>& q, const std::vector<float>& k, int64_t mq,
+                                        int64_t mk, int hq, int hkv, int d, float scale, int block, float rho,
+                                        int64_t n_prompt_keys, double tie = 1e-4);
+
 }  // namespace tessera::test
 
 #define TESSERA_SKIP_WITHOUT_SHARED(sub)                                         \

@@ -45,7 +45,9 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"gen_length", s.options().gen_length},
       {"block_length", s.options().block_length},
       {"alg", s.options().alg},
-      {"cache", s.options().cache}};
+      {"cache", s.options().cache},
+      {"sparse", s.options().sparse},
+      {"sparse_pattern_bytes", s.engine().sparse_bytes()}};
 }
 
 }  // namespace

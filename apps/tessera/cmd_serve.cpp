@@ -225,6 +225,10 @@ class Server {
                                                 "alg",
                                                 "threshold",
                                                 "cache",
+                                                "sparse",
+                                                "sparse_block",
+                                                "sparse_rho",
+                                                "sparse_skip",
                                                 "cfg"};
     for (const auto& [k, v] : body.items()) {
       if (!known.count(k)) bad("unknown field '" + k + "'");
@@ -280,6 +284,20 @@ class Server {
     if (given(body, "alg")) o.alg = str_field(body, "alg");
     if (given(body, "threshold")) o.threshold = static_cast<float>(num_field(body, "threshold"));
     if (given(body, "cache")) o.cache = str_field(body, "cache");
+    if (given(body, "sparse")) {
+      if (!body["sparse"].is_boolean()) bad("'sparse' must be true or false");
+      o.sparse = body["sparse"].get<bool>();
+    }
+    if (given(body, "sparse_block")) {
+      o.sparse_block = small_int("sparse_block");
+      o.sparse = true;
+    }
+    for (auto [k, dst] :
+         {std::pair<const char*, float*>{"sparse_rho", &o.sparse_rho}, {"sparse_skip", &o.sparse_skip}}) {
+      if (!given(body, k)) continue;
+      *dst = static_cast<float>(num_field(body, k));
+      o.sparse = true;
+    }
     if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
     try {
       validate_generate_options(o, session_.config().vocab, block_causal_);

@@ -36,6 +36,19 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.gen.temperature = std::stof(v);
       } else if (k == "cache") {
         c.gen.cache = v;
+      } else if (k == "sparse") {
+        if (v != "on" && v != "off")
+          fail("--compare '" + spec + "': sparse must be on or off, got '" + v + "'");
+        c.gen.sparse = v == "on";
+      } else if (k == "sparse-block") {
+        c.gen.sparse_block = std::stoi(v);
+        c.gen.sparse = true;
+      } else if (k == "sparse-rho") {
+        c.gen.sparse_rho = std::stof(v);
+        c.gen.sparse = true;
+      } else if (k == "sparse-skip") {
+        c.gen.sparse_skip = std::stof(v);
+        c.gen.sparse = true;
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -53,8 +66,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.own_engine = true;
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
-             "' (known: steps, block-length, threshold, alg, temperature, cache, precision, device, k-ffn, "
-             "k-logits, memory-budget)");
+             "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
+             "sparse-rho, sparse-skip, precision, device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

@@ -48,6 +48,20 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
          "KV cache (Fast-dLLM): none (exact), prefix (reuse K/V before the block), dual (also after it); "
          "approximate for bidirectional models, exact for block-causal LLaDA2")
       ->check(CLI::IsMember({"none", "prefix", "dual"}));
+  sub->add_flag(
+      "--sparse", a.sparse,
+      "SparseD sparse attention: exact for the first --sparse-skip of the steps, then head-specific "
+      "block-sparse attention with patterns built once (approximate; bidirectional models)");
+  sub->add_option("--sparse-block", a.sparse_block,
+                  "SparseD tile side in positions (default 32; implies --sparse)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+         "--sparse-rho", a.sparse_rho,
+         "SparseD kept fraction of prompt and of generation key blocks (default 0.5; implies --sparse)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--sparse-skip", a.sparse_skip,
+                  "SparseD fraction of the steps with exact attention (default 0.2; implies --sparse)")
+      ->check(CLI::Range(0.0, 0.999));
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -164,6 +178,10 @@ Session::Session(const SessionArgs& a) {
   gen_.alg_temp = a.alg_temp;
   gen_.seed = a.seed;
   gen_.cache = a.cache;
+  gen_.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
+  gen_.sparse_block = a.sparse_block.value_or(gen_.sparse_block);
+  gen_.sparse_rho = a.sparse_rho.value_or(gen_.sparse_rho);
+  gen_.sparse_skip = a.sparse_skip.value_or(gen_.sparse_skip);
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
   for (const char* extra : {"<|eot_id|>", "<|im_end|>", "<|role_end|>"}) {
@@ -284,6 +302,10 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
   // The KV cache is held for the whole request: made first so that the budget check counts it.
   if (g.cache != "none") engine_->kv_cache_reset(canvas);
+  // So are the SparseD patterns (generate() starts the same request again: nothing is reallocated).
+  if (g.sparse)
+    engine_->sparse_begin(canvas,
+                          SparseConfig{g.sparse_block, g.sparse_rho, static_cast<int64_t>(prompt.size())});
   if (engine_->activation_budget() > 0) {
     if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
     engine_->check_memory(

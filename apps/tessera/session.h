@@ -21,8 +21,11 @@ struct SessionArgs {
   std::string precision = "auto";
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
-  std::string memory_budget;       // "24GiB"; empty = none
-  std::string cache = "none";      // KV cache: none | prefix | dual
+  std::string memory_budget;   // "24GiB"; empty = none
+  std::string cache = "none";  // KV cache: none | prefix | dual
+  bool sparse = false;         // SparseD; the three below turn it on too
+  std::optional<int> sparse_block;
+  std::optional<float> sparse_rho, sparse_skip;
   std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
   float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
   int top_k = 0;

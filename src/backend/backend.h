@@ -2,6 +2,7 @@
 // pointers of this backend. Shapes are checked in ops.cpp (check_* helpers) before dispatch, so
 // implementations may assume valid arguments. Optional capabilities are queried, not assumed.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,19 @@ struct AttnParams {
   // does; without it the CUDA backend runs its f32 SIMT kernel): attn_kv_scratch_bytes() bytes.
   void* kv_scratch = nullptr;
 };
+// SparseD pattern selection (sparse_select): block-wise importance of one layer's attention and the
+// head-specific tiles kept, with the paper's isolated selection of prompt and generation keys.
+struct SparseSelectParams {
+  float scale = 0.0f;         // softmax scale of the scores (1/sqrt(head_dim))
+  int block = 32;             // tile side in query rows and key rows
+  float rho = 0.5f;           // kept fraction of each key set, in [0, 1]
+  int64_t n_prompt_keys = 0;  // keys [0, n_prompt_keys) are the prompt
+};
+// Tiles kept per key set of n blocks: floor(n * rho) + 1, at most n (0 for an empty set).
+inline int64_t sparse_keep(int64_t n, float rho) {
+  if (n <= 0) return 0;
+  return std::min<int64_t>(n, static_cast<int64_t>(std::floor(static_cast<double>(n) * rho)) + 1);
+}
 inline size_t attn_kv_scratch_bytes(int64_t n_kv, int64_t kv_width) {
   return static_cast<size_t>(n_kv * kv_width) * 2 * 2;  // K and V, bf16
 }
@@ -157,6 +171,17 @@ class Backend {
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
                          int n_kv_heads, int head_dim, const AttnParams& p) = 0;
 
+  // SparseD isolated selection for one layer (one sequence: q [Mq, Hq*D] f32 after RoPE, k [Mk, Hk*D]
+  // f32 after RoPE; GQA as attention). For query head h and query block qb (rows [qb*B, qb*B+B) of q)
+  // the importance of key block kb is the sum over the B x B tile of softmax_j(scale * q_r . k_j), the
+  // softmax of each row over ALL keys (the paper's zero-padded mean times B*B: the same ranking). The key
+  // blocks split into the prompt set [0, g), g = n_prompt_keys / B (the blocks made only of prompt keys), and
+  // the generation set [g, n_kb); each set keeps its sparse_keep(size, rho) most important blocks (ties to
+  // the lower block). mask [Hq, n_qb, n_kb] (device memory; AttnParams::block_mask layout) gets 1 for kept
+  // tiles, 0 for the others. Nothing is allocated beyond O(Mk) per worker; the scores are never stored.
+  virtual void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                             const SparseSelectParams& p, uint8_t* mask) = 0;
+
   // out = silu(gate) * up, elementwise; gate/up/out same shape, f32 or bf16; out may alias gate.
   virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
 
@@ -194,7 +219,6 @@ class Backend {
   virtual void convert(const Tensor& src, Tensor& dst) = 0;
 
   // Optional capabilities.
-  virtual bool supports_block_sparse() const { return false; }
   // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.
   virtual int64_t device_free_bytes() const { return -1; }
   // Total device memory in bytes (GPU backends), or -1.

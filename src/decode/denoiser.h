@@ -9,6 +9,17 @@
 
 namespace tessera {
 
+// SparseD (head-specific block-sparse attention; algorithms.md 2). A request that uses it calls
+// sparse_begin once, then sets the phase of its next forwards: Dense (exact attention), Select (exact
+// attention, and every layer's pattern is built from that forward's queries and keys), Sparse
+// (attention restricted to the pattern's tiles). sparse_end returns to exact attention.
+enum class SparsePhase : uint8_t { Dense, Select, Sparse };
+struct SparseConfig {
+  int block = 32;          // tile side in positions
+  float rho = 0.5f;        // kept fraction of the prompt key blocks and of the generation key blocks
+  int64_t prompt_len = 0;  // keys [0, prompt_len) are the prompt (isolated selection)
+};
+
 class Denoiser {
  public:
   virtual ~Denoiser() = default;
@@ -48,6 +59,20 @@ class Denoiser {
     (void)canvas, (void)q_lo, (void)q_hi, (void)positions, (void)sp, (void)tokens, (void)conf;
     fail("this denoiser has no KV cache");
   }
+
+  // SparseD (see SparsePhase): patterns for single-sequence, uncached forwards over a canvas of exactly
+  // `canvas_len` positions (the pattern's tiles are canvas rows). Memory for the patterns is taken
+  // here, before any forward, and counted against a memory budget.
+  virtual bool supports_sparse_attention() const { return false; }
+  virtual void sparse_begin(int64_t canvas_len, const SparseConfig& c) {
+    (void)canvas_len, (void)c;
+    fail("this denoiser has no sparse attention");
+  }
+  virtual void sparse_phase(SparsePhase p) {
+    (void)p;
+    fail("this denoiser has no sparse attention");
+  }
+  virtual void sparse_end() {}
 };
 
 }  // namespace tessera

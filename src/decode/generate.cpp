@@ -56,6 +56,8 @@ struct Loop {
   int cache = 0;
   int blk_lo = 0, blk_hi = 0, stale_from = 0;
   bool blk_fresh = true;
+  // SparseD: forwards run so far, and the index of the forward that builds the patterns (-1: off).
+  int64_t forwards = 0, sparse_select_at = -1;
   SampleParams base;
   GenerateResult res;
   // Scratch reused across steps.
@@ -80,6 +82,12 @@ struct Loop {
 
   // (token, conf) for every position of pos, on the device or (cfg) on the host.
   void predict(const SampleParams& sp) {
+    if (sparse_select_at >= 0 && forwards <= sparse_select_at + 1) {
+      den.sparse_phase(forwards < sparse_select_at    ? SparsePhase::Dense
+                       : forwards == sparse_select_at ? SparsePhase::Select
+                                                      : SparsePhase::Sparse);
+    }
+    ++forwards;
     const size_t n = pos.size();
     tok.assign(n, 0);
     conf.assign(n, 0.0f);
@@ -373,6 +381,22 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
                 "unknown KV cache '" + o.cache + "'; use none, prefix or dual");
   TESSERA_CHECK(!(o.cache != "none" && o.cfg_scale > 0.0f),
                 "the KV cache cannot be combined with classifier-free guidance; use cache none or cfg 0");
+  if (o.sparse) {
+    TESSERA_CHECK(o.sparse_block > 0,
+                  "sparse-block must be > 0 (got " + std::to_string(o.sparse_block) + ")");
+    TESSERA_CHECK(std::isfinite(o.sparse_rho) && o.sparse_rho >= 0.0f && o.sparse_rho <= 1.0f,
+                  "sparse-rho must be in [0, 1] (got " + num(o.sparse_rho) + ")");
+    TESSERA_CHECK(std::isfinite(o.sparse_skip) && o.sparse_skip >= 0.0f && o.sparse_skip < 1.0f,
+                  "sparse-skip must be in [0, 1) (got " + num(o.sparse_skip) + ")");
+    TESSERA_CHECK(o.cache == "none",
+                  "sparse attention cannot be combined with a KV cache; use cache none or sparse off");
+    TESSERA_CHECK(
+        o.cfg_scale <= 0.0f,
+        "sparse attention cannot be combined with classifier-free guidance; use cfg 0 or sparse off");
+    TESSERA_CHECK(!block_causal,
+                  "sparse attention needs a bidirectional model; this block-causal model grows its canvas "
+                  "block by block");
+  }
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
@@ -420,6 +444,18 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   init_sampling(L, llada);
+  struct SparseGuard {  // exact attention again when the request ends, however it ends
+    Denoiser* d = nullptr;
+    ~SparseGuard() {
+      if (d != nullptr) d->sparse_end();
+    }
+  } sparse_guard;
+  if (o.sparse) {
+    TESSERA_CHECK(den.supports_sparse_attention(), "this denoiser has no sparse attention; turn sparse off");
+    den.sparse_begin(static_cast<int64_t>(L.canvas.size()), SparseConfig{o.sparse_block, o.sparse_rho, L.P});
+    sparse_guard.d = &den;
+    L.sparse_select_at = static_cast<int64_t>(std::floor(static_cast<double>(o.steps) * o.sparse_skip));
+  }
 
   uint64_t g = 0;  // global step counter (RNG)
   for (int b = 0; b < lay.num_blocks; ++b) {

@@ -39,6 +39,13 @@
 // of finished blocks never change nor attend to later rows, so the first forward of a block computes
 // the previous block (now final) and this one, later forwards only this block.
 //
+// SparseD (GenerateOptions::sparse; algorithms.md 2), off by default: the first floor(steps *
+// sparse_skip) forwards of the request use exact attention; the next one also builds every layer's
+// head-specific pattern (isolated selection of prompt and generation key blocks, sparse_rho of each,
+// tiles of sparse_block positions); every later forward, in every block, attends only to the pattern's
+// tiles. The count is of forwards run (threshold decoding too, with `steps` as its nominal length).
+// Bidirectional models only, and not with a KV cache or cfg (one canvas, one sequence per forward).
+//
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
@@ -66,6 +73,10 @@ struct GenerateOptions {
   bool logits_eos_inf = false;  // forbid eos_ids[0] (LLaDA's logits_eos_inf)
   bool stop_at_eos = true;      // trim the output at the first EOS; stop after a block that holds one
   std::string cache = "none";   // KV cache: none | prefix | dual (see above)
+  bool sparse = false;          // SparseD sparse attention (see above)
+  int sparse_block = 32;
+  float sparse_rho = 0.5f;
+  float sparse_skip = 0.2f;
   std::vector<int32_t> eos_ids;
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -49,6 +50,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 
 Engine::~Engine() {
   if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
+  if (sparse_buf_ != nullptr) backend_->free_weights(sparse_buf_);
 }
 
 void Engine::check_token(int32_t t) const {
@@ -125,6 +127,16 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
     TESSERA_CHECK(off <= kv_bytes_, "engine: internal error, the KV cache layout exceeds its buffer");
     ctx.state = &state_ptrs_;
   }
+  const bool sparse = sparse_on_ && sparse_phase_ != SparsePhase::Dense;
+  if (sparse) {
+    TESSERA_CHECK(
+        !kv_cache && shape.n_seqs == 1 && shape.n_query == sparse_canvas_ && shape.n_kv == sparse_canvas_,
+        "sparse attention: the patterns are for one uncached canvas of " + std::to_string(sparse_canvas_) +
+            " positions; this forward has " + std::to_string(shape.n_seqs) + " sequence(s) of " +
+            std::to_string(shape.n_query) + " query and " + std::to_string(shape.n_kv) + " key rows");
+    sparse_exec_.select = sparse_phase_ == SparsePhase::Select;
+    ctx.sparse = &sparse_exec_;
+  }
   auto stage = [&](int id, const std::vector<int32_t>& v) {
     if (id < 0 || v.empty()) return;
     backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(id)].offset, v.data(), v.size() * 4);
@@ -139,6 +151,7 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   stage(ids.keys, keys_);
   stage(ids.target, targets_);
   execute(g, prog, ctx);
+  if (sparse && sparse_exec_.select) sparse_ready_ = true;
   return prog;
 }
 
@@ -202,7 +215,7 @@ size_t Engine::workspace_resident() const {
 }
 
 size_t Engine::activation_budget() const {
-  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_bytes_;
+  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_bytes_ + sparse_bytes_;
   return opt_.memory_budget > w ? opt_.memory_budget - w : 0;
 }
 
@@ -394,6 +407,68 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   const graph::Program& p = execute_step(mode, true, shape, sp);
   std::fill(kv_written_.begin() + q_lo, kv_written_.begin() + q_hi, uint8_t{1});
   return p;
+}
+
+void Engine::sparse_begin(int64_t canvas_len, const SparseConfig& c) {
+  const ModelConfig& cfg = model_->config();
+  TESSERA_CHECK(
+      attention_block() == 0 && model_->options().mask == MaskKind::None,
+      "sparse attention needs a bidirectional model (block-causal models grow their canvas block by "
+      "block, so one pattern cannot serve the request)");
+  TESSERA_CHECK(c.block > 0, "sparse block must be > 0 (got " + std::to_string(c.block) + ")");
+  TESSERA_CHECK(std::isfinite(c.rho) && c.rho >= 0.0f && c.rho <= 1.0f,
+                "sparse rho must be in [0, 1] (got " + std::to_string(c.rho) + ")");
+  TESSERA_CHECK(canvas_len > 0 && canvas_len <= cfg.max_positions,
+                "sparse attention: a canvas of " + std::to_string(canvas_len) +
+                    " positions does not fit the model's " + std::to_string(cfg.max_positions) +
+                    " positions");
+  TESSERA_CHECK(c.prompt_len >= 0 && c.prompt_len <= canvas_len,
+                "sparse attention: the prompt length must lie in [0, canvas length]");
+  const int64_t nb = (canvas_len + c.block - 1) / c.block;
+  const size_t layer = static_cast<size_t>(cfg.n_heads * nb * nb);
+  const size_t bytes = layer * static_cast<size_t>(cfg.n_layers);
+  if (bytes > sparse_bytes_) {
+    if (opt_.memory_budget > 0 && model_->weight_bytes() + kv_bytes_ + bytes >= opt_.memory_budget) {
+      fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+           " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+           ") plus the sparse attention patterns of a " + std::to_string(canvas_len) + "-position canvas (" +
+           memory::format_bytes(static_cast<double>(bytes)) + " at sparse block " + std::to_string(c.block) +
+           "; a larger block needs fewer)");
+    }
+    if (sparse_buf_ != nullptr) backend_->free_weights(sparse_buf_);
+    sparse_buf_ = nullptr;
+    sparse_bytes_ = 0;
+    sparse_buf_ = backend_->alloc_weights(bytes);
+    sparse_bytes_ = bytes;
+    if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank by the patterns
+  }
+  sparse_used_ = bytes;
+  sparse_canvas_ = canvas_len;
+  sparse_exec_ = SparseExec{};
+  sparse_exec_.patterns = static_cast<uint8_t*>(sparse_buf_);
+  sparse_exec_.layer_bytes = layer;
+  sparse_exec_.p.block = c.block;
+  sparse_exec_.p.rho = c.rho;
+  sparse_exec_.p.n_prompt_keys = c.prompt_len;
+  sparse_on_ = true;
+  sparse_ready_ = false;
+  sparse_phase_ = SparsePhase::Dense;
+}
+
+void Engine::sparse_phase(SparsePhase p) {
+  TESSERA_CHECK(sparse_on_, "sparse attention: sparse_begin must start the request first");
+  TESSERA_CHECK(p != SparsePhase::Sparse || sparse_ready_,
+                "sparse attention: no pattern yet; a Select forward must build it first");
+  sparse_phase_ = p;
+}
+
+std::vector<uint8_t> Engine::sparse_patterns() const {
+  std::vector<uint8_t> v(sparse_ready_ ? sparse_used_ : 0);
+  if (!v.empty()) {
+    backend_->synchronize();
+    backend_->copy_to_host(v.data(), sparse_buf_, v.size());
+  }
+  return v;
 }
 
 int Engine::attention_block() const {

@@ -108,6 +108,15 @@ class Engine final : public Denoiser {
                      std::span<const int32_t> positions, std::span<float> out);
   // Bytes held by the KV cache (0 until a request uses it): every layer's K and V, f32, at capacity.
   size_t kv_cache_bytes() const { return kv_bytes_; }
+  // SparseD (Denoiser): one pattern byte per (layer, head, query block, key block) of the canvas.
+  bool supports_sparse_attention() const override { return true; }
+  void sparse_begin(int64_t canvas_len, const SparseConfig& c) override;
+  void sparse_phase(SparsePhase p) override;
+  void sparse_end() override { sparse_on_ = false; }
+  // Bytes held for the patterns (0 until a request uses them); the patterns of the last Select
+  // forward copied to the host, [layer][head][query block][key block] (tests, inspection).
+  size_t sparse_bytes() const { return sparse_bytes_; }
+  std::vector<uint8_t> sparse_patterns() const;
   int attention_block() const override;
   // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
   // drops the cached plans when the block changes.
@@ -169,6 +178,15 @@ class Engine final : public Denoiser {
   int64_t kv_capacity_ = 0;
   std::vector<uint8_t> kv_written_;
   std::vector<char*> state_ptrs_;  // per tensor id of the cached graph
+  // SparseD: the patterns of every layer for a canvas of sparse_canvas_ positions in one buffer of
+  // sparse_bytes_ (kept across requests, grown when needed); sparse_ready_ once a Select forward of
+  // this request has written them.
+  void* sparse_buf_ = nullptr;
+  size_t sparse_bytes_ = 0, sparse_used_ = 0;
+  int64_t sparse_canvas_ = 0;
+  bool sparse_on_ = false, sparse_ready_ = false;
+  SparsePhase sparse_phase_ = SparsePhase::Dense;
+  SparseExec sparse_exec_;
 };
 
 }  // namespace tessera

@@ -103,7 +103,21 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
       ap.q_pos = q_pos.as<const int32_t>();
       ap.k_pos = k_pos.as<const int32_t>();
       if (op.out.size() > 1) ap.kv_scratch = out(1).data;  // planned bf16 K/V staging
+      uint8_t* pattern = nullptr;
+      if (c.sparse != nullptr) {
+        TESSERA_CHECK(op.layer >= 0 && ap.n_seqs == 1, "execute: sparse attention needs one sequence");
+        pattern = c.sparse->patterns + static_cast<size_t>(op.layer) * c.sparse->layer_bytes;
+        if (!c.sparse->select) {
+          ap.block_mask = pattern;
+          ap.sparse_block = c.sparse->p.block;
+        }
+      }
       b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);
+      if (c.sparse != nullptr && c.sparse->select) {
+        SparseSelectParams sp = c.sparse->p;
+        sp.scale = op.p.scale;
+        b.sparse_select(in(0), in(1), op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, sp, pattern);
+      }
       break;
     }
     case OpKind::Swiglu: {

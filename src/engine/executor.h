@@ -9,6 +9,15 @@
 
 namespace tessera {
 
+// SparseD during one step: build every layer's pattern after its (dense) attention, or attend only
+// to the pattern's tiles. Patterns of all layers lie in one device buffer, layer_bytes apart.
+struct SparseExec {
+  bool select = false;
+  uint8_t* patterns = nullptr;
+  size_t layer_bytes = 0;
+  SparseSelectParams p;  // p.scale is taken from each attention op
+};
+
 struct ExecContext {
   Backend* backend = nullptr;
   char* base = nullptr;                  // workspace base (device pointer)
@@ -16,6 +25,7 @@ struct ExecContext {
   std::string dump_dir;                  // non-empty: dump every op output (debug)
   // State tensors (KV cache): the device pointer of each, indexed by tensor id (others null).
   const std::vector<char*>* state = nullptr;
+  const SparseExec* sparse = nullptr;  // SparseD; null = dense attention
 };
 
 // A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).

@@ -13,6 +13,7 @@ using test::CudaTest;
 using test::DevBuf;
 using test::from_bf16;
 using test::random_floats;
+using test::sparse_select_reference;
 using test::to_bf16;
 
 std::vector<int32_t> random_ids(size_t n, int32_t hi, uint64_t seed) {
@@ -436,6 +437,55 @@ TEST_F(CudaTest, TokenLogprobMatchesCpu) {
   EXPECT_TRUE(std::isnan(got[3]) && std::isnan(ref[3]));
   got[3] = ref[3] = 0.0f;
   EXPECT_CLOSE_TO_CPU(got, ref, 1e-5);
+}
+
+// SparseD selection on the GPU vs the double reference (and the CPU backend): every tie-free query
+// block selects the same tiles; shapes include GQA, a prompt boundary inside a block, partial blocks,
+// head dims 64 / 128, and a canvas whose key blocks exceed the default 48 KiB of shared memory.
+TEST_F(CudaTest, SparseSelectMatchesReference) {
+  struct Case {
+    int hq, hkv, d;
+    int64_t mq, mk;
+    int block;
+    float rho;
+    int64_t prompt;
+  };
+  for (const Case& c : {Case{4, 2, 64, 300, 300, 32, 0.3f, 150}, Case{2, 1, 128, 257, 257, 64, 0.5f, 64},
+                        Case{2, 2, 32, 100, 100, 16, 0.0f, 0}, Case{1, 1, 64, 64, 16000, 1, 0.3f, 9000}}) {
+    SCOPED_TRACE("hq " + std::to_string(c.hq) + " mk " + std::to_string(c.mk));
+    auto q = random_floats(static_cast<size_t>(c.mq * c.hq * c.d), 21, 2.0f);
+    auto k = random_floats(static_cast<size_t>(c.mk * c.hkv * c.d), 22, 2.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const auto ref =
+        sparse_select_reference(q, k, c.mq, c.mk, c.hq, c.hkv, c.d, scale, c.block, c.rho, c.prompt);
+    SparseSelectParams p;
+    p.scale = scale;
+    p.block = c.block;
+    p.rho = c.rho;
+    p.n_prompt_keys = c.prompt;
+    DevBuf dq(*gpu, q.size() * 4), dk(*gpu, k.size() * 4), dm(*gpu, ref.mask.size());
+    dq.upload(q);
+    dk.upload(k);
+    dm.poison();
+    gpu->sparse_select(dq.view(DType::F32, {c.mq, c.hq * c.d}), dk.view(DType::F32, {c.mk, c.hkv * c.d}),
+                       c.hq, c.hkv, c.d, p, static_cast<uint8_t*>(dm.p));
+    const auto got = dm.download<uint8_t>(ref.mask.size());
+    std::vector<uint8_t> cpu_mask(ref.mask.size());
+    cpu->sparse_select(Tensor(q.data(), DType::F32, {c.mq, c.hq * c.d}),
+                       Tensor(k.data(), DType::F32, {c.mk, c.hkv * c.d}), c.hq, c.hkv, c.d, p,
+                       cpu_mask.data());
+    int clear = 0;
+    for (int64_t r = 0; r < c.hq * ref.n_qb; ++r) {
+      if (!ref.clear[static_cast<size_t>(r)]) continue;
+      ++clear;
+      for (int64_t kb = 0; kb < ref.n_kb; ++kb) {
+        const auto i = static_cast<size_t>(r * ref.n_kb + kb);
+        ASSERT_EQ(got[i], ref.mask[i]) << "query block row " << r << " key block " << kb;
+        ASSERT_EQ(cpu_mask[i], ref.mask[i]) << "query block row " << r << " key block " << kb;
+      }
+    }
+    EXPECT_GT(clear, c.hq * ref.n_qb / 2);
+  }
 }
 
 }  // namespace

@@ -111,11 +111,12 @@ def apply_rope(x, positions, theta, interleaved=False, rotary_dim=None):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def attention(q, k, v, causal=False, block=0, q_pos=None):
+def attention(q, k, v, causal=False, block=0, q_pos=None, keep=None):
     """q [Lq, H, hd], k/v [L, KV, hd] (post-RoPE) -> [Lq, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
     GQA by repeating each kv head H/KV times; causal masks keys j > i; block > 0 (LLaDA2's block-causal
     mask) masks keys of later blocks: key j is seen by query i iff j // block <= i // block. Key j is at
-    position j; query i at q_pos[i] (default i)."""
+    position j; query i at q_pos[i] (default i). keep [H, Lq, L] bool (SparseD tiles): other scores are
+    masked; a row that keeps nothing outputs 0."""
     n, H, hd = q.shape
     qp = np.arange(n) if q_pos is None else np.asarray(q_pos)
     KV = k.shape[1]
@@ -130,10 +131,46 @@ def attention(q, k, v, causal=False, block=0, q_pos=None):
     if block > 0:
         qb, kb = qp // block, kp // block
         s = np.where((kb[None, :] <= qb[:, None])[None], s, np.float32(-np.inf))
-    s = s - s.max(axis=-1, keepdims=True)
+    if keep is not None:
+        s = np.where(keep, s, np.float32(-np.inf))
+    mx = s.max(axis=-1, keepdims=True)
+    s = s - np.where(np.isfinite(mx), mx, 0)
     p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
+    p /= np.maximum(p.sum(axis=-1, keepdims=True), np.float32(1e-30))
     return np.einsum("hqk,khd->qhd", p, v).astype(np.float32)
+
+
+def sparse_patterns(q, k, block, rho, prompt_len, tie=1e-4):
+    """SparseD isolated selection of one layer in float64 (Backend::sparse_select): q [Lq, H, hd], k [L, KV,
+    hd] post-RoPE. Per head and query block, each key block's importance is the sum over the tile of the
+    rows' softmax over all keys (scale 1/sqrt(hd)); the prompt blocks [0, prompt_len // block) and the
+    generation blocks keep floor(n * rho) + 1 (at most n) each, ties to the lower block. Returns (mask [H,
+    nqb, nkb] uint8, clear [H, nqb] uint8: 0 where a kept and a dropped block are within `tie`)."""
+    Lq, H, hd = q.shape
+    L, KV = k.shape[0], k.shape[1]
+    k = np.repeat(k.astype(np.float64), H // KV, axis=1)
+    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) / np.sqrt(hd)
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    s /= s.sum(axis=-1, keepdims=True)
+    nqb, nkb = -(-Lq // block), -(-L // block)
+    pad = np.zeros((H, nqb * block, nkb * block))
+    pad[:, :Lq, :L] = s
+    imp = pad.reshape(H, nqb, block, nkb, block).sum(axis=(2, 4))
+    g = prompt_len // block
+    mask = np.zeros((H, nqb, nkb), dtype=np.uint8)
+    clear = np.ones((H, nqb), dtype=np.uint8)
+    for a, b in ((0, g), (g, nkb)):
+        n = b - a
+        if n == 0:
+            continue
+        keep = min(n, int(np.floor(n * np.float64(np.float32(rho)))) + 1)
+        for h in range(H):
+            for r in range(nqb):
+                order = sorted(range(a, b), key=lambda j: (-imp[h, r, j], j))
+                mask[h, r, order[:keep]] = 1
+                if keep < n and imp[h, r, order[keep - 1]] - imp[h, r, order[keep]] <= tie * imp[h, r, order[keep - 1]]:
+                    clear[h, r] = 0
+    return mask, clear
 
 
 def shift_logits(logits):
@@ -366,10 +403,12 @@ class Model:
             return swiglu_mlp(m, *ly["dense"])
         return swiglu_mlp(m, ly["g"], ly["u"], ly["dn"])
 
-    def hidden(self, tokens, record=None, cached=None):
+    def hidden(self, tokens, record=None, cached=None, record_q=None, patterns=None, sparse_block=0):
         """Final-norm hidden states [L, d] (before the LM head). record: a list that receives every
         layer's post-RoPE (K, V) of all rows. cached = (lo, hi, kv): a KV-cache step, computing only rows
-        [lo, hi) (returns their hidden states); the other rows' K / V come from kv (a record)."""
+        [lo, hi) (returns their hidden states); the other rows' K / V come from kv (a record).
+        record_q: a list that receives every layer's post-RoPE Q. patterns [layers, H, nqb, nkb] (SparseD
+        tiles of sparse_block rows): attention sees only the kept tiles."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= self.emb.shape[0]:
             raise SystemExit("token id outside the vocabulary")
@@ -395,7 +434,13 @@ class Model:
                 k, v = k_all, v_all
             if record is not None:
                 record.append((k, v))
-            att = attention(q, k, v, self.causal, self.block, pos).reshape(n, self.H * self.hd)
+            if record_q is not None:
+                record_q.append(q)
+            keep = None
+            if patterns is not None:
+                t = np.repeat(np.repeat(patterns[li] != 0, sparse_block, axis=1), sparse_block, axis=2)
+                keep = t[:, :n, :k.shape[0]]
+            att = attention(q, k, v, self.causal, self.block, pos, keep).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
             x = x + self.ffn(rms_norm(x, ly["fn"], self.eps), ly)
         return rms_norm(x, self.norm_f, self.eps)
@@ -540,6 +585,17 @@ def main():
     a.add_argument("--cache-tokens", default="",
                    help="KV-cache step: the canvas whose full forward filled the cache (same length as --tokens)")
     a.add_argument("--compute", default="", help="KV-cache step: LO,HI, the rows of --tokens computed")
+    a.add_argument("--sparse-patterns", default="",
+                   help="SparseD: attend only to the kept tiles of this uint8 file [layers, H, nqb, nkb]")
+    a.add_argument("--sparse-block", type=int, default=32, help="SparseD: the tile side")
+    sp = sub.add_parser("patterns", help="SparseD patterns of every layer from the forward over --tokens")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--tokens", required=True)
+    sp.add_argument("--block", type=int, required=True)
+    sp.add_argument("--rho", type=float, required=True)
+    sp.add_argument("--prompt-len", type=int, required=True)
+    sp.add_argument("--out", required=True, help="uint8 [layers, H, nqb, nkb]")
+    sp.add_argument("--clear", required=True, help="uint8 [layers, H, nqb]: 0 where the selection is a near tie")
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
     g.add_argument("--prompt", required=True)
@@ -550,6 +606,13 @@ def main():
     g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2 only: the confidence threshold")
     args = ap.parse_args()
     m = Model(args.model)
+    if args.cmd == "patterns":
+        qs, kv = [], []
+        m.hidden(ids(args.tokens), record=kv, record_q=qs)
+        out = [sparse_patterns(q, k, args.block, args.rho, args.prompt_len) for q, (k, _) in zip(qs, kv)]
+        np.stack([o[0] for o in out]).tofile(args.out)
+        np.stack([o[1] for o in out]).tofile(args.clear)
+        return
     if args.cmd == "logits":
         if m.family == "llada2":
             m.block = args.block
@@ -566,7 +629,13 @@ def main():
             L = (H[[r - lo for r in src]] @ m.head.T).astype(np.float32)
             np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
             return
-        L = m.forward(toks)
+        if args.sparse_patterns:
+            n, nb = len(toks), -(-len(toks) // args.sparse_block)
+            pat = np.fromfile(args.sparse_patterns, dtype=np.uint8).reshape(len(m.layers), m.H, nb, nb)
+            L = (m.hidden(toks, patterns=pat, sparse_block=args.sparse_block) @ m.head.T).astype(np.float32)
+            L = shift_logits(L) if m.shift else L
+        else:
+            L = m.forward(toks)
         if rows:
             if min(rows) < 0 or max(rows) >= len(toks):
                 raise SystemExit("row outside the token list")

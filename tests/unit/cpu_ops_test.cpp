@@ -258,5 +258,64 @@ TEST(CpuOps, ScatterRowsHandComputed) {
       Error);
 }
 
+// SparseD selection against the double reference: GQA, a prompt boundary inside a block, partial
+// last blocks, several rho values; and the kept count per set is exactly sparse_keep.
+TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {
+  auto be = make_cpu_backend();
+  struct Case {
+    int hq, hkv, d;
+    int64_t mq, mk;
+    int block;
+    float rho;
+    int64_t prompt;
+  };
+  for (const Case& c : {Case{4, 2, 32, 100, 100, 16, 0.3f, 37}, Case{2, 2, 64, 64, 64, 32, 0.5f, 64},
+                        Case{4, 1, 16, 70, 70, 8, 0.0f, 0}, Case{2, 2, 16, 40, 40, 8, 1.0f, 17},
+                        Case{3, 3, 48, 129, 129, 32, 0.3f, 100}}) {
+    SCOPED_TRACE("hq " + std::to_string(c.hq) + " block " + std::to_string(c.block));
+    // Scaled so that the softmax is far from uniform (real attention is peaked).
+    auto q = random_floats(static_cast<size_t>(c.mq * c.hq * c.d), 11, 2.0f);
+    auto k = random_floats(static_cast<size_t>(c.mk * c.hkv * c.d), 12, 2.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const auto ref =
+        test::sparse_select_reference(q, k, c.mq, c.mk, c.hq, c.hkv, c.d, scale, c.block, c.rho, c.prompt);
+    std::vector<uint8_t> got(ref.mask.size(), 7);
+    SparseSelectParams p;
+    p.scale = scale;
+    p.block = c.block;
+    p.rho = c.rho;
+    p.n_prompt_keys = c.prompt;
+    be->sparse_select(Tensor(q.data(), DType::F32, {c.mq, c.hq * c.d}),
+                      Tensor(k.data(), DType::F32, {c.mk, c.hkv * c.d}), c.hq, c.hkv, c.d, p, got.data());
+    const int64_t g = c.prompt / c.block;
+    int clear = 0;
+    for (int64_t r = 0; r < c.hq * ref.n_qb; ++r) {
+      const uint8_t* row = got.data() + r * ref.n_kb;
+      int64_t pre = 0, gen = 0;
+      for (int64_t kb = 0; kb < ref.n_kb; ++kb) {
+        ASSERT_TRUE(row[kb] == 0 || row[kb] == 1);
+        (kb < g ? pre : gen) += row[kb];
+      }
+      EXPECT_EQ(pre, sparse_keep(g, c.rho));
+      EXPECT_EQ(gen, sparse_keep(ref.n_kb - g, c.rho));
+      if (!ref.clear[static_cast<size_t>(r)]) continue;
+      ++clear;
+      for (int64_t kb = 0; kb < ref.n_kb; ++kb)
+        EXPECT_EQ(row[kb], ref.mask[static_cast<size_t>(r * ref.n_kb + kb)])
+            << "row " << r << " block " << kb;
+    }
+    EXPECT_GT(clear, c.hq * ref.n_qb / 2);  // ties are rare: most rows are compared
+  }
+}
+
+TEST(CpuSparseSelect, SparseKeepCounts) {
+  EXPECT_EQ(sparse_keep(0, 0.3f), 0);
+  EXPECT_EQ(sparse_keep(10, 0.0f), 1);
+  EXPECT_EQ(sparse_keep(10, 0.3f), 4);  // floor(3) + 1
+  EXPECT_EQ(sparse_keep(10, 0.35f), 4);
+  EXPECT_EQ(sparse_keep(10, 1.0f), 10);
+  EXPECT_EQ(sparse_keep(3, 0.9f), 3);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -34,6 +34,7 @@ class FakeDenoiser final : public Denoiser {
                std::span<int32_t> tokens, std::span<float> conf) override {
     calls.emplace_back(positions.begin(), positions.end());
     seeds.push_back(sp.seed);
+    if (in_sparse) phases.push_back(phase);
     for (int32_t p : positions)
       EXPECT_EQ(canvas[static_cast<size_t>(p)], mask_) << "prediction for a decided position";
     std::vector<float> L(positions.size() * static_cast<size_t>(v_));
@@ -62,9 +63,21 @@ class FakeDenoiser final : public Denoiser {
   }
   int attention_block() const override { return block; }
   void set_attention_block(int b) override { block = b; }
+  // SparseD (off unless `sparse`): records sparse_begin and the phase of every predict().
+  bool supports_sparse_attention() const override { return sparse; }
+  void sparse_begin(int64_t canvas_len, const SparseConfig& c) override {
+    sparse_begins.push_back({canvas_len, c.block, c.prompt_len});
+    phase = SparsePhase::Dense;
+    in_sparse = true;
+  }
+  void sparse_phase(SparsePhase p) override { phase = p; }
+  void sparse_end() override { in_sparse = false; }
 
-  bool cached = false;
-  int block = 0;  // > 0: a block-causal model
+  bool cached = false, sparse = false, in_sparse = false;
+  SparsePhase phase = SparsePhase::Dense;
+  std::vector<std::array<int64_t, 3>> sparse_begins;  // (canvas, block, prompt length)
+  std::vector<SparsePhase> phases;                    // of each predict() while a sparse request runs
+  int block = 0;                                      // > 0: a block-causal model
   std::vector<int64_t> resets;
   std::vector<std::array<int64_t, 3>> ranges;        // (q_lo, q_hi, canvas size) of each predict_cached
   std::vector<std::vector<int32_t>> calls;           // positions of each predict()
@@ -475,6 +488,57 @@ TEST(Generate, KvCacheComputesTheExpectedRows) {
   o.gen_length = o.block_length = o.steps = 4;
   o.cache = "prefix";
   EXPECT_THROW(generate(plain, kPrompt, o), Error);
+}
+
+// SparseD: floor(steps * skip) dense forwards, one that selects, then sparse ones in every block; the
+// request starts with the canvas and prompt lengths and ends with exact attention again.
+TEST(Generate, SparseAttentionPhases) {
+  using P = SparsePhase;
+  FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+  d.sparse = true;
+  GenerateOptions o;
+  o.gen_length = 8;
+  o.block_length = 4;
+  o.steps = 8;
+  o.stop_at_eos = false;
+  o.sparse = true;
+  o.sparse_block = 2;
+  o.sparse_skip = 0.3f;  // floor(8 * 0.3) = 2 dense forwards
+  const GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(r.steps_run, 8);
+  EXPECT_EQ(d.sparse_begins, (std::vector<std::array<int64_t, 3>>{{11, 2, 3}}));
+  EXPECT_EQ(d.phases, (std::vector<P>{P::Dense, P::Dense, P::Select, P::Sparse, P::Sparse, P::Sparse,
+                                      P::Sparse, P::Sparse}));
+  EXPECT_FALSE(d.in_sparse);
+  // skip 0: the first forward selects. Output equals the dense run (the fake ignores the phase).
+  FakeDenoiser d0(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+  d0.sparse = true;
+  o.sparse_skip = 0.0f;
+  EXPECT_EQ(generate(d0, kPrompt, o).tokens, r.tokens);
+  EXPECT_EQ(d0.phases.front(), P::Select);
+  // Without support, with a cache, cfg or a block-causal model it is refused, not ignored.
+  FakeDenoiser plain(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  EXPECT_THROW(generate(plain, kPrompt, o), Error);
+  auto refused = [&](std::function<void(GenerateOptions&)> f, int block, const std::string& want) {
+    FakeDenoiser s(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+    s.sparse = s.cached = true;
+    s.block = block;
+    GenerateOptions b = o;
+    f(b);
+    try {
+      generate(s, kPrompt, b);
+      ADD_FAILURE() << "no error; expected: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(s.sparse_begins.empty());
+  };
+  refused([](auto& b) { b.cache = "dual"; }, 0, "sparse attention cannot be combined with a KV cache");
+  refused([](auto& b) { b.cfg_scale = 1.0f; }, 0, "cannot be combined with classifier-free guidance");
+  refused([](auto&) {}, 4, "sparse attention needs a bidirectional model");
+  refused([](auto& b) { b.sparse_rho = 1.5f; }, 0, "sparse-rho must be in [0, 1] (got 1.5)");
+  refused([](auto& b) { b.sparse_skip = 1.0f; }, 0, "sparse-skip must be in [0, 1) (got 1)");
+  refused([](auto& b) { b.sparse_block = 0; }, 0, "sparse-block must be > 0 (got 0)");
 }
 
 TEST(Generate, ValidationErrors) {

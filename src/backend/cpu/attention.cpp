@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
@@ -152,6 +153,74 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   }
 }
 
+// Scores scale * q_i . k_j of rows qi[0..nq) against the keys of one transposed tile kt[d][nk].
+inline void tile_scores(const float* const* qi, int nq, const float (*kt)[kBK], int nk, int d, float scale,
+                        float (*s)[kBK]) {
+  for (int i = 0; i < nq; ++i) {
+#pragma omp simd
+    for (int j = 0; j < nk; ++j) s[i][j] = 0.0f;
+    for (int t = 0; t < d; ++t) {
+      const float qv = qi[i][t] * scale;
+      const float* kr = kt[t];
+#pragma omp simd
+      for (int j = 0; j < nk; ++j) s[i][j] += qv * kr[j];
+    }
+  }
+}
+
+// Importance of every key block for query rows [r0, r1) of head hq (kv head hk), added into imp:
+// sum over the rows of softmax_j(scores) summed over the keys of each block. Two passes over the
+// keys (row max and sum, then the probabilities), so only one key tile of scores exists at a time.
+void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
+                      int64_t block, double* imp) {
+  const int d = c.d;
+  alignas(64) float kt[kMaxD][kBK];
+  alignas(64) float s[kBQ][kBK];
+  alignas(64) float col[kBK];
+  float m[kBQ], l[kBQ];
+  const float* qi[kBQ];
+  for (int64_t a = r0; a < r1; a += kBQ) {
+    const int nq = static_cast<int>(std::min<int64_t>(kBQ, r1 - a));
+    for (int i = 0; i < nq; ++i) {
+      qi[i] = c.q + (a + i) * c.q_stride + hq * d;
+      m[i] = -std::numeric_limits<float>::infinity();
+      l[i] = 0.0f;
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t k0 = 0; k0 < n_keys; k0 += kBK) {
+        const int nk = static_cast<int>(std::min<int64_t>(kBK, n_keys - k0));
+        for (int j = 0; j < nk; ++j) {
+          const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
+          for (int t = 0; t < d; ++t) kt[t][j] = kj[t];
+        }
+        tile_scores(qi, nq, kt, nk, d, c.scale, s);
+        if (pass == 0) {
+          for (int i = 0; i < nq; ++i) {
+            float rowmax = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : rowmax)
+            for (int j = 0; j < nk; ++j) rowmax = std::max(rowmax, s[i][j]);
+            const float mnew = std::max(m[i], rowmax);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int j = 0; j < nk; ++j) sum += exp_neg(s[i][j] - mnew);
+            l[i] =
+                (m[i] == -std::numeric_limits<float>::infinity() ? 0.0f : l[i] * exp_neg(m[i] - mnew)) + sum;
+            m[i] = mnew;
+          }
+          continue;
+        }
+        std::fill(col, col + nk, 0.0f);
+        for (int i = 0; i < nq; ++i) {
+          const float mi = m[i], inv = 1.0f / l[i];
+#pragma omp simd
+          for (int j = 0; j < nk; ++j) col[j] += exp_neg(s[i][j] - mi) * inv;
+        }
+        for (int j = 0; j < nk; ++j) imp[(k0 + j) / block] += col[j];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
@@ -185,6 +254,64 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
       for (int h = 0; h < n_heads; ++h) {
         const int64_t a = qa + t * kBQ;
         attend_tile(c, p, a, std::min(a + kBQ, qb), ka, kb, h, h / group, out.data, out.dtype);
+      }
+    }
+  }
+}
+
+}  // namespace tessera::cpu
+
+namespace tessera::cpu {
+
+void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                   const SparseSelectParams& p, uint8_t* mask) {
+  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select (cpu): q and k must be f32");
+  TESSERA_CHECK(head_dim <= kMaxD, "sparse_select: head_dim above 256 is not supported");
+  TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                "sparse_select: n_heads must be a multiple of n_kv_heads");
+  TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
+                "sparse_select: q/k widths do not match the head counts");
+  TESSERA_CHECK(p.block > 0, "sparse_select: block must be > 0");
+  TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
+  TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
+                "sparse_select: n_prompt_keys must be in [0, key rows]");
+  const int64_t B = p.block, Mq = q.rows(), Mk = k.rows();
+  const int64_t n_qb = (Mq + B - 1) / B, n_kb = (Mk + B - 1) / B;
+  const int64_t g = p.n_prompt_keys / B;
+  const int64_t keep_pre = sparse_keep(g, p.rho), keep_gen = sparse_keep(n_kb - g, p.rho);
+  const TileCtx c{q.as<const float>(),
+                  k.as<const float>(),
+                  nullptr,
+                  q.cols(),
+                  k.cols(),
+                  head_dim,
+                  p.scale,
+                  0,
+                  n_qb,
+                  n_kb};
+  const int group = n_heads / n_kv_heads;
+#pragma omp parallel
+  {
+    std::vector<double> imp(static_cast<size_t>(n_kb));
+    std::vector<int64_t> order(static_cast<size_t>(n_kb));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t qb = 0; qb < n_qb; ++qb) {
+      for (int h = 0; h < n_heads; ++h) {
+        std::fill(imp.begin(), imp.end(), 0.0);
+        block_importance(c, qb * B, std::min(qb * B + B, Mq), Mk, h, h / group, B, imp.data());
+        uint8_t* row = mask + (h * n_qb + qb) * n_kb;
+        std::fill(row, row + n_kb, uint8_t{0});
+        auto keep = [&](int64_t a, int64_t b, int64_t n_keep) {  // the n_keep best blocks of [a, b)
+          const auto first = order.begin(), mid = first + n_keep, last = first + (b - a);
+          for (int64_t i = a; i < b; ++i) order[static_cast<size_t>(i - a)] = i;
+          std::partial_sort(first, mid, last, [&](int64_t x, int64_t y) {
+            const double ix = imp[static_cast<size_t>(x)], iy = imp[static_cast<size_t>(y)];
+            return ix > iy || (ix == iy && x < y);
+          });
+          for (auto it = first; it != mid; ++it) row[*it] = 1;
+        };
+        keep(0, g, keep_pre);
+        keep(g, n_kb, keep_gen);
       }
     }
   }

@@ -45,6 +45,10 @@ class CpuBackend final : public Backend {
                  const AttnParams& p) override {
     cpu::attention(q, k, v, out, nh, nkv, hd, p);
   }
+  void sparse_select(const Tensor& q, const Tensor& k, int nh, int nkv, int hd, const SparseSelectParams& p,
+                     uint8_t* mask) override {
+    cpu::sparse_select(q, k, nh, nkv, hd, p, mask);
+  }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::swiglu(g, u, out); }
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
     cpu::scatter_rows(src, rows, dst);

@@ -15,6 +15,8 @@ void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p);
+void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                   const SparseSelectParams& p, uint8_t* mask);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);
 void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
              Tensor& scratch, Tensor& out);

@@ -523,4 +523,172 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
   }
 }
 
+namespace {
+// SparseD selection (Backend::sparse_select): one block per (query block, head), 8 warps. For every
+// group of up to kSelRows query rows the rows are staged in shared memory; warp w owns key blocks
+// w, w + 8, ... and each lane the keys lane, lane + 32, ... of them, so a loaded key row serves all the
+// staged rows and every per-block sum has one fixed summation order (deterministic, no atomics).
+// Pass 1 finds each row's softmax max and sum, pass 2 adds the probabilities into imp[kb] (shared).
+// Then each thread ranks its key blocks inside their set (prompt / generation) and writes the mask.
+constexpr int kSelThreads = 256, kSelWarps = kSelThreads / 32, kSelRows = 8;
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+struct SelArgs {
+  const float* q;
+  const float* k;
+  int64_t q_stride, kv_stride, n_query, n_keys, n_qb, n_kb, g, keep_pre, keep_gen;
+  int head_dim, group, block;
+  float scale;
+  uint8_t* mask;
+};
+
+__global__ void __launch_bounds__(kSelThreads) sparse_select_kernel(SelArgs a) {
+  extern __shared__ float sel_smem[];
+  float* imp = sel_smem;          // [n_kb]
+  float* qs = sel_smem + a.n_kb;  // [kSelRows][head_dim]
+  __shared__ float red_m[kSelWarps][kSelRows], red_l[kSelWarps][kSelRows];
+  __shared__ float row_m[kSelRows], row_inv[kSelRows];
+  const int64_t qb = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y), hk = h / a.group;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int D = a.head_dim;
+  for (int64_t i = threadIdx.x; i < a.n_kb; i += kSelThreads) imp[i] = 0.0f;
+  const int64_t r_end = min64(qb * a.block + a.block, a.n_query);
+  for (int64_t r0 = qb * a.block; r0 < r_end; r0 += kSelRows) {
+    const int nr = static_cast<int>(min64(kSelRows, r_end - r0));
+    __syncthreads();  // qs and row_m / row_inv of the previous group are no longer read
+    for (int i = threadIdx.x; i < nr * D; i += kSelThreads)
+      qs[i] = a.q[(r0 + i / D) * a.q_stride + static_cast<int64_t>(h) * D + i % D] * a.scale;
+    __syncthreads();
+    float m[kSelRows], l[kSelRows];
+#pragma unroll
+    for (int i = 0; i < kSelRows; ++i) {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t kb = warp; kb < a.n_kb; kb += kSelWarps) {
+        float part = 0.0f;
+        for (int64_t j = kb * a.block + lane; j < min64(kb * a.block + a.block, a.n_keys); j += 32) {
+          const float* kj = a.k + j * a.kv_stride + static_cast<int64_t>(hk) * D;
+          float s[kSelRows];
+#pragma unroll
+          for (int i = 0; i < kSelRows; ++i) s[i] = 0.0f;
+          for (int t = 0; t < D; ++t) {
+            const float kv = kj[t];
+#pragma unroll
+            for (int i = 0; i < kSelRows; ++i)
+              if (i < nr) s[i] += qs[i * D + t] * kv;
+          }
+#pragma unroll
+          for (int i = 0; i < kSelRows; ++i) {
+            if (i >= nr) continue;
+            if (pass == 0) {
+              const float mn = fmaxf(m[i], s[i]);
+              l[i] = l[i] * __expf(m[i] - mn) + __expf(s[i] - mn);
+              m[i] = mn;
+            } else {
+              part += __expf(s[i] - row_m[i]) * row_inv[i];
+            }
+          }
+        }
+        if (pass == 1) {
+          part = warp_sum(part);
+          if (lane == 0) imp[kb] += part;
+        }
+      }
+      if (pass == 1) break;
+        // Combine the (max, sum) pairs: lanes of a warp, then the warps in order (thread 0).
+#pragma unroll
+      for (int i = 0; i < kSelRows; ++i) {
+        for (int o = 16; o > 0; o >>= 1) {
+          const float mo = __shfl_xor_sync(0xffffffffu, m[i], o), lo = __shfl_xor_sync(0xffffffffu, l[i], o);
+          const float mn = fmaxf(m[i], mo);
+          l[i] = (mn == -INFINITY) ? 0.0f : l[i] * __expf(m[i] - mn) + lo * __expf(mo - mn);
+          m[i] = mn;
+        }
+        if (lane == 0) {
+          red_m[warp][i] = m[i];
+          red_l[warp][i] = l[i];
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < nr) {
+        const int i = static_cast<int>(threadIdx.x);
+        float mm = -INFINITY, ll = 0.0f;
+        for (int w = 0; w < kSelWarps; ++w) {
+          const float mn = fmaxf(mm, red_m[w][i]);
+          if (mn == -INFINITY) continue;
+          ll = ll * __expf(mm - mn) + red_l[w][i] * __expf(red_m[w][i] - mn);
+          mm = mn;
+        }
+        row_m[i] = mm;
+        row_inv[i] = 1.0f / ll;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  uint8_t* row = a.mask + (static_cast<int64_t>(h) * a.n_qb + qb) * a.n_kb;
+  for (int64_t kb = threadIdx.x; kb < a.n_kb; kb += kSelThreads) {
+    const bool pre = kb < a.g;
+    const int64_t lo = pre ? 0 : a.g, hi = pre ? a.g : a.n_kb, keep = pre ? a.keep_pre : a.keep_gen;
+    const float v = imp[kb];
+    int64_t rank = 0;
+    for (int64_t c = lo; c < hi && rank < keep; ++c) {
+      const float w = imp[c];
+      rank += (w > v || (w == v && c < kb)) ? 1 : 0;
+    }
+    row[kb] = rank < keep ? 1 : 0;
+  }
+}
+
+}  // namespace
+
+void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                   const SparseSelectParams& p, uint8_t* mask, cudaStream_t s) {
+  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select (cuda): q and k must be f32");
+  TESSERA_CHECK(head_dim <= 256, "sparse_select: head_dim above 256 is not supported");
+  TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                "sparse_select: n_heads must be a multiple of n_kv_heads");
+  TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
+                "sparse_select: q/k widths do not match the head counts");
+  TESSERA_CHECK(p.block > 0, "sparse_select: block must be > 0");
+  TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
+  TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
+                "sparse_select: n_prompt_keys must be in [0, key rows]");
+  SelArgs a{};
+  a.q = q.as<const float>();
+  a.k = k.as<const float>();
+  a.q_stride = q.cols();
+  a.kv_stride = k.cols();
+  a.n_query = q.rows();
+  a.n_keys = k.rows();
+  a.n_qb = ceil_div(a.n_query, p.block);
+  a.n_kb = ceil_div(a.n_keys, p.block);
+  a.g = p.n_prompt_keys / p.block;
+  a.keep_pre = tessera::sparse_keep(a.g, p.rho);
+  a.keep_gen = tessera::sparse_keep(a.n_kb - a.g, p.rho);
+  a.head_dim = head_dim;
+  a.group = n_heads / n_kv_heads;
+  a.block = p.block;
+  a.scale = p.scale;
+  a.mask = mask;
+  if (a.n_qb == 0) return;
+  const size_t smem = static_cast<size_t>(a.n_kb + int64_t{kSelRows} * head_dim) * sizeof(float);
+  constexpr size_t kMaxSmem = 200 * 1024;
+  TESSERA_CHECK(smem <= kMaxSmem, "sparse_select: " + std::to_string(a.n_kb) +
+                                      " key blocks do not fit in shared memory; use a larger sparse block");
+  if (smem > 48 * 1024)
+    check(cudaFuncSetAttribute(sparse_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          "sparse_select: shared memory");
+  sparse_select_kernel<<<dim3(static_cast<unsigned>(a.n_qb), static_cast<unsigned>(n_heads)), kSelThreads,
+                         smem, s>>>(a);
+  check_launch("sparse_select");
+}
+
 }  // namespace tessera::cuda

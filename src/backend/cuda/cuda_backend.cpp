@@ -125,6 +125,10 @@ class CudaBackend final : public Backend {
                  const AttnParams& p) override {
     cuda::attention(q, k, v, out, nh, nkv, hd, p, stream_);
   }
+  void sparse_select(const Tensor& q, const Tensor& k, int nh, int nkv, int hd, const SparseSelectParams& p,
+                     uint8_t* mask) override {
+    cuda::sparse_select(q, k, nh, nkv, hd, p, mask, stream_);
+  }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cuda::swiglu(g, u, out, stream_); }
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
     cuda::scatter_rows(src, rows, dst, stream_);
@@ -144,7 +148,6 @@ class CudaBackend final : public Backend {
                Tensor& scratch, Tensor& out) override {
     cuda::moe_ffn(x, ids, weights, e, scratch, out, stream_);
   }
-  bool supports_block_sparse() const override { return true; }
   int64_t device_free_bytes() const override {
     size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "memory info");

@@ -50,6 +50,8 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
 // The generic attention kernel (any head_dim <= 256); the tensor-core kernel is tested against it.
 void attention_simt(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
                     int n_kv_heads, int head_dim, const AttnParams& p, cudaStream_t s);
+void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                   const SparseSelectParams& p, uint8_t* mask, cudaStream_t s);
 void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                  Tensor& conf, cudaStream_t s);
 void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob, cudaStream_t s);
