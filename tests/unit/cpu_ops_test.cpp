@@ -19,6 +19,8 @@ struct AttnCase {
   std::vector<int32_t> cu_q, cu_k, q_pos, k_pos;
   MaskKind mask = MaskKind::None;
   int block = 0;
+  int sparse_block = 0;        // > 0: a random block-sparse pattern (one sequence)
+  std::vector<uint8_t> tiles;  // [hq, n_qb, n_kb], filled by check_attention
 };
 
 std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& q,
@@ -36,6 +38,11 @@ std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& 
           const int32_t qp = c.q_pos[static_cast<size_t>(i)], kp = c.k_pos[static_cast<size_t>(j)];
           if (c.mask == MaskKind::Causal && kp > qp) continue;
           if (c.mask == MaskKind::BlockCausal && kp / c.block > qp / c.block) continue;
+          if (c.sparse_block > 0) {
+            const int64_t nqb = (nq + c.sparse_block - 1) / c.sparse_block,
+                          nkb = (c.cu_k.back() + c.sparse_block - 1) / c.sparse_block;
+            if (!c.tiles[static_cast<size_t>((h * nqb + i / c.sparse_block) * nkb + j / c.sparse_block)]) continue;
+          }
           double dot = 0;
           for (int t = 0; t < c.d; ++t) {
             dot += static_cast<double>(q[static_cast<size_t>((i * c.hq + h) * c.d + t)]) *
@@ -47,6 +54,7 @@ std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& 
         double mx = -1e300, sum = 0;
         for (double x : sc) mx = std::max(mx, x);
         for (double& x : sc) sum += (x = std::exp(x - mx));
+        if (sc.empty()) continue;  // every key dropped: output 0
         for (size_t jj = 0; jj < sc.size(); ++jj) {
           for (int t = 0; t < c.d; ++t) {
             out[static_cast<size_t>((i * c.hq + h) * c.d + t)] +=
@@ -59,7 +67,7 @@ std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& 
   return out;
 }
 
-void check_attention(const AttnCase& c, uint64_t seed) {
+void check_attention(AttnCase c, uint64_t seed) {
   auto be = make_cpu_backend();
   const int64_t nq = c.cu_q.back(), nk = c.cu_k.back();
   auto q = random_floats(static_cast<size_t>(nq * c.hq * c.d), seed);
@@ -77,6 +85,15 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   p.cu_k = c.cu_k.data();
   p.q_pos = c.q_pos.data();
   p.k_pos = c.k_pos.data();
+  if (c.sparse_block > 0) {
+    const int64_t nqb = (nq + c.sparse_block - 1) / c.sparse_block, nkb = (nk + c.sparse_block - 1) / c.sparse_block;
+    c.tiles.resize(static_cast<size_t>(c.hq * nqb * nkb));
+    for (size_t i = 0; i < c.tiles.size(); ++i) c.tiles[i] = rng_mix(seed * 1000 + i) % 3 == 0 ? 1 : 0;
+    c.tiles[0] = 0;
+    for (int64_t kb = 0; kb < nkb; ++kb) c.tiles[static_cast<size_t>(kb)] = 0;  // a row that keeps nothing
+    p.block_mask = c.tiles.data();
+    p.sparse_block = c.sparse_block;
+  }
   be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, p);
   const auto ref = naive_attention(c, q, k, v);
   EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), 1e-5);
@@ -110,6 +127,19 @@ TEST(CpuAttention, PackedSequencesStayApart) {
   check_attention(c, 4);
   c.mask = MaskKind::Causal;
   check_attention(c, 5);
+}
+
+// Block-sparse patterns: tiles smaller than, equal to and larger than the kernel's 32-row / 128-key
+// tiles, partial last blocks, a query block that keeps no key (output 0), with causal masks too.
+TEST(CpuAttention, BlockSparseSkipsExactlyTheDroppedTiles) {
+  for (const int bs : {8, 32, 48, 160}) {
+    SCOPED_TRACE("sparse block " + std::to_string(bs));
+    AttnCase c{4, 2, 16, {0, 301}, {0, 301}, iota(301), iota(301)};
+    c.sparse_block = bs;
+    check_attention(c, 40 + static_cast<uint64_t>(bs));
+    c.mask = MaskKind::Causal;
+    check_attention(c, 50 + static_cast<uint64_t>(bs));
+  }
 }
 
 TEST(CpuAttention, QuerySubsetOfKeys) {
