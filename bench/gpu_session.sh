@@ -17,6 +17,7 @@
 #   bash bench/gpu_session.sh tests         # ./build-cuda/tests/cuda_tests: $OUT/cuda_tests.json, .log
 #   bash bench/gpu_session.sh lmax [GIB,..] # forward_bench --lmax (24,40,80): $OUT/lmax.json, .log
 #   bash bench/gpu_session.sh cache         # tessera bench, llada-8b: KV cache none / prefix / dual
+#   bash bench/gpu_session.sh sparse        # tessera bench, llada-8b at 16k: SparseD vs dense attention
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -180,6 +181,16 @@ run_cache() {
   return "$rc"
 }
 
+run_sparse() {
+  local rc=0
+  echo "== tessera bench llada-8b, prompt 16320, gen 64, 32 steps: SparseD (timeout ${1}s)"
+  timeout "$1" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 16320 \
+    --gen-length 64 --block-length 64 --steps 32 --compare sparse-rho=0.3,sparse-block=128 \
+    --compare sparse-rho=0.1,sparse-block=128 --json "$OUT/sparse.json" 2>&1 | tee "$OUT/sparse.log" || rc=$?
+  echo "== tessera bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
+  return "$rc"
+}
+
 stage=${1:-all}
 case $stage in
   pack) pack ;;
@@ -202,5 +213,9 @@ case $stage in
     prepare
     run_cache "${CACHE_TIMEOUT:-570}"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache" ;;
+  sparse)
+    prepare
+    run_sparse "${SPARSE_TIMEOUT:-570}"
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse" ;;
 esac

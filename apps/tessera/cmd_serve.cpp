@@ -387,7 +387,10 @@ class Server {
             {{{"index", 0}, {"text", out.text}, {"logprobs", nullptr}, {"finish_reason", reason}}});
       }
       j["usage"] = usage(ids.size(), out.result.tokens.size());
-      j["tessera"] = {{"steps", out.result.steps_run}, {"seconds", out.seconds}, {"cache", o.cache}};
+      j["tessera"] = {{"steps", out.result.steps_run},
+                      {"seconds", out.seconds},
+                      {"cache", o.cache},
+                      {"sparse", o.sparse}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }

@@ -127,6 +127,14 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   EXPECT_EQ(json::parse(cev[0])["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(json::parse(cev[0])["object"], "chat.completion.chunk");
 
+  // SparseD as a tessera option: keeping every tile gives the exact completion.
+  json sparse = req;
+  sparse["sparse_rho"] = 1.0;
+  sparse["sparse_block"] = 4;
+  const json sp = post(c, "/v1/completions", sparse.dump(), 200);
+  EXPECT_EQ(sp["choices"][0]["text"], want["text"]);
+  EXPECT_EQ(sp["tessera"]["sparse"], true);
+
   // Bad requests: 4xx, an error object naming the problem; the server still answers afterwards.
   const std::pair<std::string, std::string> bad[] = {
       {R"({"prompt": "x", "bogus": 1})", "unknown field 'bogus'"},
@@ -140,6 +148,9 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "stop": ["\n"]})", "'stop' sequences are not supported"},
       {R"({"prompt": "x", "cache": "lru"})", "unknown KV cache 'lru'"},
       {R"({"prompt": "x", "seed": -1})", "'seed' must be >= 0"},
+      {R"({"prompt": "x", "sparse": 1})", "'sparse' must be true or false"},
+      {R"({"prompt": "x", "sparse_rho": 2})", "sparse-rho must be in [0, 1]"},
+      {R"({"prompt": "x", "sparse": true, "cache": "dual"})", "cannot be combined with a KV cache"},
       {R"({"prompt": 7})", "'prompt' must be a string"},
       {R"({"messages": []})", "'messages' must be a non-empty array"},
   };
