@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 
 namespace tessera::test {
 
@@ -61,6 +62,15 @@ int run_command(const std::string& cmd, std::string* out) {
   int rc = pclose(f);
   if (out != nullptr) *out = s;
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void expect_error(const std::function<void()>& f, const std::string& want) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << want;
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
+  }
 }
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale) {

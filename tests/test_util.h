@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ std::string python();
 std::filesystem::path temp_dir(const std::string& name);
 // Runs a shell command; returns its exit code and fills *out with stdout+stderr.
 int run_command(const std::string& cmd, std::string* out);
+// Expects f() to throw tessera::Error whose message contains `want`.
+void expect_error(const std::function<void()>& f, const std::string& want);
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
 // max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
 double rel_error(const float* a, const float* b, size_t n);
@@ -27,6 +30,14 @@ double rel_error(const float* a, const float* b, size_t n);
 struct SparseSelection {
   std::vector<uint8_t> mask, clear;
   int64_t n_qb = 0, n_kb = 0;
+};
+// One shape of the sparse_select tests (CPU and CUDA).
+struct SparseSelectCase {
+  int hq, hkv, d;
+  int64_t mq, mk;
+  int block;
+  float rho;
+  int64_t prompt;
 };
 SparseSelection sparse_select_reference(const std::vector<float>& q, const std::vector<float>& k, int64_t mq,
                                         int64_t mk, int hq, int hkv, int d, float scale, int block, float rho,

@@ -47,6 +47,9 @@ struct SparseSelectParams {
   float rho = 0.5f;           // kept fraction of each key set, in [0, 1]
   int64_t n_prompt_keys = 0;  // keys [0, n_prompt_keys) are the prompt
 };
+// The argument checks every backend's sparse_select makes (throws Error; defined beside the CPU kernel).
+void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                         const SparseSelectParams& p);
 // Tiles kept per key set of n blocks: floor(n * rho) + 1, at most n (0 for an empty set).
 inline int64_t sparse_keep(int64_t n, float rho) {
   if (n <= 0) return 0;

@@ -443,13 +443,7 @@ TEST_F(CudaTest, TokenLogprobMatchesCpu) {
 // block selects the same tiles; shapes include GQA, a prompt boundary inside a block, partial blocks,
 // head dims 64 / 128, and a canvas whose key blocks exceed the default 48 KiB of shared memory.
 TEST_F(CudaTest, SparseSelectMatchesReference) {
-  struct Case {
-    int hq, hkv, d;
-    int64_t mq, mk;
-    int block;
-    float rho;
-    int64_t prompt;
-  };
+  using Case = test::SparseSelectCase;
   for (const Case& c : {Case{4, 2, 64, 300, 300, 32, 0.3f, 150}, Case{2, 1, 128, 257, 257, 64, 0.5f, 64},
                         Case{2, 2, 32, 100, 100, 16, 0.0f, 0}, Case{1, 1, 64, 64, 16000, 1, 0.3f, 9000}}) {
     SCOPED_TRACE("hq " + std::to_string(c.hq) + " mk " + std::to_string(c.mk));

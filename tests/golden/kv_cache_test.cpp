@@ -18,18 +18,10 @@ namespace tessera {
 namespace {
 
 using test::all_positions;
+using test::expect_error;
 using test::random_canvas;
 
 constexpr const char* kFamilies[] = {"llada", "dream", "llada_moe", "llada2"};
-
-void expect_error(const std::function<void()>& f, const std::string& want) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << want;
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
-  }
-}
 
 TEST(KvCache, WholeCanvasStepEqualsTheUncachedForward) {
   for (const char* fam : kFamilies) {

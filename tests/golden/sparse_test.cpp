@@ -18,6 +18,7 @@ namespace tessera {
 namespace {
 
 using test::all_positions;
+using test::expect_error;
 using test::random_canvas;
 
 std::vector<uint8_t> read_bytes(const std::filesystem::path& p, size_t n) {
@@ -26,15 +27,6 @@ std::vector<uint8_t> read_bytes(const std::filesystem::path& p, size_t n) {
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n));
   EXPECT_EQ(static_cast<size_t>(f.gcount()), n) << p;
   return v;
-}
-
-void expect_error(const std::function<void()>& f, const std::string& want) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << want;
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
-  }
 }
 
 TEST(SparseD, PatternsAndSparseStepMatchTheNumpyReference) {

@@ -41,7 +41,8 @@ std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& 
           if (c.sparse_block > 0) {
             const int64_t nqb = (nq + c.sparse_block - 1) / c.sparse_block,
                           nkb = (c.cu_k.back() + c.sparse_block - 1) / c.sparse_block;
-            if (!c.tiles[static_cast<size_t>((h * nqb + i / c.sparse_block) * nkb + j / c.sparse_block)]) continue;
+            if (!c.tiles[static_cast<size_t>((h * nqb + i / c.sparse_block) * nkb + j / c.sparse_block)])
+              continue;
           }
           double dot = 0;
           for (int t = 0; t < c.d; ++t) {
@@ -86,7 +87,8 @@ void check_attention(AttnCase c, uint64_t seed) {
   p.q_pos = c.q_pos.data();
   p.k_pos = c.k_pos.data();
   if (c.sparse_block > 0) {
-    const int64_t nqb = (nq + c.sparse_block - 1) / c.sparse_block, nkb = (nk + c.sparse_block - 1) / c.sparse_block;
+    const int64_t nqb = (nq + c.sparse_block - 1) / c.sparse_block,
+                  nkb = (nk + c.sparse_block - 1) / c.sparse_block;
     c.tiles.resize(static_cast<size_t>(c.hq * nqb * nkb));
     for (size_t i = 0; i < c.tiles.size(); ++i) c.tiles[i] = rng_mix(seed * 1000 + i) % 3 == 0 ? 1 : 0;
     c.tiles[0] = 0;
@@ -292,13 +294,7 @@ TEST(CpuOps, ScatterRowsHandComputed) {
 // last blocks, several rho values; and the kept count per set is exactly sparse_keep.
 TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {
   auto be = make_cpu_backend();
-  struct Case {
-    int hq, hkv, d;
-    int64_t mq, mk;
-    int block;
-    float rho;
-    int64_t prompt;
-  };
+  using Case = test::SparseSelectCase;
   for (const Case& c : {Case{4, 2, 32, 100, 100, 16, 0.3f, 37}, Case{2, 2, 64, 64, 64, 32, 0.5f, 64},
                         Case{4, 1, 16, 70, 70, 8, 0.0f, 0}, Case{2, 2, 16, 40, 40, 8, 1.0f, 17},
                         Case{3, 3, 48, 129, 129, 32, 0.3f, 100}}) {

@@ -283,12 +283,12 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
 
 }  // namespace tessera::cpu
 
-namespace tessera::cpu {
+namespace tessera {
 
-void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
-                   const SparseSelectParams& p, uint8_t* mask) {
-  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select (cpu): q and k must be f32");
-  TESSERA_CHECK(head_dim <= kMaxD, "sparse_select: head_dim above 256 is not supported");
+void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                         const SparseSelectParams& p) {
+  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select: q and k must be f32");
+  TESSERA_CHECK(head_dim <= 256, "sparse_select: head_dim above 256 is not supported");
   TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "sparse_select: n_heads must be a multiple of n_kv_heads");
   TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
@@ -297,6 +297,15 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
   TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
   TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
                 "sparse_select: n_prompt_keys must be in [0, key rows]");
+}
+
+}  // namespace tessera
+
+namespace tessera::cpu {
+
+void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
+                   const SparseSelectParams& p, uint8_t* mask) {
+  check_sparse_select(q, k, n_heads, n_kv_heads, head_dim, p);
   const int64_t B = p.block, Mq = q.rows(), Mk = k.rows();
   const int64_t n_qb = (Mq + B - 1) / B, n_kb = (Mk + B - 1) / B;
   const int64_t g = p.n_prompt_keys / B;

@@ -650,16 +650,7 @@ __global__ void __launch_bounds__(kSelThreads) sparse_select_kernel(SelArgs a) {
 
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
                    const SparseSelectParams& p, uint8_t* mask, cudaStream_t s) {
-  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select (cuda): q and k must be f32");
-  TESSERA_CHECK(head_dim <= 256, "sparse_select: head_dim above 256 is not supported");
-  TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
-                "sparse_select: n_heads must be a multiple of n_kv_heads");
-  TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
-                "sparse_select: q/k widths do not match the head counts");
-  TESSERA_CHECK(p.block > 0, "sparse_select: block must be > 0");
-  TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
-  TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
-                "sparse_select: n_prompt_keys must be in [0, key rows]");
+  check_sparse_select(q, k, n_heads, n_kv_heads, head_dim, p);
   SelArgs a{};
   a.q = q.as<const float>();
   a.k = k.as<const float>();
