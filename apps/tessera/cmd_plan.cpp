@@ -30,6 +30,7 @@ struct PlanArgs {
   double mask_ratio = 0.5;
   bool json = false;
   bool cache = false;  // a KV cache (--cache prefix|dual) is held for the request
+  int64_t sparse = 0;  // > 0: SparseD patterns with tiles of this many positions are held
 };
 
 // One planned step with its figures.
@@ -230,7 +231,11 @@ int run_plan(const PlanArgs& a) {
   const size_t per_token =
       a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
   const size_t kv = per_token * static_cast<size_t>(a.context);
-  const size_t act_budget = budget > weights + kv ? budget - weights - kv : 0;
+  const auto patterns = [&](int64_t L) {
+    return a.sparse > 0 ? static_cast<size_t>(c.sparse_pattern_bytes(L, a.sparse)) : size_t{0};
+  };
+  const size_t held = kv + patterns(a.context);
+  const size_t act_budget = budget > weights + held ? budget - weights - held : 0;
   const graph::StepShape s = memory::step_shape(a.context, a.mask_ratio);
 
   const Planned unchunked = plan_step(g, s, 1, 1);
@@ -240,7 +245,11 @@ int run_plan(const PlanArgs& a) {
   int64_t l_max = -1;
   if (budget > 0) {
     choice = memory::choose_chunks(g, s, act_budget);
-    l_max = budget > weights ? memory::largest_context(g, a.mask_ratio, budget - weights, per_token) : 0;
+    l_max = budget > weights
+                ? memory::largest_context(
+                      g, a.mask_ratio, budget - weights,
+                      [&](int64_t L) { return static_cast<size_t>(L) * per_token + patterns(L); })
+                : 0;
   }
   const Planned chosen = plan_step(g, s, choice.k_ffn, choice.k_logits);
   const std::string dtype = std::string(dtype_name(act));
@@ -266,7 +275,8 @@ int run_plan(const PlanArgs& a) {
               {"unchunked", stats_json(unchunked)},
               {"chosen", stats_json(chosen)},
               {"floor_bytes", floor},
-              {"kv_cache_bytes", kv}};
+              {"kv_cache_bytes", kv},
+              {"sparse_pattern_bytes", patterns(a.context)}};
     if (budget > 0) {
       j["budget_bytes"] = budget;
       j["activation_budget_bytes"] = act_budget;
@@ -289,10 +299,14 @@ int run_plan(const PlanArgs& a) {
     std::printf("KV cache %s (--cache: K and V of every layer, %s, for the whole canvas)\n",
                 hb(static_cast<double>(kv)).c_str(), dtype.c_str());
   }
+  if (a.sparse > 0) {
+    std::printf("SparseD patterns %s (--sparse-block %lld: one byte per layer, head and tile)\n",
+                hb(static_cast<double>(patterns(a.context))).c_str(), static_cast<long long>(a.sparse));
+  }
   if (budget > 0) {
     std::printf("budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),
                 hb(static_cast<double>(act_budget)).c_str(),
-                a.cache ? " (after the weights and the KV cache)" : "");
+                held > 0 ? " (after the weights and the memory held for the request)" : "");
   }
   char col[64];
   std::snprintf(col, sizeof col, "lazy (K_ffn %lld, K_logits %lld)", static_cast<long long>(choice.k_ffn),
@@ -328,8 +342,8 @@ int run_plan(const PlanArgs& a) {
     std::printf(
         "%-22s DOES NOT FIT: %s\n", "verdict",
         act_budget == 0
-            ? (a.cache ? "the weights and the KV cache exceed the budget"
-                       : "the weights alone exceed the budget")
+            ? (held > 0 ? "the weights and the memory held for the request exceed the budget"
+                        : "the weights alone exceed the budget")
             : ("the floor " + hb(static_cast<double>(floor)) + " exceeds the activation budget").c_str());
   }
   std::printf("%-22s %lld tokens at mask ratio %.2f\n", "L_max (this budget)", static_cast<long long>(l_max),
@@ -357,6 +371,10 @@ void add_plan(CLI::App& app, Registry& reg) {
   sub->add_flag("--json", a->json, "print one JSON object");
   sub->add_flag("--cache", a->cache,
                 "a KV cache (generate --cache prefix|dual) is held: count it in the budget");
+  sub->add_option(
+         "--sparse-block", a->sparse,
+         "SparseD patterns (generate --sparse) with tiles of this many positions are held: count them")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--svg", a->svg, "write the memory timeline of the chosen plan to FILE (SVG)");
   reg.handlers.emplace_back(sub, [a] {
     if (a->model.empty() && a->geometry.empty()) fail("plan: give -m DIR or --geometry NAME");

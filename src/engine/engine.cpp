@@ -237,10 +237,16 @@ void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode) {
 void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor) {
   const double ratio =
       shape.n_query > 0 ? static_cast<double>(shape.n_logits) / static_cast<double>(shape.n_query) : 0;
-  // A KV cache held for the request grows with the context too.
+  // A KV cache and SparseD patterns held for the request grow with the context too.
   const size_t per_token = kv_capacity_ > 0 ? kv_bytes_ / static_cast<size_t>(kv_capacity_) : 0;
-  const size_t budget = per_token > 0 ? activation_budget() + kv_bytes_ : activation_budget();
-  const int64_t l_max = memory::largest_context(model_->graph(mode), ratio, budget, per_token);
+  const int64_t sparse_block = sparse_on_ ? sparse_exec_.p.block : 0;
+  const size_t budget =
+      activation_budget() + (per_token > 0 ? kv_bytes_ : 0) + (sparse_on_ ? sparse_bytes_ : 0);
+  const ModelConfig& cfg = model_->config();
+  const int64_t l_max = memory::largest_context(model_->graph(mode), ratio, budget, [&](int64_t L) {
+    return static_cast<size_t>(L) * per_token +
+           (sparse_block > 0 ? static_cast<size_t>(cfg.sparse_pattern_bytes(L, sparse_block)) : 0);
+  });
   char r[32];
   std::snprintf(r, sizeof r, "%.3g", ratio);
   const auto gib = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };
@@ -424,9 +430,8 @@ void Engine::sparse_begin(int64_t canvas_len, const SparseConfig& c) {
                     " positions");
   TESSERA_CHECK(c.prompt_len >= 0 && c.prompt_len <= canvas_len,
                 "sparse attention: the prompt length must lie in [0, canvas length]");
-  const int64_t nb = (canvas_len + c.block - 1) / c.block;
-  const size_t layer = static_cast<size_t>(cfg.n_heads * nb * nb);
-  const size_t bytes = layer * static_cast<size_t>(cfg.n_layers);
+  const auto bytes = static_cast<size_t>(cfg.sparse_pattern_bytes(canvas_len, c.block));
+  const size_t layer = bytes / static_cast<size_t>(cfg.n_layers);
   if (bytes > sparse_bytes_) {
     if (opt_.memory_budget > 0 && model_->weight_bytes() + kv_bytes_ + bytes >= opt_.memory_budget) {
       fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +

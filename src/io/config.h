@@ -61,6 +61,12 @@ struct ModelConfig {
   int64_t kv_cache_bytes_per_token(int64_t elem_bytes) const {
     return 2 * elem_bytes * n_layers * n_kv_heads * head_dim;
   }
+  // Bytes of the SparseD patterns (--sparse) of a canvas of L positions with tiles of `block`: one per
+  // (layer, head, query block, key block).
+  int64_t sparse_pattern_bytes(int64_t L, int64_t block) const {
+    const int64_t nb = (L + block - 1) / block;
+    return n_layers * n_heads * nb * nb;
+  }
   // The parameters one token uses: as param_count() but only top_k of the routed experts per
   // MoE layer (the router, the shared expert, embeddings and LM head count in full).
   int64_t active_param_count() const;

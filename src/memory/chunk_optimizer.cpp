@@ -185,11 +185,10 @@ int64_t largest_fitting(const std::function<bool(int64_t)>& fits, int64_t hi) {
 }
 
 int64_t largest_context(const graph::GraphTemplate& g, double mask_ratio, size_t activation_budget,
-                        size_t bytes_per_token) {
+                        const std::function<size_t(int64_t)>& held) {
   return largest_fitting([&](int64_t L) {
-    const size_t cache = static_cast<size_t>(L) * bytes_per_token;
-    return cache <= activation_budget &&
-           chunk_floor(g, step_shape(L, mask_ratio)) <= activation_budget - cache;
+    const size_t h = held ? held(L) : 0;
+    return h <= activation_budget && chunk_floor(g, step_shape(L, mask_ratio)) <= activation_budget - h;
   });
 }
 

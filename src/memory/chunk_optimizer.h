@@ -63,10 +63,10 @@ graph::StepShape step_shape(int64_t context, double mask_ratio);
 // (0 when fits(1) is false). Doubling, then bisection: about 2 log2(L) calls.
 int64_t largest_fitting(const std::function<bool(int64_t)>& fits, int64_t hi = int64_t{1} << 26);
 // L_max: the largest context whose non-chunkable floor fits `activation_budget` at this mask ratio
-// (what the lazy chunking optimizer can reach); with bytes_per_token > 0 (a KV cache held for the
-// request) the floor plus L x bytes_per_token must fit.
+// (what the lazy chunking optimizer can reach). held(L), when given, is the memory a request of context
+// L holds besides its plan (a KV cache, SparseD patterns; non-decreasing in L): floor + held(L) must fit.
 int64_t largest_context(const graph::GraphTemplate& g, double mask_ratio, size_t activation_budget,
-                        size_t bytes_per_token = 0);
+                        const std::function<size_t(int64_t)>& held = {});
 
 // Memory sizes: "24GiB", "512 MiB", "1.5GB", "4096" (bytes). Units (case-insensitive): B; KB, MB,
 // GB, TB (powers of 1000); KiB, MiB, GiB, TiB and K, M, G, T (powers of 1024). Throws Error with

@@ -54,6 +54,7 @@ TEST(SparseD, PatternsAndSparseStepMatchTheNumpyReference) {
     const std::vector<uint8_t> pats = e->sparse_patterns();
     ASSERT_EQ(pats.size(), static_cast<size_t>(c.n_layers * c.n_heads * nb * nb)) << fam;
     EXPECT_EQ(e->sparse_bytes(), pats.size());
+    EXPECT_EQ(static_cast<int64_t>(pats.size()), c.sparse_pattern_bytes(n, sc.block));
 
     // The numpy selection from the same forward.
     const auto tmp = test::temp_dir(std::string("sparse_") + fam);
@@ -169,6 +170,27 @@ TEST(SparseD, MisuseFailsClearly) {
   TESSERA_TINY_OR_SKIP(dir2, "llada2", "--seed 7");
   auto l2 = Engine::load(dir2);
   expect_error([&] { l2->sparse_begin(40, SparseConfig{}); }, "sparse attention needs a bidirectional model");
+}
+
+// tessera plan counts the patterns (quadratic in the context) in the budget and in L_max.
+TEST(SparseD, PlanCountsThePatterns) {
+  const std::string base = std::string(TESSERA_BINARY) +
+                           " plan --geometry llada-8b --context 65536 --mask-ratio 0.5 --budget 40GiB --json";
+  std::string out;
+  ASSERT_EQ(test::run_command(base + " 2>&1", &out), 0) << out;
+  const auto dense = nlohmann::json::parse(out);
+  EXPECT_EQ(dense["sparse_pattern_bytes"], 0);
+  int64_t prev = dense["l_max"].get<int64_t>();
+  for (const int block : {128, 32}) {
+    ASSERT_EQ(test::run_command(base + " --sparse-block " + std::to_string(block) + " 2>&1", &out), 0) << out;
+    const auto j = nlohmann::json::parse(out);
+    const int64_t nb = 65536 / block;
+    EXPECT_EQ(j["sparse_pattern_bytes"].get<int64_t>(), 32 * 32 * nb * nb) << block;  // LLaDA-8B: 32 x 32 heads
+    EXPECT_EQ(j["activation_budget_bytes"].get<int64_t>() + j["sparse_pattern_bytes"].get<int64_t>(),
+              dense["activation_budget_bytes"].get<int64_t>());
+    EXPECT_LT(j["l_max"].get<int64_t>(), prev) << block;
+    prev = j["l_max"].get<int64_t>();
+  }
 }
 
 TEST(SparseD, CliGeneratesSparse) {

@@ -235,11 +235,19 @@ TEST(ChunkOptimizer, LargestContextCountsAKvCachePerToken) {
   const graph::GraphTemplate g = toy_graph("llada-8b");
   const size_t budget = chunk_floor(g, step_shape(5000, 0.3)) + 12345, per_token = 4096;
   const int64_t plain = largest_context(g, 0.3, budget);
-  const int64_t L = largest_context(g, 0.3, budget, per_token);
+  const auto cache = [&](int64_t n) { return static_cast<size_t>(n) * per_token; };
+  const int64_t L = largest_context(g, 0.3, budget, cache);
   EXPECT_LT(L, plain);
   EXPECT_LE(chunk_floor(g, step_shape(L, 0.3)) + static_cast<size_t>(L) * per_token, budget);
   EXPECT_GT(chunk_floor(g, step_shape(L + 1, 0.3)) + static_cast<size_t>(L + 1) * per_token, budget);
-  EXPECT_EQ(largest_context(g, 0.3, 1000, 4096), 0);  // not even one token's cache fits
+  EXPECT_EQ(largest_context(g, 0.3, 1000, [](int64_t n) { return static_cast<size_t>(n) * 4096; }),
+            0);  // not even one token's cache fits
+  // Memory quadratic in L (SparseD patterns): the same rule.
+  const auto quad = [](int64_t n) { return static_cast<size_t>(n * n); };
+  const int64_t Q = largest_context(g, 0.3, budget, quad);
+  EXPECT_LT(Q, plain);
+  EXPECT_LE(chunk_floor(g, step_shape(Q, 0.3)) + quad(Q), budget);
+  EXPECT_GT(chunk_floor(g, step_shape(Q + 1, 0.3)) + quad(Q + 1), budget);
 }
 
 TEST(ChunkOptimizer, StepShapeRoundsMaskedUp) {
