@@ -185,7 +185,8 @@ TEST(SparseD, PlanCountsThePatterns) {
     ASSERT_EQ(test::run_command(base + " --sparse-block " + std::to_string(block) + " 2>&1", &out), 0) << out;
     const auto j = nlohmann::json::parse(out);
     const int64_t nb = 65536 / block;
-    EXPECT_EQ(j["sparse_pattern_bytes"].get<int64_t>(), 32 * 32 * nb * nb) << block;  // LLaDA-8B: 32 x 32 heads
+    EXPECT_EQ(j["sparse_pattern_bytes"].get<int64_t>(), 32 * 32 * nb * nb)
+        << block;  // LLaDA-8B: 32 x 32 heads
     EXPECT_EQ(j["activation_budget_bytes"].get<int64_t>() + j["sparse_pattern_bytes"].get<int64_t>(),
               dense["activation_budget_bytes"].get<int64_t>());
     EXPECT_LT(j["l_max"].get<int64_t>(), prev) << block;
