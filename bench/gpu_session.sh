@@ -171,22 +171,13 @@ run_lmax() {
   return "$rc"
 }
 
-run_cache() {
-  local rc=0
-  echo "== tessera bench llada-8b, prompt 4096, gen 256, blocks of 32 (timeout ${1}s)"
-  timeout "$1" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 4096 \
-    --gen-length 256 --block-length 32 --compare cache=prefix --compare cache=dual --json "$OUT/cache.json" 2>&1 |
-    tee "$OUT/cache.log" || rc=$?
-  echo "== tessera bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
-  return "$rc"
-}
-
-run_sparse() {
-  local rc=0
-  echo "== tessera bench llada-8b, prompt 16320, gen 64, 32 steps: SparseD (timeout ${1}s)"
-  timeout "$1" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 16320 \
-    --gen-length 64 --block-length 64 --steps 32 --compare sparse-rho=0.3,sparse-block=128 \
-    --compare sparse-rho=0.1,sparse-block=128 --json "$OUT/sparse.json" 2>&1 | tee "$OUT/sparse.log" || rc=$?
+# tessera bench at llada-8b size on the GPU: run_bench NAME TIMEOUT OPTIONS... writes $OUT/NAME.json / .log.
+run_bench() {
+  local name=$1 limit=$2 rc=0
+  shift 2
+  echo "== tessera bench llada-8b $* (timeout ${limit}s)"
+  timeout "$limit" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda "$@" \
+    --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || rc=$?
   echo "== tessera bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
   return "$rc"
 }
@@ -211,11 +202,13 @@ case $stage in
     ;;
   cache)
     prepare
-    run_cache "${CACHE_TIMEOUT:-570}"
+    run_bench cache "${CACHE_TIMEOUT:-570}" --prompt-len 4096 --gen-length 256 --block-length 32 \
+      --compare cache=prefix --compare cache=dual
     ;;
   sparse)
     prepare
-    run_sparse "${SPARSE_TIMEOUT:-570}"
+    run_bench sparse "${SPARSE_TIMEOUT:-570}" --prompt-len 16320 --gen-length 64 --block-length 64 --steps 32 \
+      --compare sparse-rho=0.3,sparse-block=128 --compare sparse-rho=0.1,sparse-block=128
     ;;
   *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse" ;;
 esac

@@ -317,6 +317,25 @@ void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> po
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }
 
+void Engine::grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what) {
+  const size_t others = kv_bytes_ + sparse_bytes_ - held;  // what the request holds besides this buffer
+  if (opt_.memory_budget > 0 && model_->weight_bytes() + others + bytes >= opt_.memory_budget) {
+    fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+         " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+         ")" +
+         (others > 0 ? " and what the request already holds (" +
+                           memory::format_bytes(static_cast<double>(others)) + ")"
+                     : std::string()) +
+         " plus " + what);
+  }
+  if (buf != nullptr) backend_->free_weights(buf);
+  buf = nullptr;
+  held = 0;
+  buf = backend_->alloc_weights(bytes);
+  held = bytes;
+  if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank
+}
+
 void Engine::kv_cache_reset(int64_t capacity) {
   const ModelConfig& cfg = model_->config();
   TESSERA_CHECK(capacity > 0 && capacity <= cfg.max_positions,
@@ -329,21 +348,12 @@ void Engine::kv_cache_reset(int64_t capacity) {
         row_bytes += static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
     }
     const size_t bytes = row_bytes * static_cast<size_t>(capacity);
-    if (opt_.memory_budget > 0 && model_->weight_bytes() + bytes >= opt_.memory_budget) {
-      fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
-           " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
-           ") plus a KV cache of " + std::to_string(capacity) + " positions (" +
-           memory::format_bytes(static_cast<double>(bytes)) +
-           ", K and V of every layer in the compute dtype)");
-    }
-    if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
-    kv_buf_ = nullptr;
-    kv_bytes_ = 0;
     kv_capacity_ = 0;
-    kv_buf_ = backend_->alloc_weights(bytes);
-    kv_bytes_ = bytes;
+    grow_held(kv_buf_, kv_bytes_, bytes,
+              "a KV cache of " + std::to_string(capacity) + " positions (" +
+                  memory::format_bytes(static_cast<double>(bytes)) +
+                  ", K and V of every layer in the compute dtype)");
     kv_capacity_ = capacity;
-    if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank by the cache
   }
   kv_written_.assign(static_cast<size_t>(kv_capacity_), 0);
 }
@@ -431,27 +441,16 @@ void Engine::sparse_begin(int64_t canvas_len, const SparseConfig& c) {
   TESSERA_CHECK(c.prompt_len >= 0 && c.prompt_len <= canvas_len,
                 "sparse attention: the prompt length must lie in [0, canvas length]");
   const auto bytes = static_cast<size_t>(cfg.sparse_pattern_bytes(canvas_len, c.block));
-  const size_t layer = bytes / static_cast<size_t>(cfg.n_layers);
   if (bytes > sparse_bytes_) {
-    if (opt_.memory_budget > 0 && model_->weight_bytes() + kv_bytes_ + bytes >= opt_.memory_budget) {
-      fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
-           " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
-           ") plus the sparse attention patterns of a " + std::to_string(canvas_len) + "-position canvas (" +
-           memory::format_bytes(static_cast<double>(bytes)) + " at sparse block " + std::to_string(c.block) +
-           "; a larger block needs fewer)");
-    }
-    if (sparse_buf_ != nullptr) backend_->free_weights(sparse_buf_);
-    sparse_buf_ = nullptr;
-    sparse_bytes_ = 0;
-    sparse_buf_ = backend_->alloc_weights(bytes);
-    sparse_bytes_ = bytes;
-    if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank by the patterns
+    grow_held(sparse_buf_, sparse_bytes_, bytes,
+              "the sparse attention patterns of a " + std::to_string(canvas_len) + "-position canvas (" +
+                  memory::format_bytes(static_cast<double>(bytes)) + " at sparse block " +
+                  std::to_string(c.block) + "; a larger block needs fewer)");
   }
-  sparse_used_ = bytes;
   sparse_canvas_ = canvas_len;
   sparse_exec_ = SparseExec{};
   sparse_exec_.patterns = static_cast<uint8_t*>(sparse_buf_);
-  sparse_exec_.layer_bytes = layer;
+  sparse_exec_.layer_bytes = bytes / static_cast<size_t>(cfg.n_layers);
   sparse_exec_.p.block = c.block;
   sparse_exec_.p.rho = c.rho;
   sparse_exec_.p.n_prompt_keys = c.prompt_len;
@@ -468,7 +467,8 @@ void Engine::sparse_phase(SparsePhase p) {
 }
 
 std::vector<uint8_t> Engine::sparse_patterns() const {
-  std::vector<uint8_t> v(sparse_ready_ ? sparse_used_ : 0);
+  std::vector<uint8_t> v(
+      sparse_ready_ ? sparse_exec_.layer_bytes * static_cast<size_t>(model_->config().n_layers) : 0);
   if (!v.empty()) {
     backend_->synchronize();
     backend_->copy_to_host(v.data(), sparse_buf_, v.size());

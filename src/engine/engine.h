@@ -144,6 +144,10 @@ class Engine final : public Denoiser {
   void check_token(int32_t t) const;
   [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
   void check_weights_fit() const;
+  // Grows a buffer held across steps (KV cache, SparseD patterns; `held` is its byte count) to `bytes`,
+  // outside the plan: with a memory budget the weights plus everything held must stay below it, else
+  // fails naming `what`. Drops the cached plans (the activation budget shrank).
+  void grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what);
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
 
   // Ids of the step inputs and outputs in each mode's graph, looked up once.
@@ -182,7 +186,7 @@ class Engine final : public Denoiser {
   // sparse_bytes_ (kept across requests, grown when needed); sparse_ready_ once a Select forward of
   // this request has written them.
   void* sparse_buf_ = nullptr;
-  size_t sparse_bytes_ = 0, sparse_used_ = 0;
+  size_t sparse_bytes_ = 0;
   int64_t sparse_canvas_ = 0;
   bool sparse_on_ = false, sparse_ready_ = false;
   SparsePhase sparse_phase_ = SparsePhase::Dense;
