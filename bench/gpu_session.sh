@@ -7,7 +7,7 @@
 # Here, on the development machine (no GPU needed):
 #   bash bench/gpu_session.sh pack
 #     configures build-cuda (CUDA, sm_90, warnings as errors, benchmarks on, no -march=native: the GPU
-#     machine's processor may lack this one's instructions), builds cuda_tests, forward_bench and tessera
+#     machine's processor may lack this one's instructions), builds cuda_tests, forward_bench, moe_bench and tessera
 #     (-j${JOBS:-1}), and packs them with the shared libraries that machine lacks and
 #     shared/models/stories260K into
 #     build-cuda/gpu_pack/tessera-gpu.tar.xz (about 10 MB), checking that the pack and the working tree
@@ -18,6 +18,7 @@
 #   bash bench/gpu_session.sh lmax [GIB,..] # forward_bench --lmax (24,40,80): $OUT/lmax.json, .log
 #   bash bench/gpu_session.sh cache         # tessera bench, llada-8b: KV cache none / prefix / dual
 #   bash bench/gpu_session.sh sparse        # tessera bench, llada-8b at 16k: SparseD vs dense attention
+#   bash bench/gpu_session.sh des           # moe_bench: one MoE layer, vanilla vs DES-Seq / DES-Vote
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -44,17 +45,17 @@ pack() {
   command -v nvcc >/dev/null || die "nvcc is not installed (/usr/local/cuda/bin)"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BENCH=ON -DTESSERA_NATIVE=OFF >/dev/null
-  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench tessera
+  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench moe_bench tessera
   local stage
   stage=$(mktemp -d)
   chmod 755 "$stage"
   mkdir -p "$stage/tests" "$stage/bench" "$stage/gpu-libs"
   cp build-cuda/tests/cuda_tests "$stage/tests/"
-  cp build-cuda/bench/forward_bench "$stage/bench/"
+  cp build-cuda/bench/forward_bench build-cuda/bench/moe_bench "$stage/bench/"
   cp build-cuda/tessera "$stage/"
   # Shared libraries the binaries load, except glibc, the compiler's runtime and CUDA's (those are
   # there, and newer); the rest (oneDNN, PCRE2, utf8proc, libgomp, OpenCL) travels.
-  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
     sort -u | while read -r name path; do
     case $name in
       ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libstdc++.so* | libgcc_s.so*) ;;
@@ -210,5 +211,14 @@ case $stage in
     run_bench sparse "${SPARSE_TIMEOUT:-570}" --prompt-len 16320 --gen-length 64 --block-length 64 --steps 32 \
       --compare sparse-rho=0.3,sparse-block=128 --compare sparse-rho=0.1,sparse-block=128
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse" ;;
+  des)
+    prepare
+    rc=0
+    echo "== moe_bench --device cuda"
+    timeout "${DES_TIMEOUT:-300}" "${LINEBUF[@]}" ./build-cuda/bench/moe_bench --device cuda --reps 20 \
+      --json "$OUT/des.json" 2>&1 | tee "$OUT/des.log" || rc=$?
+    echo "== moe_bench exit $rc"
+    exit "$rc"
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des" ;;
 esac

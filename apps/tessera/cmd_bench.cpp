@@ -5,7 +5,8 @@
 // them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
 // speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows),
 // the largest planned activation peak, the KV cache held, and the share of generated tokens equal to
-// the baseline's. Generation never stops at EOS here, so every row produces the same number of tokens.
+// the baseline's; for MoE models the mean unique experts per MoE layer and forward, and with --profile
+// the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so every row produces the same number of tokens.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,7 @@ struct BenchArgs {
   std::string cache = "none";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1;
   float threshold = 0.0f;
+  bool profile = false;
   std::vector<std::string> compare;
 };
 
@@ -41,6 +43,8 @@ struct Row {
   double query_rows = 0;
   size_t activation_peak = 0, kv_cache = 0;
   double agreement = 1.0;
+  double experts = 0;      // MoE models: mean unique experts per (MoE layer, forward)
+  double moe_seconds = 0;  // --profile: time in the MoE router and expert FFN ops
   std::vector<int32_t> tokens;
 };
 
@@ -62,13 +66,19 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
   for (int rep = 0; rep < reps; ++rep) {
     double rows = 0;
     size_t peak = 0;
+    e.reset_op_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     GenerateResult res = generate(e, prompt, o, [&](const StepEvent&) {
       rows += static_cast<double>(e.last_step().shape.n_query);
       peak = std::max(peak, e.last_step().planned_peak);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep == 0 || s < r.seconds) r.seconds = s;
+    if (rep == 0 || s < r.seconds) {
+      r.seconds = s;
+      const auto& ops = e.op_seconds();
+      r.moe_seconds = ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
+    }
+    r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
     r.query_rows = rows;
     r.activation_peak = peak;
@@ -84,6 +94,7 @@ int run_bench(const BenchArgs& a) {
   EngineOptions eng;
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
+  eng.profile_ops = a.profile;
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
   std::vector<int32_t> prompt;
@@ -104,6 +115,8 @@ int run_bench(const BenchArgs& a) {
   base.threshold = a.threshold;
   base.cache = a.cache;
   base.stop_at_eos = false;
+  const bool moe = base_engine->supports_expert_sharing();
+  base.moe_stats = moe;  // unique experts per MoE layer in every row
   const bool block_causal = base_engine->attention_block() > 0;
   validate_generate_options(base, cfg.vocab, block_causal);
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), base, block_causal);
@@ -150,14 +163,20 @@ int run_bench(const BenchArgs& a) {
       base.alg.c_str(),
       base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
       base.cache.c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s\n", "option", "seconds", "tokens/s", "speed-up",
-              "steps", "query rows", "act. peak", "KV cache", "agreement");
+  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up", "steps",
+              "query rows", "act. peak", "KV cache", "agreement");
+  if (moe) std::printf(" %8s", "experts");
+  if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
+  std::printf("\n");
   const Row& r0 = rows.front();
   for (const Row& r : rows) {
-    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %12.0f %11s %10s %9.4f\n", r.label.c_str(), r.seconds,
+    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %12.0f %11s %10s %9.4f", r.label.c_str(), r.seconds,
                 a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows,
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
+    if (moe) std::printf(" %8.1f", r.experts);
+    if (a.profile) std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
+    std::printf("\n");
     comparisons.push_back({{"option", r.label},
                            {"seconds", r.seconds},
                            {"tokens_per_second", a.gen_length / r.seconds},
@@ -166,7 +185,9 @@ int run_bench(const BenchArgs& a) {
                            {"query_rows", r.query_rows},
                            {"activation_peak_bytes", r.activation_peak},
                            {"kv_cache_bytes", r.kv_cache},
-                           {"agreement", r.agreement}});
+                           {"agreement", r.agreement},
+                           {"experts_per_moe_layer", r.experts},
+                           {"moe_seconds", r.moe_seconds}});
   }
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
@@ -198,7 +219,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
   sub->add_option("--geometry", a->geometry,
                   "a real geometry with synthetic weights instead of a model: llada-8b, dream-7b, llada-mid, "
-                  "llada-moe-7b, llada2-mini");
+                  "llada-moe-7b, llada-moe-mid, llada2-mini, llada2-mid");
   sub->add_option("-p,--prompt", a->prompt, "prompt text (default: --prompt-len pseudo-random tokens)");
   sub->add_option("--prompt-len", a->prompt_len, "prompt tokens when no -p is given")
       ->check(CLI::PositiveNumber);
@@ -222,6 +243,9 @@ void add_bench(CLI::App& app, Registry& reg) {
       "options to compare with the baseline, e.g. \"cache=dual\" or \"threshold=0.9,cache=prefix\" "
       "(repeatable; keys as in tessera eval)");
   sub->add_option("--json", a->json_path, "write the results as JSON");
+  sub->add_flag("--profile", a->profile,
+                "time every op (synchronising the device after each) and report the MoE router + expert FFN "
+                "time per row");
   reg.handlers.emplace_back(sub, [a] { return run_bench(*a); });
 }
 

@@ -1,7 +1,7 @@
 // tessera eval: the fidelity harness (src/eval/fidelity.h) on a model's held-out text.
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
-// threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, precision, device,
+// threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device,
 // k-ffn, k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
@@ -35,8 +35,13 @@ struct EvalArgs {
 };
 
 json side_json(const eval::GenSide& s) {
-  return {{"agreement", s.agreement}, {"nll", s.nll},       {"reference_match", s.reference_match},
-          {"seconds", s.seconds},     {"tokens", s.tokens}, {"steps", s.steps}};
+  json j = {{"agreement", s.agreement}, {"nll", s.nll},       {"reference_match", s.reference_match},
+            {"seconds", s.seconds},     {"tokens", s.tokens}, {"steps", s.steps}};
+  if (s.experts > 0) {
+    j["experts_per_moe_layer"] = s.experts;
+    j["block_experts_per_moe_layer"] = s.experts_block;
+  }
+  return j;
 }
 
 int run_eval(const EvalArgs& a) {
@@ -104,13 +109,16 @@ int run_eval(const EvalArgs& a) {
         "block %d, %s\n",
         cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length, base.alg.c_str(),
         base.steps, base.block_length, a.precision.c_str());
-    std::printf("%-28s %10s %10s %10s %10s %8s\n", "option", "agreement", "NLL(exact)", "ref match",
-                "tokens/s", "steps");
+    const bool moe = exact->supports_expert_sharing();
+    std::printf("%-28s %10s %10s %10s %10s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
+                "tokens/s", "steps", moe ? "  experts (block)" : "");
     json gens = json::array();
-    auto print_row = [](const std::string& label, const eval::GenSide& s) {
-      std::printf("%-28s %10.4f %10.4f %10.4f %10.1f %8lld\n", label.c_str(), s.agreement, s.nll,
+    auto print_row = [moe](const std::string& label, const eval::GenSide& s) {
+      std::printf("%-28s %10.4f %10.4f %10.4f %10.1f %8lld", label.c_str(), s.agreement, s.nll,
                   s.reference_match, s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0,
                   static_cast<long long>(s.steps));
+      if (moe) std::printf("  %7.2f (%5.2f)", s.experts, s.experts_block);
+      std::printf("\n");
     };
     const eval::Generations ex = eval::generate_all(*exact, base, cases, seeds);
     const eval::GenSide ex_side = eval::score(*exact, ex, ex, cases, seeds.size(), a.gen_length);

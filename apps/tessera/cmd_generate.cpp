@@ -18,10 +18,16 @@ void print_stats(const Session::Output& o, Session& s, FILE* f) {
   const std::string kv = s.engine().kv_cache_bytes() > 0
                              ? ", KV cache " + human_bytes(static_cast<double>(s.engine().kv_cache_bytes()))
                              : "";
-  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s%s)]\n",
+  const MoeStats& m = s.engine().moe_stats();
+  char moe[96] = "";
+  if (m.layer_forwards > 0)
+    std::snprintf(moe, sizeof moe, " · %.1f of %lld experts per MoE layer%s", m.mean(m.unique),
+                  static_cast<long long>(s.config().moe.n_experts),
+                  s.options().des != "off" ? (" (DES-" + s.options().des + ")").c_str() : "");
+  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s%s)%s]\n",
                o.result.steps_run, o.result.tokens.size(), o.seconds, tps,
                human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
-               human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str(), kv.c_str());
+               human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str(), kv.c_str(), moe);
 }
 
 // One line of JSON. Generated text need not be valid UTF-8 (a byte-level model may stop inside a
@@ -31,7 +37,7 @@ std::string json_line(const nlohmann::json& j) {
 }
 
 nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
-  return {
+  nlohmann::json j = {
       {"model", s.model_dir()},
       {"text", o.text},
       {"tokens", o.result.tokens},
@@ -47,7 +53,18 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"alg", s.options().alg},
       {"cache", s.options().cache},
       {"sparse", s.options().sparse},
-      {"sparse_pattern_bytes", s.engine().sparse_bytes()}};
+      {"sparse_pattern_bytes", s.engine().sparse_bytes()},
+      {"des", s.options().des}};
+  const MoeStats& m = s.engine().moe_stats();
+  if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
+    j["moe"] = {{"n_experts", s.config().moe.n_experts},
+                {"top_k", s.config().moe.top_k},
+                {"unique_experts", m.mean(m.unique)},
+                {"unique_experts_block", m.mean(m.unique_voting)},
+                {"coreset", m.mean(m.coreset)},
+                {"des_scope", s.options().des_scope}};
+  }
+  return j;
 }
 
 }  // namespace

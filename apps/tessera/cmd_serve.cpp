@@ -229,6 +229,10 @@ class Server {
                                                 "sparse_block",
                                                 "sparse_rho",
                                                 "sparse_skip",
+                                                "des",
+                                                "des_k",
+                                                "des_beta",
+                                                "des_scope",
                                                 "cfg"};
     for (const auto& [k, v] : body.items()) {
       if (!known.count(k)) bad("unknown field '" + k + "'");
@@ -298,12 +302,27 @@ class Server {
       *dst = static_cast<float>(num_field(body, k));
       o.sparse = true;
     }
+    if (given(body, "des")) o.des = str_field(body, "des");
+    if (given(body, "des_k")) {
+      o.des_k = small_int("des_k");
+      if (!given(body, "des")) o.des = "seq";
+    }
+    if (given(body, "des_beta")) {
+      o.des_beta = static_cast<float>(num_field(body, "des_beta"));
+      if (!given(body, "des")) o.des = given(body, "des_k") ? "" : "vote";  // both: name the method
+    }
+    if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
+    if (o.des.empty()) bad("'des_k' (DES-Seq) and 'des_beta' (DES-Vote) choose different methods; give 'des'");
     if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
     try {
       validate_generate_options(o, session_.config().vocab, block_causal_);
     } catch (const Error& e) {
       bad(e.what());
     }
+    const MoeConfig& moe = session_.config().moe;
+    if (o.des != "off" && moe.n_experts == 0) bad("'des' needs a mixture-of-experts model; this one has no experts");
+    if (o.des == "seq" && (o.des_k < 1 || o.des_k > moe.top_k))
+      bad("'des_k' must be in [1, " + std::to_string(moe.top_k) + "] (the experts per token)");
     return o;
   }
 
@@ -390,7 +409,8 @@ class Server {
       j["tessera"] = {{"steps", out.result.steps_run},
                       {"seconds", out.seconds},
                       {"cache", o.cache},
-                      {"sparse", o.sparse}};
+                      {"sparse", o.sparse},
+                      {"des", o.des}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }

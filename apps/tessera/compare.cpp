@@ -46,6 +46,18 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "sparse-rho") {
         c.gen.sparse_rho = std::stof(v);
         c.gen.sparse = true;
+      } else if (k == "des") {
+        if (v != "off" && v != "seq" && v != "vote")
+          fail("--compare '" + spec + "': des must be off, seq or vote, got '" + v + "'");
+        c.gen.des = v;
+      } else if (k == "des-k") {
+        c.gen.des_k = std::stoi(v);
+        if (c.gen.des == "off") c.gen.des = "seq";
+      } else if (k == "des-beta") {
+        c.gen.des_beta = std::stof(v);
+        if (c.gen.des == "off") c.gen.des = "vote";
+      } else if (k == "des-scope") {
+        c.gen.des_scope = v;
       } else if (k == "sparse-skip") {
         c.gen.sparse_skip = std::stof(v);
         c.gen.sparse = true;
@@ -67,7 +79,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
-             "sparse-rho, sparse-skip, precision, device, k-ffn, k-logits, memory-budget)");
+             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

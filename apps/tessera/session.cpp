@@ -62,6 +62,19 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--sparse-skip", a.sparse_skip,
                   "SparseD fraction of the steps with exact attention (default 0.2; implies --sparse)")
       ->check(CLI::Range(0.0, 0.999));
+  sub->add_option("--des", a.des,
+                  "Dynamic Expert Sharing (MoE models): off, seq (union of each block token's first --des-k "
+                  "experts) or vote (the --des-beta share of the experts with the most router votes); "
+                  "approximate")
+      ->check(CLI::IsMember({"off", "seq", "vote"}));
+  sub->add_option("--des-k", a.des_k, "DES-Seq experts per token in the union (default 2; implies --des seq)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--des-beta", a.des_beta,
+                  "DES-Vote coreset size as a share of the experts (default 0.4; implies --des vote)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--des-scope", a.des_scope,
+                  "DES: block (only the block's tokens share the coreset; default) or all (every row)")
+      ->check(CLI::IsMember({"block", "all"}));
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -182,6 +195,17 @@ Session::Session(const SessionArgs& a) {
   gen_.sparse_block = a.sparse_block.value_or(gen_.sparse_block);
   gen_.sparse_rho = a.sparse_rho.value_or(gen_.sparse_rho);
   gen_.sparse_skip = a.sparse_skip.value_or(gen_.sparse_skip);
+  if (a.des) {
+    gen_.des = *a.des;
+  } else if (a.des_k && a.des_beta) {
+    fail("--des-k (DES-Seq) and --des-beta (DES-Vote) choose different methods; pass --des seq or --des vote");
+  } else if (a.des_k || a.des_beta) {
+    gen_.des = a.des_k ? "seq" : "vote";
+  }
+  gen_.des_k = a.des_k.value_or(gen_.des_k);
+  gen_.des_beta = a.des_beta.value_or(gen_.des_beta);
+  gen_.des_scope = a.des_scope;
+  gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
   for (const char* extra : {"<|eot_id|>", "<|im_end|>", "<|role_end|>"}) {

@@ -26,6 +26,10 @@ struct SessionArgs {
   bool sparse = false;         // SparseD; the three below turn it on too
   std::optional<int> sparse_block;
   std::optional<float> sparse_rho, sparse_skip;
+  std::optional<std::string> des;  // DES: off | seq | vote; --des-k implies seq, --des-beta vote
+  std::optional<int> des_k;
+  std::optional<float> des_beta;
+  std::string des_scope = "block";
   std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
   float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
   int top_k = 0;

@@ -62,6 +62,7 @@ inline size_t attn_kv_scratch_bytes(int64_t n_kv, int64_t kv_width) {
 // Mixture-of-experts routing (LLaDA-MoE: softmax, no renormalisation; LLaDA2: sigmoid + expert bias
 // for selection, groups, renormalised and scaled).
 enum class MoeScore : uint8_t { Softmax, Sigmoid };
+struct MoeShare;
 struct MoeRouteParams {
   MoeScore score = MoeScore::Softmax;
   int top_k = 1;
@@ -70,7 +71,38 @@ struct MoeRouteParams {
   int n_group = 1, topk_group = 1;     // grouped selection: keep the topk_group groups whose top-2
                                        // (biased) scores sum highest, then pick top_k inside them
   const float* expert_bias = nullptr;  // [E] f32 device memory or nullptr; selection only
+  const MoeShare* share = nullptr;     // Dynamic Expert Sharing for this call, or nullptr
 };
+
+// Dynamic Expert Sharing (DES, algorithms.md 4): the tokens decoded in parallel agree on a coreset C of
+// experts, and rows route inside it. Per layer and forward, a state of 5 * E f32 in backend memory
+// (zeroed by the caller before the forward) accumulates over the calls of that layer:
+//   [0, E)    votes V[e] = sum over voting rows n of s[n, e] * 1[e in TopK_n] (s the unbiased score,
+//             TopK_n the row's normal selection)
+//   [E, 2E)   seq[e] = voting rows with e among the first k of their TopK_n
+//   [2E, 3E)  hit[e] = 1 when some row of the forward was routed to e (after sharing)
+//   [3E, 4E)  hit_vote[e] = 1 when some voting row was routed to e
+//   [4E, 5E)  core[e] = 1 for e in C (written by every applying call)
+// C: Seq = {e : seq[e] > 0}; Vote = the m_core experts of highest V among V > 0 (ties to the lower id);
+// then, while |C| < top_k, the best remaining expert by (V, lower id) joins. No voting row in the
+// forward (V and seq all zero): C = every expert, routing is unchanged. Constrained routing of a share
+// row: ids = its top_k experts of C by selection score b (group limits do not apply inside C), weights
+// from s exactly as the model normalises them. Rows outside [share_lo, share_hi) route normally.
+enum class DesMode : uint8_t { Off, Seq, Vote };
+struct MoeShare {
+  DesMode mode = DesMode::Off;         // Off: routing unchanged, only hit / hit_vote are recorded
+  int k = 1;                           // Seq: experts per voting row that enter the union
+  int m_core = 1;                      // Vote: coreset size before the top_k floor
+  int64_t vote_lo = 0, vote_hi = 0;    // rows of this call that vote (the tokens decoded in parallel)
+  int64_t share_lo = 0, share_hi = 0;  // rows of this call routed inside C
+  bool vote = false;                   // add rows [vote_lo, vote_hi) to V and seq
+  bool apply = false;                  // route (share rows inside C) and record hit, hit_vote, core
+  float* state = nullptr;              // [5 * E] f32 backend memory, this layer's
+};
+// Throws Error unless `sh` fits a call of `rows` rows of an n_experts router with top_k.
+void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k);
+// The coreset of MoeShare from one layer's votes and seq counts: core[e] = 1 in C, else 0 (host memory).
+void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k, float* core);
 
 // The experts of one MoE layer. `table` is backend memory holding 3 * n_experts pointers to
 // backend memory: gate[0..E), up[0..E), down[0..E); gate/up are [inter, hidden], down [hidden, inter],
@@ -202,7 +234,8 @@ class Backend {
   // consecutive ids, each scored by the sum of its two highest b, and only the topk_group best groups
   // stay eligible; ids = the top_k eligible experts by b in descending order (ties to the lower expert
   // or group index); weights = s[id] (UNBIASED), / (sum of the top_k s + 1e-20) when norm_topk, then
-  // * scale.
+  // * scale. With p.share (see MoeShare): the call votes and / or applies the layer's coreset; without
+  // apply, ids and weights are the normal routing.
   virtual void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) = 0;
 
   // out[m, :] += sum_j weights[m, j] * down_e(silu(gate_e(x_m)) * up_e(x_m)), e = ids[m, j], computing

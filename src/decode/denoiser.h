@@ -20,6 +20,19 @@ struct SparseConfig {
   int64_t prompt_len = 0;  // keys [0, prompt_len) are the prompt (isolated selection)
 };
 
+// Dynamic Expert Sharing (DES, algorithms.md 4; MoE models): in every MoE layer the tokens decoded in
+// parallel (the rows set by des_rows) agree on a coreset of experts and route inside it. Seq: the union
+// of each token's first k experts; Vote: the floor(beta * n_experts) experts with the highest summed
+// router score over the tokens that selected them. With all_rows every other row of the forward
+// (prompt, other blocks) routes inside the coreset too; otherwise those rows route normally. Off: no
+// sharing, only the unique-expert counts. The coreset always holds at least top_k experts.
+struct DesConfig {
+  DesMode mode = DesMode::Off;
+  int k = 2;
+  float beta = 0.4f;
+  bool all_rows = false;
+};
+
 class Denoiser {
  public:
   virtual ~Denoiser() = default;
@@ -73,6 +86,16 @@ class Denoiser {
     fail("this denoiser has no sparse attention");
   }
   virtual void sparse_end() {}
+
+  // DES (see DesConfig): des_begin starts it for the next forwards, des_rows sets the canvas positions
+  // [lo, hi) decoded in parallel (the current block), des_end returns to normal routing.
+  virtual bool supports_expert_sharing() const { return false; }
+  virtual void des_begin(const DesConfig& c) {
+    (void)c;
+    fail("this denoiser has no expert sharing");
+  }
+  virtual void des_rows(int64_t lo, int64_t hi) { (void)lo, (void)hi; }
+  virtual void des_end() {}
 };
 
 }  // namespace tessera

@@ -58,6 +58,7 @@ struct Loop {
   bool blk_fresh = true;
   // SparseD: forwards run so far, and the index of the forward that builds the patterns (-1: off).
   int64_t forwards = 0, sparse_select_at = -1;
+  bool des = false;  // DES (or its counts): the block's positions are the rows decoded in parallel
   SampleParams base;
   GenerateResult res;
   // Scratch reused across steps.
@@ -265,6 +266,7 @@ struct Loop {
     blk_lo = lo;
     blk_hi = hi;
     blk_fresh = true;
+    if (des) den.des_rows(std::max(lo, P), hi);
   }
 
   bool has_eos(int lo, int hi) const {
@@ -397,6 +399,15 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
                   "sparse attention needs a bidirectional model; this block-causal model grows its canvas "
                   "block by block");
   }
+  TESSERA_CHECK(o.des == "off" || o.des == "seq" || o.des == "vote",
+                "unknown expert sharing '" + o.des + "'; use off, seq or vote");
+  if (o.des != "off") {
+    TESSERA_CHECK(o.des_k >= 1, "des-k must be >= 1 (got " + std::to_string(o.des_k) + ")");
+    TESSERA_CHECK(std::isfinite(o.des_beta) && o.des_beta > 0.0f && o.des_beta <= 1.0f,
+                  "des-beta must be in (0, 1] (got " + num(o.des_beta) + ")");
+    TESSERA_CHECK(o.des_scope == "block" || o.des_scope == "all",
+                  "unknown des-scope '" + o.des_scope + "'; use block or all");
+  }
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
@@ -431,6 +442,25 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   if (L.cache > 0) {
     TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
     den.kv_cache_reset(canvas_length(L.P, o, aligned));
+  }
+  struct DesGuard {  // normal routing again when the request ends, however it ends
+    Denoiser* d = nullptr;
+    ~DesGuard() {
+      if (d != nullptr) d->des_end();
+    }
+  } des_guard;
+  if (o.des != "off" || o.moe_stats) {
+    TESSERA_CHECK(den.supports_expert_sharing(),
+                  o.des != "off" ? "expert sharing needs a mixture-of-experts model; use des off"
+                                 : "unique-expert counts need a mixture-of-experts model");
+    DesConfig dc;
+    dc.mode = o.des == "seq" ? DesMode::Seq : o.des == "vote" ? DesMode::Vote : DesMode::Off;
+    dc.k = o.des_k;
+    dc.beta = o.des_beta;
+    dc.all_rows = o.des_scope == "all";
+    den.des_begin(dc);
+    des_guard.d = &den;
+    L.des = true;
   }
   if (aligned) {
     den.set_attention_block(o.block_length);

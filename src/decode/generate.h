@@ -46,6 +46,13 @@
 // tiles. The count is of forwards run (threshold decoding too, with `steps` as its nominal length).
 // Bidirectional models only, and not with a KV cache or cfg (one canvas, one sequence per forward).
 //
+// DES (GenerateOptions::des; algorithms.md 4), off by default, MoE models: in every forward the current
+// block's positions (from the end of the prompt; the whole generation without blocks) vote for each MoE
+// layer's expert coreset and route inside it (seq: the union of each token's first des_k experts; vote:
+// the floor(des_beta * n_experts) experts of highest summed router score). des_scope all routes every
+// other row inside the coreset too; block leaves them their own experts. moe_stats counts unique experts
+// without sharing (des off).
+//
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
@@ -77,6 +84,11 @@ struct GenerateOptions {
   int sparse_block = 32;
   float sparse_rho = 0.5f;
   float sparse_skip = 0.2f;
+  std::string des = "off";  // Dynamic Expert Sharing: off | seq | vote (see above)
+  int des_k = 2;
+  float des_beta = 0.4f;
+  std::string des_scope = "block";  // block | all
+  bool moe_stats = false;           // count unique experts (Denoiser::des_begin with mode Off) when des is off
   std::vector<int32_t> eos_ids;
 };
 

@@ -51,6 +51,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 Engine::~Engine() {
   if (kv_buf_ != nullptr) backend_->free_weights(kv_buf_);
   if (sparse_buf_ != nullptr) backend_->free_weights(sparse_buf_);
+  if (des_buf_ != nullptr) backend_->free_weights(des_buf_);
 }
 
 void Engine::check_token(int32_t t) const {
@@ -96,6 +97,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   }
   k_pos_.assign(q_pos_.begin(), q_pos_.end());
   cu_k_.assign(cu_q_.begin(), cu_q_.end());
+  des_step_rows(0, static_cast<int64_t>(tokens_.size()));
   graph::StepShape shape;
   shape.n_query = static_cast<int64_t>(tokens_.size());
   shape.n_kv = shape.n_query;
@@ -115,6 +117,7 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   ctx.base = static_cast<char*>(ws_->base());
   ctx.sample = sp;
   ctx.dump_dir = opt_.dump_dir;
+  if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
   if (kv_cache) {  // State tensors: consecutive slices of the cache buffer, kv_capacity_ rows each
     state_ptrs_.assign(g.tensors().size(), nullptr);
     size_t off = 0;
@@ -137,6 +140,13 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
     sparse_exec_.select = sparse_phase_ == SparsePhase::Select;
     ctx.sparse = &sparse_exec_;
   }
+  if (des_on_) {
+    TESSERA_CHECK(shape.n_seqs == 1, "expert sharing: one sequence per forward (this forward has " +
+                                         std::to_string(shape.n_seqs) + ")");
+    std::fill(des_host_.begin(), des_host_.end(), 0.0f);
+    backend_->copy_to_device(des_buf_, des_host_.data(), des_bytes_);
+    ctx.des = &des_exec_;
+  }
   auto stage = [&](int id, const std::vector<int32_t>& v) {
     if (id < 0 || v.empty()) return;
     backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(id)].offset, v.data(), v.size() * 4);
@@ -152,6 +162,23 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   stage(ids.target, targets_);
   execute(g, prog, ctx);
   if (sparse && sparse_exec_.select) sparse_ready_ = true;
+  if (des_on_) {  // unique experts of this forward, per MoE layer
+    backend_->synchronize();
+    backend_->copy_to_host(des_host_.data(), des_buf_, des_bytes_);
+    const ModelConfig& cfg = model_->config();
+    const auto E = static_cast<size_t>(cfg.moe.n_experts);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      if (!cfg.is_moe_layer(l)) continue;
+      const float* st = des_host_.data() + static_cast<size_t>(l) * des_exec_.layer_floats;
+      for (size_t e = 0; e < E; ++e) {
+        des_stats_.unique += st[2 * E + e] > 0.0f ? 1 : 0;
+        des_stats_.unique_voting += st[3 * E + e] > 0.0f ? 1 : 0;
+        des_stats_.coreset += st[4 * E + e] > 0.0f ? 1 : 0;
+      }
+      ++des_stats_.layer_forwards;
+    }
+    ++des_stats_.forwards;
+  }
   return prog;
 }
 
@@ -420,6 +447,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   shape.n_query = q_hi - q_lo;
   shape.n_kv = n;
   shape.n_logits = static_cast<int64_t>(positions.size());
+  des_step_rows(q_lo, q_hi - q_lo);
   const graph::Program& p = execute_step(mode, true, shape, sp);
   std::fill(kv_written_.begin() + q_lo, kv_written_.begin() + q_hi, uint8_t{1});
   return p;
@@ -474,6 +502,53 @@ std::vector<uint8_t> Engine::sparse_patterns() const {
     backend_->copy_to_host(v.data(), sparse_buf_, v.size());
   }
   return v;
+}
+
+bool Engine::supports_expert_sharing() const {
+  return model_->config().moe.n_experts > 0;
+}
+
+void Engine::des_begin(const DesConfig& c) {
+  const ModelConfig& cfg = model_->config();
+  TESSERA_CHECK(supports_expert_sharing(),
+                "expert sharing needs a mixture-of-experts model; this " + cfg.model_type + " model has no experts");
+  const int E = static_cast<int>(cfg.moe.n_experts), K = static_cast<int>(cfg.moe.top_k);
+  TESSERA_CHECK(c.mode != DesMode::Seq || (c.k >= 1 && c.k <= K),
+                "des-k must be in [1, " + std::to_string(K) + "] (the model routes each token to " +
+                    std::to_string(K) + " experts; got " + std::to_string(c.k) + ")");
+  TESSERA_CHECK(c.mode != DesMode::Vote || (std::isfinite(c.beta) && c.beta > 0.0f && c.beta <= 1.0f),
+                "des-beta must be in (0, 1] (got " + std::to_string(c.beta) + ")");
+  const size_t layer = static_cast<size_t>(5 * E);
+  const size_t bytes = layer * static_cast<size_t>(cfg.n_layers) * sizeof(float);
+  if (bytes > des_bytes_) {
+    if (des_buf_ != nullptr) backend_->free_weights(des_buf_);
+    des_buf_ = nullptr;
+    des_bytes_ = 0;
+    des_buf_ = backend_->alloc_weights(bytes);
+    des_bytes_ = bytes;
+  }
+  des_host_.assign(des_bytes_ / sizeof(float), 0.0f);
+  des_exec_ = DesExec{};
+  des_exec_.share.mode = c.mode;
+  des_exec_.share.k = c.mode == DesMode::Seq ? c.k : 1;
+  des_exec_.share.m_core = std::clamp(static_cast<int>(std::floor(static_cast<double>(c.beta) * E)), 1, E);
+  des_exec_.all_rows = c.all_rows;
+  des_exec_.state = static_cast<float*>(des_buf_);
+  des_exec_.layer_floats = layer;
+  des_stats_ = MoeStats{};
+  des_lo_ = des_hi_ = 0;
+  des_on_ = true;
+}
+
+void Engine::des_rows(int64_t lo, int64_t hi) {
+  TESSERA_CHECK(0 <= lo && lo <= hi, "expert sharing: the decoded rows must be a range [lo, hi) with 0 <= lo <= hi");
+  des_lo_ = lo;
+  des_hi_ = hi;
+}
+
+void Engine::des_step_rows(int64_t row0, int64_t rows) {
+  des_exec_.vote_lo = std::clamp<int64_t>(des_lo_ - row0, 0, rows);
+  des_exec_.vote_hi = std::clamp<int64_t>(des_hi_ - row0, 0, rows);
 }
 
 int Engine::attention_block() const {

@@ -2,6 +2,7 @@
 // packed sequences with a cached memory plan per step shape.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@ struct EngineOptions {
   // even fully chunked fails before it runs, naming the budget, the floor and the largest context.
   size_t memory_budget = 0;
   std::string dump_dir;  // debug: dump every named tensor of each step here
+  bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
 };
 
 // This process's resident memory (VmRSS) and its high-water mark (VmHWM), from /proc/self/status;
@@ -58,6 +60,14 @@ struct StepStats {
   double search_ms = 0.0;  // lazy chunking search (0 without a memory budget)
   int search_plans = 0;    // plans the search evaluated
   bool plan_cached = false;
+};
+
+// DES counts since des_begin, summed over every (MoE layer, forward): the unique experts the routed
+// rows used (the expert weights the forward read), those of the voting rows only, and the coreset size.
+struct MoeStats {
+  int64_t forwards = 0, layer_forwards = 0;
+  double unique = 0, unique_voting = 0, coreset = 0;
+  double mean(double sum) const { return layer_forwards > 0 ? sum / static_cast<double>(layer_forwards) : 0.0; }
 };
 
 class Engine final : public Denoiser {
@@ -117,6 +127,16 @@ class Engine final : public Denoiser {
   // forward copied to the host, [layer][head][query block][key block] (tests, inspection).
   size_t sparse_bytes() const { return sparse_bytes_; }
   std::vector<uint8_t> sparse_patterns() const;
+  // DES (Denoiser): MoE models only. The per-layer states (5 * n_experts f32 each) are read back after
+  // every forward to count unique experts (moe_stats).
+  bool supports_expert_sharing() const override;
+  void des_begin(const DesConfig& c) override;
+  void des_rows(int64_t lo, int64_t hi) override;
+  void des_end() override { des_on_ = false; }
+  const MoeStats& moe_stats() const { return des_stats_; }
+  // With EngineOptions::profile_ops: seconds spent per op kind since the last reset (else zeros).
+  const std::array<double, graph::kOpKinds>& op_seconds() const { return op_seconds_; }
+  void reset_op_seconds() { op_seconds_.fill(0.0); }
   int attention_block() const override;
   // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
   // drops the cached plans when the block changes.
@@ -191,6 +211,18 @@ class Engine final : public Denoiser {
   bool sparse_on_ = false, sparse_ready_ = false;
   SparsePhase sparse_phase_ = SparsePhase::Dense;
   SparseExec sparse_exec_;
+  // DES: the layer states (not counted against the memory budget: 5 * n_experts floats per layer), the
+  // canvas positions [des_lo_, des_hi_) decoded in parallel, the counts.
+  void* des_buf_ = nullptr;
+  size_t des_bytes_ = 0;
+  bool des_on_ = false;
+  int64_t des_lo_ = 0, des_hi_ = 0;
+  DesExec des_exec_;
+  MoeStats des_stats_;
+  std::vector<float> des_host_;
+  std::array<double, graph::kOpKinds> op_seconds_{};
+  // Sets des_exec_'s voting rows for a step whose rows are canvas positions [row0, row0 + rows).
+  void des_step_rows(int64_t row0, int64_t rows);
 };
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <vector>
 
@@ -55,8 +56,27 @@ void dump(const graph::GraphTemplate& g, const ExecContext& c, int id, const Ten
   f.write(host.data(), static_cast<std::streamsize>(host.size()));
 }
 
+// Which part of DES a MoeRoute call does (see DesExec).
+enum class DesPass : uint8_t { Both, VoteOnly, ApplyOnly };
+
+void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
+                    int64_t chunk, DesPass pass);
+
 void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
-            int64_t chunk) {
+            int64_t chunk, DesPass pass = DesPass::Both) {
+  if (c.op_seconds == nullptr) {
+    run_op_untimed(g, p, c, oi, chunk, pass);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  run_op_untimed(g, p, c, oi, chunk, pass);
+  c.backend->synchronize();
+  c.op_seconds[static_cast<int>(g.ops()[static_cast<size_t>(oi)].kind)] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
+                    int64_t chunk, DesPass pass) {
   const graph::OpDecl& op = g.ops()[static_cast<size_t>(oi)];
   Backend& b = *c.backend;
   auto in = [&](size_t i) { return tensor_view(g, p, c, op.in[i].id, op.in[i].chunked, op.loop, chunk); };
@@ -140,6 +160,22 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
       Tensor ids = out(0), w = out(1);
       MoeRouteParams rp = op.p.route;
       if (op.in.size() > 1) rp.expert_bias = in(1).as<const float>();
+      MoeShare sh;
+      if (c.des != nullptr) {  // this call's rows are [r0, r0 + n) of the step
+        TESSERA_CHECK(op.layer >= 0, "execute: expert sharing needs the router's layer");
+        const DesExec& d = *c.des;
+        const int64_t n = ids.rows();
+        const int64_t r0 = op.loop >= 0 ? chunk * p.loops[static_cast<size_t>(op.loop)].chunk_rows : 0;
+        sh = d.share;
+        sh.vote_lo = std::clamp<int64_t>(d.vote_lo - r0, 0, n);
+        sh.vote_hi = std::clamp<int64_t>(d.vote_hi - r0, 0, n);
+        sh.share_lo = d.all_rows ? 0 : sh.vote_lo;
+        sh.share_hi = d.all_rows ? n : sh.vote_hi;
+        sh.vote = pass != DesPass::ApplyOnly && sh.mode != DesMode::Off;
+        sh.apply = pass != DesPass::VoteOnly;
+        sh.state = d.state + static_cast<size_t>(op.layer) * d.layer_floats;
+        rp.share = &sh;
+      }
       b.moe_route(in(0), rp, ids, w);
       break;
     }
@@ -182,8 +218,25 @@ void execute(const graph::GraphTemplate& g, const graph::Program& p, const ExecC
       continue;
     }
     const graph::Program::Loop& L = p.loops[static_cast<size_t>(loop)];
+    int route = -1;  // a chunked MoE layer under DES: its router op
+    if (c.des != nullptr && c.des->share.mode != DesMode::Off && L.count > 1) {
+      for (int j = L.begin; j < L.end && route < 0; ++j)
+        if (g.ops()[static_cast<size_t>(j)].kind == OpKind::MoeRoute) route = j;
+    }
+    if (route >= 0) {  // votes of every chunk that holds voting rows, before any chunk routes
+      for (int64_t k = 0; k < L.count; ++k) {
+        const int64_t r0 = k * L.chunk_rows, r1 = std::min(r0 + L.chunk_rows, L.total);
+        if (r1 <= c.des->vote_lo || r0 >= c.des->vote_hi) continue;
+        for (int j = L.begin; j <= route; ++j) {
+          for (const graph::Ref& r : g.ops()[static_cast<size_t>(j)].out)
+            TESSERA_CHECK(!r.chunked || j == route,
+                          "execute: an op before the router writes loop-wide rows; it cannot run twice");
+          run_op(g, p, c, j, k, DesPass::VoteOnly);
+        }
+      }
+    }
     for (int64_t k = 0; k < L.count; ++k) {
-      for (int j = L.begin; j < L.end; ++j) run_op(g, p, c, j, k);
+      for (int j = L.begin; j < L.end; ++j) run_op(g, p, c, j, k, route >= 0 ? DesPass::ApplyOnly : DesPass::Both);
     }
     oi = L.end;
   }

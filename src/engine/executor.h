@@ -18,6 +18,19 @@ struct SparseExec {
   SparseSelectParams p;  // p.scale is taken from each attention op
 };
 
+// Dynamic Expert Sharing during one forward (MoeShare): the step rows decoded in parallel vote for each
+// MoE layer's coreset; they (or, with all_rows, every row) route inside it. The states of all layers lie
+// in one backend buffer, layer_floats apart, zeroed before the forward. When a layer's FFN loop runs in
+// chunks, a first pass runs its ops up to the router for the chunks holding voting rows (votes only),
+// then every chunk routes with the finished coreset.
+struct DesExec {
+  MoeShare share;  // mode, k, m_core (rows and passes are set per call)
+  bool all_rows = false;
+  int64_t vote_lo = 0, vote_hi = 0;
+  float* state = nullptr;
+  size_t layer_floats = 0;
+};
+
 struct ExecContext {
   Backend* backend = nullptr;
   char* base = nullptr;                  // workspace base (device pointer)
@@ -26,6 +39,8 @@ struct ExecContext {
   // State tensors (KV cache): the device pointer of each, indexed by tensor id (others null).
   const std::vector<char*>* state = nullptr;
   const SparseExec* sparse = nullptr;  // SparseD; null = dense attention
+  const DesExec* des = nullptr;        // DES; null = every row routes on its own
+  double* op_seconds = nullptr;        // [graph::kOpKinds]: each op synchronised and timed, by kind
 };
 
 // A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).

@@ -169,8 +169,17 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
     for (uint64_t seed : seeds) {
       GenerateOptions g = opt;
       g.seed = seed;
+      g.moe_stats = e.supports_expert_sharing();
       GenerateResult r = generate(e, c.prompt, g);
       o.steps += r.steps_run;
+      if (g.moe_stats) {
+        const MoeStats& m = e.moe_stats();
+        o.moe.forwards += m.forwards;
+        o.moe.layer_forwards += m.layer_forwards;
+        o.moe.unique += m.unique;
+        o.moe.unique_voting += m.unique_voting;
+        o.moe.coreset += m.coreset;
+      }
       o.tokens.push_back(std::move(r.tokens));
     }
   }
@@ -185,6 +194,8 @@ GenSide score(Engine& exact, const Generations& out, const Generations& exact_ou
   GenSide s;
   s.seconds = out.seconds;
   s.steps = out.steps;
+  s.experts = out.moe.mean(out.moe.unique);
+  s.experts_block = out.moe.mean(out.moe.unique_voting);
   int64_t agree = 0, match = 0, total = 0, nll_n = 0;
   double nll = 0;
   for (size_t i = 0; i < out.tokens.size(); ++i) {

@@ -56,12 +56,15 @@ struct GenSide {
   double reference_match = 0;  // fraction equal to the held-out continuation
   double seconds = 0;
   int64_t tokens = 0, steps = 0;
+  double experts = 0, experts_block = 0;  // MoE models: mean unique experts per (MoE layer, forward), of
+                                          // all rows and of the block's rows
 };
 // The generated tokens of every (case, seed) pair, case-major, with the time and steps they took.
 struct Generations {
   std::vector<Seq> tokens;
   double seconds = 0;
   int64_t steps = 0;
+  MoeStats moe;  // summed over the generations (MoE models; generate_all counts them)
 };
 Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vector<GenCase>& cases,
                          const std::vector<uint64_t>& seeds);

@@ -66,6 +66,7 @@ enum class OpKind : uint8_t {
   ScatterRows,  // in: src, row indices; out: dst (State) with dst[rows[i]] = src[i]
   Convert,      // in: src; out: dst of another dtype (elementwise)
 };
+constexpr int kOpKinds = static_cast<int>(OpKind::Convert) + 1;
 const char* op_name(OpKind k);
 
 // A tensor operand. chunked: the op sees only the rows of the current chunk of the enclosing loop.

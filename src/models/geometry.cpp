@@ -194,12 +194,17 @@ ModelConfig named_geometry(const std::string& name) {
     c.logit_shift = true;
     c.mask_id = 151666;
     c.eos_id = 151643;
-  } else if (name == "llada-moe-7b") {
+  } else if (name == "llada-moe-7b" || name == "llada-moe-mid") {
     llada_moe_7b(c);
-  } else if (name == "llada2-mini") {
+  } else if (name == "llada2-mini" || name == "llada2-mid") {
     llada2_mini(c);
   } else {
-    fail("unknown geometry '" + name + "' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, llada2-mini)");
+    fail("unknown geometry '" + name +
+         "' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, llada-moe-mid, llada2-mini, llada2-mid)");
+  }
+  if (name == "llada-moe-mid" || name == "llada2-mid") {  // the real layers, 4 of them (LLaDA2: 1 dense)
+    c.n_layers = 4;
+    c.moe.moe_layer.resize(4);
   }
   c.head_dim = c.hidden / c.n_heads;
   return c;

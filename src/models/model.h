@@ -158,6 +158,6 @@ DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& 
 DenseWeights shape_only_weights(const ModelConfig& c, DType act);
 GraphOptions graph_options(const ModelConfig& c, DType act);
 // Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024, llada-moe-7b,
-// llada2-mini): config only.
+// llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only.
 ModelConfig named_geometry(const std::string& name);
 }  // namespace tessera

@@ -49,6 +49,31 @@ TEST_F(CudaTest, TinyLladaMoeMatchesTheNumpyReference) {
   check_tiny("llada_moe", "--seed 4 --first-dense 1 --shared-inter 48 --top-k 3", Precision::F32, 1e-3);
 }
 
+// Dynamic Expert Sharing on the GPU: a DES forward of tiny LLaDA-MoE / LLaDA2 equals the CPU engine's,
+// and so do the unique-expert counts.
+TEST_F(CudaTest, ExpertSharingMatchesTheCpuEngine) {
+  for (const char* fam : {"llada_moe", "llada2"}) {
+    TESSERA_TINY_OR_SKIP(dir, fam, std::string(fam) == "llada2" ? "--seed 7" : "--seed 4 --experts 16 --top-k 4");
+    auto g = Engine::load(dir, cuda_engine_options(Precision::F32));
+    auto c = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+    const auto canvas = test::random_canvas(75, c->vocab_size(), 17, c->mask_token(), 0.5);
+    const auto pos = test::all_positions(75);
+    std::vector<float> lg(75 * static_cast<size_t>(c->vocab_size())), lc(lg.size());
+    for (const DesConfig& d : {DesConfig{DesMode::Vote, 2, 0.25f, true}, DesConfig{DesMode::Seq, 1, 0.4f, false}}) {
+      for (Engine* e : {g.get(), c.get()}) {
+        e->des_begin(d);
+        e->des_rows(40, 56);
+        e->logits(canvas, pos, e == g.get() ? lg : lc);
+        e->des_end();
+      }
+      EXPECT_LE(test::rel_error(lg.data(), lc.data(), lc.size()), 1e-3) << fam;
+      EXPECT_EQ(g->moe_stats().unique, c->moe_stats().unique) << fam;
+      EXPECT_EQ(g->moe_stats().coreset, c->moe_stats().coreset) << fam;
+      EXPECT_EQ(g->moe_stats().unique_voting, c->moe_stats().unique_voting) << fam;
+    }
+  }
+}
+
 TEST_F(CudaTest, NoDeviceAllocationAfterWarmUp) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 5 --hidden 256 --heads 4");
   auto e = Engine::load(dir, cuda_engine_options(Precision::BF16));

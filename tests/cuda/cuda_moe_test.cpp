@@ -1,5 +1,5 @@
 // MoE on the GPU against the CPU backend: routing (softmax top-k without renormalisation; sigmoid +
-// expert bias + groups + renormalisation + scale) and the expert FFN over the selected experts only
+// expert bias + groups + renormalisation + scale; Dynamic Expert Sharing) and the expert FFN over the selected experts only
 // (bf16 through the tensor-core grouped GEMM, f32 through the SIMT kernel), outputs poisoned first.
 #include "cuda_test_util.h"
 
@@ -45,6 +45,69 @@ TEST_P(CudaMoeRoute, MatchesCpu) {
   EXPECT_EQ(di.download<int32_t>(ids.size()), ids);
   const auto gw = dw.download<float>(w.size());
   EXPECT_CLOSE_TO_CPU(gw, w, 1e-5);
+}
+
+// DES (MoeShare) on the same inputs: the middle third of the rows votes; Seq (k = 1, those rows share)
+// and Vote (m = E / 4, every row shares), in one call and as votes-then-routing: ids, weights and the
+// layer state (votes within 1e-5; seq counts and the hit / coreset flags exactly) equal the CPU's.
+TEST_P(CudaMoeRoute, SharingMatchesCpu) {
+  RouteCase c = GetParam();
+  const int k = c.p.top_k, E = c.experts;
+  const auto logits = random_floats(static_cast<size_t>(c.rows * E), 71 + E, 3.0f);
+  const auto bias = random_floats(static_cast<size_t>(E), 72, 0.5f);
+  for (int variant = 0; variant < 3; ++variant) {
+    MoeShare sh;
+    sh.mode = variant == 0 ? DesMode::Seq : DesMode::Vote;
+    sh.k = 1;
+    sh.m_core = std::max(1, E / 4);
+    sh.vote_lo = c.rows / 3;
+    sh.vote_hi = 2 * c.rows / 3;
+    sh.share_lo = variant == 0 ? sh.vote_lo : 0;
+    sh.share_hi = variant == 0 ? sh.vote_hi : c.rows;
+    const bool split = variant == 2;
+    std::vector<int32_t> ids(static_cast<size_t>(c.rows * k));
+    std::vector<float> w(ids.size()), state(static_cast<size_t>(5 * E), 0.0f);
+    auto passes = [&](Backend& b, const Tensor& l, MoeRouteParams p, MoeShare share, float* st, Tensor& ti,
+                      Tensor& tw) {
+      share.state = st;
+      p.share = &share;
+      share.vote = true;
+      share.apply = !split;
+      b.moe_route(l, p, ti, tw);
+      if (split) {
+        share.vote = false;
+        share.apply = true;
+        b.moe_route(l, p, ti, tw);
+      }
+    };
+    {
+      MoeRouteParams hp = c.p;
+      hp.expert_bias = c.bias ? bias.data() : nullptr;
+      std::vector<float> l = logits;
+      Tensor ti(ids.data(), DType::I32, {c.rows, k}), tw(w.data(), DType::F32, {c.rows, k});
+      passes(*cpu, Tensor(l.data(), DType::F32, {c.rows, E}), hp, sh, state.data(), ti, tw);
+    }
+    DevBuf dl(*gpu, logits.size() * 4), db(*gpu, bias.size() * 4), di(*gpu, ids.size() * 4),
+        dw(*gpu, w.size() * 4), ds(*gpu, state.size() * 4);
+    dl.upload(logits);
+    db.upload(bias);
+    ds.upload(std::vector<float>(state.size(), 0.0f));
+    di.poison();
+    dw.poison();
+    MoeRouteParams dp = c.p;
+    dp.expert_bias = c.bias ? static_cast<const float*>(db.p) : nullptr;
+    Tensor ti = di.view(DType::I32, {c.rows, k}), tw = dw.view(DType::F32, {c.rows, k});
+    passes(*gpu, dl.view(DType::F32, {c.rows, E}), dp, sh, static_cast<float*>(ds.p), ti, tw);
+    EXPECT_EQ(di.download<int32_t>(ids.size()), ids) << "variant " << variant;
+    EXPECT_CLOSE_TO_CPU(dw.download<float>(w.size()), w, 1e-5);
+    const auto gs = ds.download<float>(state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      if (i < static_cast<size_t>(E))
+        EXPECT_NEAR(gs[i], state[i], 1e-5 * std::max(1.0f, std::fabs(state[i]))) << "vote " << i;
+      else
+        EXPECT_EQ(gs[i], state[i]) << "variant " << variant << " state " << i;
+    }
+  }
 }
 
 MoeRouteParams route(MoeScore s, int k, bool norm, float scale, int groups, int topk_groups) {

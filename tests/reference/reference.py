@@ -10,6 +10,9 @@ float64, as LLaDA's reference code does.
       order; listed rows are written in the order given). Dream logits are already shifted.
       --margins: float32 [len(rows)], each row's smallest router margin over the MoE layers (k-th
       minus (k+1)-th router logit; inf for dense models): rows near a routing tie.
+      --des seq|vote|off --des-rows LO,HI [--des-k 2] [--des-beta 0.4] [--des-scope block|all]
+      [--des-stats FILE]: Dynamic Expert Sharing in every MoE layer (des_route); FILE receives per MoE
+      layer [unique experts of all rows, of rows LO..HI-1, coreset size].
   reference.py generate --model DIR --prompt 5,9,3 --gen-length 16 --steps 8 --block-length 8
                         --alg low_confidence|entropy|maskgit_plus|topk_margin
       LLaDA2 checkpoints: the LLaDA2 loop instead (generate_llada2: blocks on the attention-block grid,
@@ -254,6 +257,49 @@ def moe_ffn(m, ly, top_k, norm_topk=False, scale=1.0, ids_w=None):
     return out
 
 
+def des_route(z, s, b, ids, w_fn, des):
+    """Dynamic Expert Sharing (algorithms.md 4) of one MoE layer, written from the spec: z router logits,
+    s the unbiased scores, b = s + bias, ids the normal selection [n, K] (descending b). des: dict with
+    mode ("seq" | "vote" | "off"), k, m (the coreset size, floor(beta * E)), lo, hi (the rows decoded in
+    parallel) and scope ("block" | "all"). Votes V[e] = sum over voting rows of s * 1[e in TopK] in
+    float64; Seq C = union of each voting row's first k experts; Vote C = the m experts of highest V among
+    V > 0 (ties: lower id); then the best of the rest by (V, lower id) until C holds K experts; no voting
+    row: C = every expert. Share rows (the voting rows, or every row with scope all) take their top K of C
+    by b (no group limits), weights by w_fn. Returns (ids, weights or None for the normal weights, stats
+    [unique experts of all rows, of the voting rows, |C|])."""
+    n, E = s.shape
+    K = ids.shape[1]
+    lo, hi = des["lo"], des["hi"]
+    V = np.zeros(E, dtype=np.float64)
+    seq = np.zeros(E, dtype=np.int64)
+    for r in range(lo, hi):
+        for j, e in enumerate(ids[r]):
+            V[e] += float(s[r, e])
+            seq[e] += 1 if j < des["k"] else 0
+    order = sorted(range(E), key=lambda e: (-V[e], e))
+    if hi <= lo or des["mode"] == "off":
+        core = set(range(E))
+    elif des["mode"] == "seq":
+        core = {e for e in range(E) if seq[e] > 0}
+    else:
+        core = set([e for e in order if V[e] > 0][:des["m"]])
+    for e in order:
+        if len(core) >= K:
+            break
+        core.add(e)
+    ids = ids.copy()
+    w = None
+    if des["mode"] != "off":
+        share = range(n) if des["scope"] == "all" else range(lo, hi)
+        allowed = np.array([e in core for e in range(E)])
+        for r in share:
+            masked = np.where(allowed, b[r], -np.inf)
+            ids[r] = np.argsort(-masked, kind="stable")[:K]
+        w = w_fn(ids)
+    stats = [len(set(ids.ravel().tolist())), len(set(ids[lo:hi].ravel().tolist())), len(core)]
+    return ids, w, stats
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------
@@ -390,14 +436,44 @@ class Model:
         self.scale = c.get("routed_scaling_factor") or 1.0
 
     def ffn(self, m, ly):
-        """The FFN of one layer on the normed rows m (MoE layers also lower self.margins)."""
+        """The FFN of one layer on the normed rows m (MoE layers also lower self.margins; with self.des
+        set, DES routing, and self.des_stats receives the layer's counts)."""
+        des = getattr(self, "des", None)
         if "router" in ly and "bias" in ly:  # LLaDA2
-            ids, wts, margin = sigmoid_group_route(m @ ly["router"].T, ly["bias"], self.top_k, self.n_group,
+            z = m @ ly["router"].T
+            ids, wts, margin = sigmoid_group_route(z, ly["bias"], self.top_k, self.n_group,
                                                    self.topk_group, self.scale)
             self.margins = np.minimum(self.margins, margin)
+            if des:
+                s = (np.float32(1.0) / (np.float32(1.0) + np.exp(-z))).astype(np.float32)
+                b = (s + ly["bias"][None, :]).astype(np.float32)
+
+                def w_fn(ids_):
+                    w = np.take_along_axis(s, ids_, axis=-1)
+                    if self.top_k > 1:
+                        w = w / (w.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+                    return (w * np.float32(self.scale)).astype(np.float32)
+                ids, w2, st = des_route(z, s, b, ids, w_fn, des)
+                wts = w2 if w2 is not None else wts
+                self.des_stats.append(st)
             return moe_ffn(m, ly, self.top_k, ids_w=(ids, wts))
         if "router" in ly:
-            self.margins = np.minimum(self.margins, route_margin(m @ ly["router"].T, self.top_k))
+            z = m @ ly["router"].T
+            self.margins = np.minimum(self.margins, route_margin(z, self.top_k))
+            if des:
+                ids, wts = moe_route(z, self.top_k, self.norm_topk, self.scale)
+                zz = np.asarray(z, dtype=np.float32)
+                s = np.exp(zz - zz.max(axis=-1, keepdims=True))
+                s = (s / s.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+                def w_fn(ids_):
+                    w = np.take_along_axis(s, ids_, axis=-1)
+                    if self.norm_topk:
+                        w = w / w.sum(axis=-1, keepdims=True)
+                    return (w * np.float32(self.scale)).astype(np.float32)
+                ids, w2, st = des_route(z, s, s, ids, w_fn, des)
+                self.des_stats.append(st)
+                return moe_ffn(m, ly, self.top_k, ids_w=(ids, w2 if w2 is not None else wts))
             return moe_ffn(m, ly, self.top_k, self.norm_topk, self.scale)
         if "dense" in ly:
             return swiglu_mlp(m, *ly["dense"])
@@ -588,6 +664,12 @@ def main():
     a.add_argument("--sparse-patterns", default="",
                    help="SparseD: attend only to the kept tiles of this uint8 file [layers, H, nqb, nkb]")
     a.add_argument("--sparse-block", type=int, default=32, help="SparseD: the tile side")
+    a.add_argument("--des", default="", help="DES: off | seq | vote (MoE models; des_route)")
+    a.add_argument("--des-k", type=int, default=2, help="DES-Seq: experts per voting row in the union")
+    a.add_argument("--des-beta", type=float, default=0.4, help="DES-Vote: coreset size floor(beta * E)")
+    a.add_argument("--des-rows", default="", help="DES: LO,HI, the rows decoded in parallel")
+    a.add_argument("--des-scope", default="block", help="DES: block | all")
+    a.add_argument("--des-stats", default="", help="DES: write JSON [[unique, unique of voting rows, |C|], ...] per MoE layer")
     sp = sub.add_parser("patterns", help="SparseD patterns of every layer from the forward over --tokens")
     sp.add_argument("--model", required=True)
     sp.add_argument("--tokens", required=True)
@@ -616,6 +698,12 @@ def main():
     if args.cmd == "logits":
         if m.family == "llada2":
             m.block = args.block
+        if args.des:
+            lo, hi = ids(args.des_rows)
+            E = m.config.get("num_experts")
+            m.des = dict(mode=args.des, k=args.des_k, m=max(1, min(E, int(np.floor(args.des_beta * E)))),
+                         lo=lo, hi=hi, scope=args.des_scope)
+            m.des_stats = []
         toks = ids(args.tokens)
         rows = ids(args.rows)
         if args.cache_tokens:  # logits of positions `rows`, from a KV-cache step over rows [lo, hi)
@@ -641,6 +729,9 @@ def main():
                 raise SystemExit("row outside the token list")
             L = L[rows]
         np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
+        if args.des_stats:
+            with open(args.des_stats, "w") as f:
+                json.dump(m.des_stats, f)
         if args.margins:
             mg = m.margins[rows] if rows else m.margins
             np.ascontiguousarray(mg, dtype="<f4").tofile(args.margins)

@@ -93,6 +93,120 @@ TEST(MoeRoute, SigmoidBiasGroupsRenormScaleLikeLlada2) {
   EXPECT_NEAR(f.w[2], 0.7291667f, 1e-5);
 }
 
+// ---- Dynamic Expert Sharing (MoeShare) against hand-computed coresets ---------------------------
+
+struct Shared {
+  Routed r;
+  std::vector<float> state;  // [5 * E]
+};
+
+// Routes `logits` with the share rows and passes of `sh` (state zeroed first unless `state` is given).
+Shared route_shared(const std::vector<float>& logits, int E, const MoeRouteParams& base, MoeShare sh,
+                    std::vector<float> state = {}) {
+  Shared out;
+  out.state = state.empty() ? std::vector<float>(static_cast<size_t>(5 * E), 0.0f) : state;
+  sh.state = out.state.data();
+  MoeRouteParams p = base;
+  p.share = &sh;
+  out.r = route(logits, E, p);
+  return out;
+}
+
+std::vector<float> flags(const std::vector<float>& state, int E, int which) {
+  return {state.begin() + which * E, state.begin() + (which + 1) * E};
+}
+
+TEST(MoeShare, SeqAndVoteCoresetsHandComputed) {
+  // Softmax of log(p) is p. Rows: p0 = [.5 .3 .15 .05], p1 = [.1 .2 .3 .4], p2 = [.05 .15 .3 .5];
+  // top-2: row 0 {0, 1}, row 1 {3, 2}, row 2 {3, 2}. Rows 0 and 1 vote: V = [.5 .3 .3 .4].
+  const std::vector<float> p = {.5f, .3f, .15f, .05f, .1f, .2f, .3f, .4f, .05f, .15f, .3f, .5f};
+  std::vector<float> logits;
+  for (float v : p) logits.push_back(std::log(v));
+  MoeRouteParams base;
+  base.top_k = 2;
+  MoeShare sh;
+  sh.vote_lo = 0;
+  sh.vote_hi = 2;
+  sh.share_lo = 0;
+  sh.share_hi = 2;
+  sh.vote = sh.apply = true;
+  // DES-Seq, k = 1: C = {0, 3} (each voting row's first expert). Row 0 -> [0 (.5), 3 (.05)], row 1 ->
+  // [3 (.4), 0 (.1)]; row 2 (not a share row) keeps its own [3, 2].
+  sh.mode = DesMode::Seq;
+  sh.k = 1;
+  sh.m_core = 4;
+  Shared a = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(a.r.ids, (std::vector<int32_t>{0, 3, 3, 0, 3, 2}));
+  const std::vector<float> wa = {.5f, .05f, .4f, .1f, .5f, .3f};
+  for (size_t i = 0; i < wa.size(); ++i) EXPECT_NEAR(a.r.w[i], wa[i], 1e-6) << i;
+  EXPECT_EQ(flags(a.state, 4, 1), (std::vector<float>{1, 0, 0, 1}));  // seq counts
+  EXPECT_EQ(flags(a.state, 4, 4), (std::vector<float>{1, 0, 0, 1}));  // coreset
+  EXPECT_EQ(flags(a.state, 4, 2), (std::vector<float>{1, 0, 1, 1}));  // hit: row 2 used expert 2
+  EXPECT_EQ(flags(a.state, 4, 3), (std::vector<float>{1, 0, 0, 1}));  // hit by voting rows
+  const std::vector<float> votes = {.5f, .3f, .3f, .4f};
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(a.state[static_cast<size_t>(e)], votes[static_cast<size_t>(e)], 1e-6);
+  // DES-Vote, m = 3: V ranks 0 (.5), 3 (.4), then 1 and 2 tie at .3 -> the lower id: C = {0, 1, 3}.
+  // Every row shares: row 0 [0, 1], row 1 [3 (.4), 1 (.2)], row 2 [3 (.5), 1 (.15)].
+  sh.mode = DesMode::Vote;
+  sh.m_core = 3;
+  sh.share_hi = 3;
+  Shared b = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(b.r.ids, (std::vector<int32_t>{0, 1, 3, 1, 3, 1}));
+  const std::vector<float> wb = {.5f, .3f, .4f, .2f, .5f, .15f};
+  for (size_t i = 0; i < wb.size(); ++i) EXPECT_NEAR(b.r.w[i], wb[i], 1e-6) << i;
+  EXPECT_EQ(flags(b.state, 4, 4), (std::vector<float>{1, 1, 0, 1}));
+  EXPECT_EQ(flags(b.state, 4, 2), (std::vector<float>{1, 1, 0, 1}));
+  // m = 1: C = {0}, then filled to top_k by votes: {0, 3}.
+  sh.m_core = 1;
+  Shared c = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(flags(c.state, 4, 4), (std::vector<float>{1, 0, 0, 1}));
+  EXPECT_EQ(c.r.ids, (std::vector<int32_t>{0, 3, 3, 0, 3, 0}));
+  // Votes first (the chunks holding voting rows), then routing: the same as one call.
+  sh.m_core = 3;
+  sh.apply = false;
+  Shared v = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(v.r.ids, (std::vector<int32_t>{0, 1, 3, 2, 3, 2}));  // normal routing while voting
+  sh.apply = true;
+  sh.vote = false;
+  Shared two = route_shared(logits, 4, base, sh, v.state);
+  EXPECT_EQ(two.r.ids, b.r.ids);
+  EXPECT_EQ(two.state, b.state);
+  // No voting row in the call's forward: every expert stays, routing is unchanged.
+  sh.vote = true;
+  sh.vote_lo = sh.vote_hi = 1;
+  Shared none = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(none.r.ids, (std::vector<int32_t>{0, 1, 3, 2, 3, 2}));
+  EXPECT_EQ(flags(none.state, 4, 4), (std::vector<float>{1, 1, 1, 1}));
+  // Off: routing unchanged, the hits recorded.
+  sh.mode = DesMode::Off;
+  sh.vote_lo = 0;
+  sh.vote_hi = 2;
+  Shared off = route_shared(logits, 4, base, sh);
+  EXPECT_EQ(off.r.ids, (std::vector<int32_t>{0, 1, 3, 2, 3, 2}));
+  EXPECT_EQ(flags(off.state, 4, 3), (std::vector<float>{1, 1, 1, 1}));
+}
+
+TEST(MoeShare, BadParametersFailClearly) {
+  MoeRouteParams base;
+  base.top_k = 2;
+  MoeShare sh;
+  sh.mode = DesMode::Seq;
+  sh.apply = true;
+  sh.m_core = 2;
+  sh.vote_hi = sh.share_hi = 3;  // 2 rows only
+  test::expect_error([&] { route_shared(std::vector<float>(8, 0.0f), 4, base, sh); },
+                     "expert sharing rows outside the call's 2 rows");
+  sh.vote_hi = sh.share_hi = 2;
+  sh.k = 3;
+  test::expect_error([&] { route_shared(std::vector<float>(8, 0.0f), 4, base, sh); },
+                     "DES-Seq k must be in [1, top_k = 2]");
+  sh.k = 1;
+  sh.mode = DesMode::Vote;
+  sh.m_core = 5;
+  test::expect_error([&] { route_shared(std::vector<float>(8, 0.0f), 4, base, sh); },
+                     "coreset size must be in [1, 4]");
+}
+
 TEST(MoeRoute, BadParametersFailClearly) {
   MoeRouteParams p;
   p.top_k = 5;

@@ -21,6 +21,48 @@
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
 
+namespace tessera {
+
+void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k) {
+  TESSERA_CHECK(sh.state != nullptr, "moe_route: expert sharing needs its state buffer");
+  TESSERA_CHECK(0 <= sh.vote_lo && sh.vote_lo <= sh.vote_hi && sh.vote_hi <= rows && 0 <= sh.share_lo &&
+                    sh.share_lo <= sh.share_hi && sh.share_hi <= rows,
+                "moe_route: expert sharing rows outside the call's " + std::to_string(rows) + " rows");
+  TESSERA_CHECK(sh.mode != DesMode::Seq || (sh.k >= 1 && sh.k <= top_k),
+                "moe_route: DES-Seq k must be in [1, top_k = " + std::to_string(top_k) + "]");
+  TESSERA_CHECK(sh.mode != DesMode::Vote || (sh.m_core >= 1 && sh.m_core <= n_experts),
+                "moe_route: the DES-Vote coreset size must be in [1, " + std::to_string(n_experts) + "]");
+}
+
+void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k, float* core) {
+  bool any = false;
+  for (int e = 0; e < E; ++e) any = any || seq[e] > 0.0f;
+  // Rank by (votes descending, lower id) among the experts not yet in the coreset.
+  auto best_outside = [&](bool need_vote) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      if (core[e] != 0.0f || (need_vote && !(votes[e] > 0.0f))) continue;
+      if (best < 0 || votes[e] > votes[best]) best = e;
+    }
+    return best;
+  };
+  int n = 0;
+  for (int e = 0; e < E; ++e) {
+    core[e] = !any || mode == DesMode::Off || (mode == DesMode::Seq && seq[e] > 0.0f) ? 1.0f : 0.0f;
+    n += core[e] != 0.0f ? 1 : 0;
+  }
+  if (any && mode == DesMode::Vote) {
+    for (; n < m_core; ++n) {
+      const int e = best_outside(true);
+      if (e < 0) break;
+      core[e] = 1.0f;
+    }
+  }
+  for (; n < top_k; ++n) core[best_outside(false)] = 1.0f;
+}
+
+}  // namespace tessera
+
 namespace tessera::cpu {
 namespace {
 
@@ -38,10 +80,8 @@ int best_untaken(const float* v, const bool* taken, int n) {
   return best;
 }
 
-// One router row: scores s (softmax or sigmoid of the f32 logits), selection scores b = s + bias,
-// optional grouped pre-selection, top-k of b, weights from the unbiased s.
-void route_row(const float* logits, int E, const MoeRouteParams& p, int32_t* ids, float* w) {
-  float s[kMaxExperts], b[kMaxExperts];
+// Router scores of one row: s (softmax or sigmoid of the f32 logits) and selection scores b = s + bias.
+void scores(const float* logits, int E, const MoeRouteParams& p, float* s, float* b) {
   if (p.score == MoeScore::Softmax) {
     float mx = kNegInf;
     for (int e = 0; e < E; ++e) mx = std::max(mx, logits[e]);
@@ -52,6 +92,29 @@ void route_row(const float* logits, int E, const MoeRouteParams& p, int32_t* ids
     for (int e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-logits[e]));
   }
   for (int e = 0; e < E; ++e) b[e] = s[e] + (p.expert_bias != nullptr ? p.expert_bias[e] : 0.0f);
+}
+
+// top_k of b (ineligible experts at -inf), weights from the unbiased s.
+void select_top_k(const float* s, const float* b, int E, const MoeRouteParams& p, int32_t* ids, float* w) {
+  bool taken[kMaxExperts] = {};
+  float sum = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int e = best_untaken(b, taken, E);
+    taken[e] = true;
+    ids[j] = e;
+    w[j] = s[e];
+    sum += s[e];
+  }
+  for (int j = 0; j < p.top_k; ++j) {
+    if (p.norm_topk) w[j] /= sum + 1e-20f;
+    w[j] *= p.scale;
+  }
+}
+
+// One router row: scores, optional grouped pre-selection, top-k of b, weights from the unbiased s.
+void route_row(const float* logits, int E, const MoeRouteParams& p, int32_t* ids, float* w) {
+  float s[kMaxExperts], b[kMaxExperts];
+  scores(logits, E, p, s, b);
   if (p.n_group > 1) {
     // Group score = sum of the two highest selection scores of the group; keep the topk_group
     // best groups (ties to the lower group), drop every expert of the others.
@@ -75,18 +138,53 @@ void route_row(const float* logits, int E, const MoeRouteParams& p, int32_t* ids
       if (!keep[e / gsize]) b[e] = kNegInf;
     }
   }
-  bool taken[kMaxExperts] = {};
-  float sum = 0.0f;
-  for (int j = 0; j < p.top_k; ++j) {
-    const int e = best_untaken(b, taken, E);
-    taken[e] = true;
-    ids[j] = e;
-    w[j] = s[e];
-    sum += s[e];
+  select_top_k(s, b, E, p, ids, w);
+}
+
+// A row routed inside the coreset (core[e] != 0): top_k of b among its experts, no group limits.
+void route_row_in(const float* logits, int E, const MoeRouteParams& p, const float* core, int32_t* ids,
+                  float* w) {
+  float s[kMaxExperts], b[kMaxExperts];
+  scores(logits, E, p, s, b);
+  for (int e = 0; e < E; ++e) {
+    if (core[e] == 0.0f) b[e] = kNegInf;
   }
-  for (int j = 0; j < p.top_k; ++j) {
-    if (p.norm_topk) w[j] /= sum + 1e-20f;
-    w[j] *= p.scale;
+  select_top_k(s, b, E, p, ids, w);
+}
+
+// DES on the host-visible state of one layer (MoeShare): votes of rows [vote_lo, vote_hi) in row order,
+// then the coreset, constrained routing of the share rows and the hit flags.
+void moe_share(const float* L, int E, const MoeRouteParams& p, const MoeShare& sh, int64_t M, int32_t* id,
+               float* w) {
+  float* V = sh.state;
+  float* seq = V + E;
+  float* hit = V + 2 * E;
+  float* hit_vote = V + 3 * E;
+  float* core = V + 4 * E;
+  const int K = p.top_k;
+  if (sh.vote) {
+    for (int64_t r = sh.vote_lo; r < sh.vote_hi; ++r) {
+      float s[kMaxExperts], b[kMaxExperts];
+      scores(L + r * E, E, p, s, b);
+      for (int j = 0; j < K; ++j) {
+        const int32_t e = id[r * K + j];
+        V[e] += s[e];
+        if (j < std::max(1, sh.k)) seq[e] += 1.0f;  // the first expert always: marks a vote
+      }
+    }
+  }
+  if (!sh.apply) return;
+  des_coreset(V, seq, E, sh.mode, sh.m_core, K, core);
+  if (sh.mode != DesMode::Off) {
+#pragma omp parallel for if (sh.share_hi - sh.share_lo > 16)
+    for (int64_t r = sh.share_lo; r < sh.share_hi; ++r) route_row_in(L + r * E, E, p, core, id + r * K, w + r * K);
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    const bool voting = r >= sh.vote_lo && r < sh.vote_hi;
+    for (int j = 0; j < K; ++j) {
+      hit[id[r * K + j]] = 1.0f;
+      if (voting) hit_vote[id[r * K + j]] = 1.0f;
+    }
   }
 }
 
@@ -178,8 +276,10 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
   const float* L = logits.as<const float>();
   auto* id = ids.as<int32_t>();
   auto* w = weights.as<float>();
+  if (p.share != nullptr) check_moe_share(*p.share, M, E, p.top_k);
 #pragma omp parallel for if (M > 16)
   for (int64_t r = 0; r < M; ++r) route_row(L + r * E, E, p, id + r * p.top_k, w + r * p.top_k);
+  if (p.share != nullptr) moe_share(L, E, p, *p.share, M, id, w);
 }
 
 void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,

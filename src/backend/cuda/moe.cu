@@ -18,13 +18,16 @@ struct RouteArgs {
   MoeRouteParams p;
   int32_t* ids;
   float* w;
+  int64_t row0 = 0;            // first row routed (rows row0 .. row0 + rows - 1)
+  const float* core = nullptr;  // DES: route inside the experts with core[e] != 0 (no groups)
 };
 
 // One warp per row; lane l owns experts l, l + 32, ...
 __global__ void route_kernel(const RouteArgs a) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t rr = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (r >= a.rows) return;
+  if (rr >= a.rows) return;
+  const int64_t r = a.row0 + rr;
   const float* L = a.logits + r * a.E;
   float s[kMaxPerLane], b[kMaxPerLane];
   const int per = (a.E + 31) / 32;
@@ -50,8 +53,14 @@ __global__ void route_kernel(const RouteArgs a) {
     const int e = lane + 32 * i;
     b[i] = e < a.E ? s[i] + (a.p.expert_bias != nullptr ? a.p.expert_bias[e] : 0.0f) : -INFINITY;
   }
+  if (a.core != nullptr) {
+    for (int i = 0; i < per; ++i) {
+      const int e = lane + 32 * i;
+      if (e < a.E && a.core[e] == 0.0f) b[i] = -INFINITY;
+    }
+  }
   // Grouped selection: keep the topk_group groups with the highest sum of their top-2 scores.
-  if (a.p.n_group > 1) {
+  if (a.p.n_group > 1 && a.core == nullptr) {
     const int gsize = a.E / a.p.n_group;
     unsigned long long kept = 0;  // bit g set: group g kept (n_group <= 64)
     for (int round = 0; round < a.p.topk_group; ++round) {
@@ -134,6 +143,76 @@ __global__ void route_kernel(const RouteArgs a) {
       a.w[r * a.k + j] = w * a.p.scale;
     }
   }
+}
+
+// DES votes (MoeShare): one warp walks the voting rows in order (deterministic sums); per row the
+// scores of its routed experts are recomputed from the logits, and lane j < top_k adds expert ids[j]
+// (distinct within a row).
+__global__ void des_vote_kernel(const float* logits, int E, int k, MoeRouteParams p, const int32_t* ids,
+                                int64_t lo, int64_t hi, int seq_k, float* state) {
+  const int lane = threadIdx.x;
+  const int per = (E + 31) / 32;
+  for (int64_t r = lo; r < hi; ++r) {
+    const float* L = logits + r * E;
+    float mx = -INFINITY, sum = 0.0f;
+    if (p.score == MoeScore::Softmax) {
+      for (int i = 0; i < per; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E) mx = fmaxf(mx, L[e]);
+      }
+      mx = warp_max(mx);
+      for (int i = 0; i < per; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E) sum += expf(L[e] - mx);
+      }
+      sum = warp_sum(sum);
+    }
+    if (lane < k) {
+      const int e = ids[r * k + lane];
+      const float s = p.score == MoeScore::Softmax ? expf(L[e] - mx) / sum : 1.0f / (1.0f + expf(-L[e]));
+      state[e] += s;
+      if (lane < max(1, seq_k)) state[E + e] += 1.0f;  // the first expert always: marks a vote
+    }
+    __syncwarp();
+  }
+}
+
+// The coreset (MoeShare) from the votes: one block, thread e per expert (E <= 512).
+__global__ void des_core_kernel(int E, DesMode mode, int m_core, int top_k, float* state) {
+  const int e = threadIdx.x;
+  const float* V = state;
+  const float* seq = state + E;
+  float* core = state + 4 * E;
+  const bool valid = e < E;
+  const bool any = __syncthreads_or(valid && seq[e] > 0.0f) != 0;
+  bool in = valid && (!any || mode == DesMode::Off || (mode == DesMode::Seq && seq[e] > 0.0f));
+  if (any && mode == DesMode::Vote && valid && V[e] > 0.0f) {
+    int rank = 0;  // experts ahead of e by (votes descending, lower id)
+    for (int o = 0; o < E; ++o) rank += (V[o] > V[e] || (V[o] == V[e] && o < e)) ? 1 : 0;
+    in = rank < m_core;
+  }
+  const int n = __syncthreads_count(in);
+  if (valid) core[e] = in ? 1.0f : 0.0f;
+  __syncthreads();
+  if (n < top_k && valid && !in) {  // fill: the best experts outside C by (votes, lower id)
+    int rank = 0;
+    for (int o = 0; o < E; ++o)
+      rank += (core[o] == 0.0f && (V[o] > V[e] || (V[o] == V[e] && o < e))) ? 1 : 0;
+    in = rank < top_k - n;
+  }
+  __syncthreads();
+  if (valid) core[e] = in ? 1.0f : 0.0f;
+}
+
+// hit / hit_vote flags of the routed (row, slot) pairs (benign races: every writer stores 1).
+__global__ void des_hit_kernel(const int32_t* ids, int64_t pairs, int k, int E, int64_t vote_lo, int64_t vote_hi,
+                               float* state) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= pairs) return;
+  const int e = ids[i];
+  const int64_t r = i / k;
+  state[2 * E + e] = 1.0f;
+  if (r >= vote_lo && r < vote_hi) state[3 * E + e] = 1.0f;
 }
 
 struct Layout {
@@ -238,9 +317,31 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
   TESSERA_CHECK(weights.numel() == M * p.top_k && weights.dtype == DType::F32,
                 "moe_route: weights must be f32 [M, top_k]");
   if (M == 0) return;
-  const RouteArgs a{logits.as<const float>(), M, E, p.top_k, p, ids.as<int32_t>(), weights.as<float>()};
+  if (p.share != nullptr) check_moe_share(*p.share, M, E, p.top_k);
+  RouteArgs a{logits.as<const float>(), M, E, p.top_k, p, ids.as<int32_t>(), weights.as<float>()};
   route_kernel<<<static_cast<unsigned>(ceil_div(M, 8)), 256, 0, s>>>(a);
   check_launch("moe_route");
+  if (p.share == nullptr) return;
+  const MoeShare& sh = *p.share;
+  if (sh.vote && sh.vote_hi > sh.vote_lo) {
+    des_vote_kernel<<<1, 32, 0, s>>>(a.logits, E, p.top_k, p, a.ids, sh.vote_lo, sh.vote_hi, sh.k, sh.state);
+    check_launch("moe_route (DES votes)");
+  }
+  if (!sh.apply) return;
+  des_core_kernel<<<1, static_cast<unsigned>(ceil_div(E, 32) * 32), 0, s>>>(E, sh.mode, sh.m_core, p.top_k,
+                                                                            sh.state);
+  check_launch("moe_route (DES coreset)");
+  if (sh.mode != DesMode::Off && sh.share_hi > sh.share_lo) {
+    a.row0 = sh.share_lo;
+    a.rows = sh.share_hi - sh.share_lo;
+    a.core = sh.state + 4 * E;
+    route_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 8)), 256, 0, s>>>(a);
+    check_launch("moe_route (DES routing)");
+  }
+  const int64_t pairs = M * p.top_k;
+  des_hit_kernel<<<static_cast<unsigned>(ceil_div(pairs, 256)), 256, 0, s>>>(a.ids, pairs, p.top_k, E, sh.vote_lo,
+                                                                             sh.vote_hi, sh.state);
+  check_launch("moe_route (DES hits)");
 }
 
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
