@@ -94,17 +94,23 @@ TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
   }
 }
 
+// 32 tokens in two blocks of 16, 16 steps, never stopping early.
+GenerateOptions two_blocks() {
+  GenerateOptions o;
+  o.gen_length = 32;
+  o.block_length = 16;
+  o.steps = 16;
+  o.stop_at_eos = false;
+  return o;
+}
+
 // Seq with k = top_k (the union of every token's own experts) and Vote with beta = 1 keep each voting
 // token's own top-k inside the coreset, so without group limits (LLaDA-MoE) generation is unchanged.
 TEST(DES, SharingThatKeepsEveryTokensExpertsIsExact) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", "--seed 4 --experts 16 --top-k 4");
   auto e = Engine::load(dir);
   const auto prompt = random_canvas(19, e->vocab_size() - 8, 5, 0, 0.0);
-  GenerateOptions o;
-  o.gen_length = 32;
-  o.block_length = 16;
-  o.steps = 16;
-  o.stop_at_eos = false;
+  GenerateOptions o = two_blocks();
   o.moe_stats = true;
   const GenerateResult exact = generate(*e, prompt, o);
   const MoeStats base = e->moe_stats();
@@ -161,11 +167,7 @@ TEST(DES, KvCacheStepsVoteWithTheBlocksRows) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", "--seed 4 --experts 16 --top-k 4");
   auto e = Engine::load(dir);
   const auto prompt = random_canvas(19, e->vocab_size() - 8, 5, 0, 0.0);
-  GenerateOptions o;
-  o.gen_length = 32;
-  o.block_length = 16;
-  o.steps = 16;
-  o.stop_at_eos = false;
+  GenerateOptions o = two_blocks();
   o.cache = "dual";
   o.des = "vote";
   o.des_beta = 0.25f;
