@@ -90,12 +90,28 @@ int main(int argc, char** argv) {
   sigmoid.n_group = 8;
   sigmoid.topk_group = 4;
   std::vector<Layer> layers = {
-      {"llada-moe-7b", 64, 8, 2048, 1024, softmax,
-       {{"vanilla", MoeShare{}}, {"DES-Seq k=3", seq(3)}, {"DES-Seq k=2", seq(2)},
-        {"DES-Vote beta=0.6", vote(0.6, 64)}, {"DES-Vote beta=0.4", vote(0.4, 64)}}},
-      {"llada2-mini", 256, 8, 2048, 512, sigmoid,
-       {{"vanilla", MoeShare{}}, {"DES-Seq k=3", seq(3)}, {"DES-Seq k=2", seq(2)},
-        {"DES-Vote beta=0.15", vote(0.15, 256)}, {"DES-Vote beta=0.10", vote(0.10, 256)}}},
+      {"llada-moe-7b",
+       64,
+       8,
+       2048,
+       1024,
+       softmax,
+       {{"vanilla", MoeShare{}},
+        {"DES-Seq k=3", seq(3)},
+        {"DES-Seq k=2", seq(2)},
+        {"DES-Vote beta=0.6", vote(0.6, 64)},
+        {"DES-Vote beta=0.4", vote(0.4, 64)}}},
+      {"llada2-mini",
+       256,
+       8,
+       2048,
+       512,
+       sigmoid,
+       {{"vanilla", MoeShare{}},
+        {"DES-Seq k=3", seq(3)},
+        {"DES-Seq k=2", seq(2)},
+        {"DES-Vote beta=0.15", vote(0.15, 256)},
+        {"DES-Vote beta=0.10", vote(0.10, 256)}}},
   };
   const std::vector<int64_t> blocks = quick ? std::vector<int64_t>{32} : std::vector<int64_t>{8, 16, 32, 64};
   std::string json = "[\n";
@@ -123,15 +139,16 @@ int main(int argc, char** argv) {
     for (auto& b : bias) b = static_cast<float>(lcg(st) % 1000) * 1e-4f;
     void* dbias = upload(*be, bias.data(), bias.size() * 4);
     if (L.route.score == MoeScore::Sigmoid) L.route.expert_bias = static_cast<const float*>(dbias);
-    std::printf("\n%s layer: %d experts, top-%d, hidden %lld, expert inter %lld (%.0f MiB of experts)\n", L.name,
-                L.E, L.K, static_cast<long long>(L.H), static_cast<long long>(L.I),
+    std::printf("\n%s layer: %d experts, top-%d, hidden %lld, expert inter %lld (%.0f MiB of experts)\n",
+                L.name, L.E, L.K, static_cast<long long>(L.H), static_cast<long long>(L.I),
                 3.0 * L.E * static_cast<double>(per) * 2 / (1 << 20));
     std::printf("%6s %-20s %8s %10s %9s\n", "block", "routing", "experts", "ms", "speed-up");
     for (const int64_t N : blocks) {
       // Router logits N(0, 1) by Box-Muller; x rows of small bf16 values.
       std::vector<float> logits(static_cast<size_t>(N * L.E));
       for (auto& v : logits) {
-        const double u1 = (static_cast<double>(lcg(st)) + 1.0) / 2147483649.0, u2 = static_cast<double>(lcg(st)) / 2147483648.0;
+        const double u1 = (static_cast<double>(lcg(st)) + 1.0) / 2147483649.0,
+                     u2 = static_cast<double>(lcg(st)) / 2147483648.0;
         v = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
       }
       std::vector<uint16_t> x(static_cast<size_t>(N * L.H));
@@ -180,10 +197,11 @@ int main(int argc, char** argv) {
         std::printf("%6lld %-20s %8d %10.3f %8.2fx\n", static_cast<long long>(N), label.c_str(), unique, ms,
                     vanilla_ms / ms);
         char line[256];
-        std::snprintf(line, sizeof line,
-                      "  {\"layer\": \"%s\", \"block\": %lld, \"routing\": \"%s\", \"experts\": %d, \"ms\": %.4f, "
-                      "\"speedup\": %.4f},\n",
-                      L.name, static_cast<long long>(N), label.c_str(), unique, ms, vanilla_ms / ms);
+        std::snprintf(
+            line, sizeof line,
+            "  {\"layer\": \"%s\", \"block\": %lld, \"routing\": \"%s\", \"experts\": %d, \"ms\": %.4f, "
+            "\"speedup\": %.4f},\n",
+            L.name, static_cast<long long>(N), label.c_str(), unique, ms, vanilla_ms / ms);
         json += line;
       }
       for (void* p : {dl, dx, dscratch, dids, dw, dout, dstate}) be->free_weights(p);

@@ -6,7 +6,8 @@
 // speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows),
 // the largest planned activation peak, the KV cache held, and the share of generated tokens equal to
 // the baseline's; for MoE models the mean unique experts per MoE layer and forward, and with --profile
-// the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so every row produces the same number of tokens.
+// the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so
+// every row produces the same number of tokens.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -76,7 +77,8 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     if (rep == 0 || s < r.seconds) {
       r.seconds = s;
       const auto& ops = e.op_seconds();
-      r.moe_seconds = ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
+      r.moe_seconds =
+          ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
@@ -163,8 +165,8 @@ int run_bench(const BenchArgs& a) {
       base.alg.c_str(),
       base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
       base.cache.c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up", "steps",
-              "query rows", "act. peak", "KV cache", "agreement");
+  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up",
+              "steps", "query rows", "act. peak", "KV cache", "agreement");
   if (moe) std::printf(" %8s", "experts");
   if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
   std::printf("\n");
@@ -175,7 +177,8 @@ int run_bench(const BenchArgs& a) {
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
     if (moe) std::printf(" %8.1f", r.experts);
-    if (a.profile) std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
+    if (a.profile)
+      std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
     std::printf("\n");
     comparisons.push_back({{"option", r.label},
                            {"seconds", r.seconds},

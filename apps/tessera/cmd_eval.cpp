@@ -1,8 +1,8 @@
 // tessera eval: the fidelity harness (src/eval/fidelity.h) on a model's held-out text.
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
-// threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device,
-// k-ffn, k-logits, memory-budget) measured against the exact path.
+// threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
+// des-scope, precision, device, k-ffn, k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

@@ -57,12 +57,9 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"des", s.options().des}};
   const MoeStats& m = s.engine().moe_stats();
   if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
-    j["moe"] = {{"n_experts", s.config().moe.n_experts},
-                {"top_k", s.config().moe.top_k},
-                {"unique_experts", m.mean(m.unique)},
-                {"unique_experts_block", m.mean(m.unique_voting)},
-                {"coreset", m.mean(m.coreset)},
-                {"des_scope", s.options().des_scope}};
+    j["moe"] = {{"n_experts", s.config().moe.n_experts}, {"top_k", s.config().moe.top_k},
+                {"unique_experts", m.mean(m.unique)},    {"unique_experts_block", m.mean(m.unique_voting)},
+                {"coreset", m.mean(m.coreset)},          {"des_scope", s.options().des_scope}};
   }
   return j;
 }

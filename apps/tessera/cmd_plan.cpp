@@ -359,7 +359,8 @@ void add_plan(CLI::App& app, Registry& reg) {
   auto a = std::make_shared<PlanArgs>();
   auto* m = sub->add_option("-m,--model", a->model, "model directory (reads only its config.json)");
   sub->add_option("--geometry", a->geometry, "a named geometry instead of a model directory")
-      ->check(CLI::IsMember({"llada-8b", "dream-7b", "llada-moe-7b", "llada2-mini", "llada-mid", "llada-moe-mid", "llada2-mid"}))
+      ->check(CLI::IsMember({"llada-8b", "dream-7b", "llada-moe-7b", "llada2-mini", "llada-mid",
+                             "llada-moe-mid", "llada2-mid"}))
       ->excludes(m);
   sub->add_option("--context", a->context, "tokens in the canvas (prompt + generation)")->required();
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of the canvas that is masked (needs logits)")

@@ -312,7 +312,8 @@ class Server {
       if (!given(body, "des")) o.des = given(body, "des_k") ? "" : "vote";  // both: name the method
     }
     if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
-    if (o.des.empty()) bad("'des_k' (DES-Seq) and 'des_beta' (DES-Vote) choose different methods; give 'des'");
+    if (o.des.empty())
+      bad("'des_k' (DES-Seq) and 'des_beta' (DES-Vote) choose different methods; give 'des'");
     if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
     try {
       validate_generate_options(o, session_.config().vocab, block_causal_);
@@ -320,7 +321,8 @@ class Server {
       bad(e.what());
     }
     const MoeConfig& moe = session_.config().moe;
-    if (o.des != "off" && moe.n_experts == 0) bad("'des' needs a mixture-of-experts model; this one has no experts");
+    if (o.des != "off" && moe.n_experts == 0)
+      bad("'des' needs a mixture-of-experts model; this one has no experts");
     if (o.des == "seq" && (o.des_k < 1 || o.des_k > moe.top_k))
       bad("'des_k' must be in [1, " + std::to_string(moe.top_k) + "] (the experts per token)");
     return o;

@@ -79,7 +79,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
-             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device, k-ffn, k-logits, memory-budget)");
+             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device, k-ffn, k-logits, "
+             "memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

@@ -198,7 +198,8 @@ Session::Session(const SessionArgs& a) {
   if (a.des) {
     gen_.des = *a.des;
   } else if (a.des_k && a.des_beta) {
-    fail("--des-k (DES-Seq) and --des-beta (DES-Vote) choose different methods; pass --des seq or --des vote");
+    fail(
+        "--des-k (DES-Seq) and --des-beta (DES-Vote) choose different methods; pass --des seq or --des vote");
   } else if (a.des_k || a.des_beta) {
     gen_.des = a.des_k ? "seq" : "vote";
   }

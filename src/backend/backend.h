@@ -102,7 +102,8 @@ struct MoeShare {
 // Throws Error unless `sh` fits a call of `rows` rows of an n_experts router with top_k.
 void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k);
 // The coreset of MoeShare from one layer's votes and seq counts: core[e] = 1 in C, else 0 (host memory).
-void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k, float* core);
+void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k,
+                 float* core);
 
 // The experts of one MoE layer. `table` is backend memory holding 3 * n_experts pointers to
 // backend memory: gate[0..E), up[0..E), down[0..E); gate/up are [inter, hidden], down [hidden, inter],

@@ -88,7 +88,7 @@ struct GenerateOptions {
   int des_k = 2;
   float des_beta = 0.4f;
   std::string des_scope = "block";  // block | all
-  bool moe_stats = false;           // count unique experts (Denoiser::des_begin with mode Off) when des is off
+  bool moe_stats = false;  // count unique experts (Denoiser::des_begin with mode Off) when des is off
   std::vector<int32_t> eos_ids;
 };
 

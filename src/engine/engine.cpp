@@ -510,8 +510,8 @@ bool Engine::supports_expert_sharing() const {
 
 void Engine::des_begin(const DesConfig& c) {
   const ModelConfig& cfg = model_->config();
-  TESSERA_CHECK(supports_expert_sharing(),
-                "expert sharing needs a mixture-of-experts model; this " + cfg.model_type + " model has no experts");
+  TESSERA_CHECK(supports_expert_sharing(), "expert sharing needs a mixture-of-experts model; this " +
+                                               cfg.model_type + " model has no experts");
   const int E = static_cast<int>(cfg.moe.n_experts), K = static_cast<int>(cfg.moe.top_k);
   TESSERA_CHECK(c.mode != DesMode::Seq || (c.k >= 1 && c.k <= K),
                 "des-k must be in [1, " + std::to_string(K) + "] (the model routes each token to " +
@@ -541,7 +541,8 @@ void Engine::des_begin(const DesConfig& c) {
 }
 
 void Engine::des_rows(int64_t lo, int64_t hi) {
-  TESSERA_CHECK(0 <= lo && lo <= hi, "expert sharing: the decoded rows must be a range [lo, hi) with 0 <= lo <= hi");
+  TESSERA_CHECK(0 <= lo && lo <= hi,
+                "expert sharing: the decoded rows must be a range [lo, hi) with 0 <= lo <= hi");
   des_lo_ = lo;
   des_hi_ = hi;
 }

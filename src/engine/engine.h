@@ -31,7 +31,7 @@ struct EngineOptions {
   // optimizer (no chunking unless the plan would exceed the budget), and a step that cannot fit
   // even fully chunked fails before it runs, naming the budget, the floor and the largest context.
   size_t memory_budget = 0;
-  std::string dump_dir;  // debug: dump every named tensor of each step here
+  std::string dump_dir;      // debug: dump every named tensor of each step here
   bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
 };
 
@@ -67,7 +67,9 @@ struct StepStats {
 struct MoeStats {
   int64_t forwards = 0, layer_forwards = 0;
   double unique = 0, unique_voting = 0, coreset = 0;
-  double mean(double sum) const { return layer_forwards > 0 ? sum / static_cast<double>(layer_forwards) : 0.0; }
+  double mean(double sum) const {
+    return layer_forwards > 0 ? sum / static_cast<double>(layer_forwards) : 0.0;
+  }
 };
 
 class Engine final : public Denoiser {

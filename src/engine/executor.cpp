@@ -236,7 +236,8 @@ void execute(const graph::GraphTemplate& g, const graph::Program& p, const ExecC
       }
     }
     for (int64_t k = 0; k < L.count; ++k) {
-      for (int j = L.begin; j < L.end; ++j) run_op(g, p, c, j, k, route >= 0 ? DesPass::ApplyOnly : DesPass::Both);
+      for (int j = L.begin; j < L.end; ++j)
+        run_op(g, p, c, j, k, route >= 0 ? DesPass::ApplyOnly : DesPass::Both);
     }
     oi = L.end;
   }

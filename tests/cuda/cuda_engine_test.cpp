@@ -53,13 +53,15 @@ TEST_F(CudaTest, TinyLladaMoeMatchesTheNumpyReference) {
 // and so do the unique-expert counts.
 TEST_F(CudaTest, ExpertSharingMatchesTheCpuEngine) {
   for (const char* fam : {"llada_moe", "llada2"}) {
-    TESSERA_TINY_OR_SKIP(dir, fam, std::string(fam) == "llada2" ? "--seed 7" : "--seed 4 --experts 16 --top-k 4");
+    TESSERA_TINY_OR_SKIP(dir, fam,
+                         std::string(fam) == "llada2" ? "--seed 7" : "--seed 4 --experts 16 --top-k 4");
     auto g = Engine::load(dir, cuda_engine_options(Precision::F32));
     auto c = Engine::load(dir, EngineOptions{.precision = Precision::F32});
     const auto canvas = test::random_canvas(75, c->vocab_size(), 17, c->mask_token(), 0.5);
     const auto pos = test::all_positions(75);
     std::vector<float> lg(75 * static_cast<size_t>(c->vocab_size())), lc(lg.size());
-    for (const DesConfig& d : {DesConfig{DesMode::Vote, 2, 0.25f, true}, DesConfig{DesMode::Seq, 1, 0.4f, false}}) {
+    for (const DesConfig& d :
+         {DesConfig{DesMode::Vote, 2, 0.25f, true}, DesConfig{DesMode::Seq, 1, 0.4f, false}}) {
       for (Engine* e : {g.get(), c.get()}) {
         e->des_begin(d);
         e->des_rows(40, 56);

@@ -1,6 +1,7 @@
 // MoE on the GPU against the CPU backend: routing (softmax top-k without renormalisation; sigmoid +
-// expert bias + groups + renormalisation + scale; Dynamic Expert Sharing) and the expert FFN over the selected experts only
-// (bf16 through the tensor-core grouped GEMM, f32 through the SIMT kernel), outputs poisoned first.
+// expert bias + groups + renormalisation + scale; Dynamic Expert Sharing) and the expert FFN over the
+// selected experts only (bf16 through the tensor-core grouped GEMM, f32 through the SIMT kernel), outputs
+// poisoned first.
 #include "cuda_test_util.h"
 
 namespace tessera {

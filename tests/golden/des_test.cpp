@@ -30,8 +30,14 @@ struct DesCase {
 TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
   const int64_t n = 75, lo = 40, hi = 56;  // the block decoded in parallel
   const DesCase cases[] = {
-      {"llada_moe", "--seed 4 --experts 16 --top-k 4", {DesMode::Vote, 2, 0.4f, false}, "vote --des-beta 0.4"},
-      {"llada_moe", "--seed 4 --experts 16 --top-k 4", {DesMode::Seq, 1, 0.4f, true}, "seq --des-k 1 --des-scope all"},
+      {"llada_moe",
+       "--seed 4 --experts 16 --top-k 4",
+       {DesMode::Vote, 2, 0.4f, false},
+       "vote --des-beta 0.4"},
+      {"llada_moe",
+       "--seed 4 --experts 16 --top-k 4",
+       {DesMode::Seq, 1, 0.4f, true},
+       "seq --des-k 1 --des-scope all"},
       {"llada_moe", "--seed 4 --experts 16 --top-k 4", {DesMode::Off, 2, 0.4f, false}, "off"},
       {"llada2", "--seed 7", {DesMode::Vote, 2, 0.25f, true}, "vote --des-beta 0.25 --des-scope all"},
       {"llada2", "--seed 7", {DesMode::Seq, 2, 0.4f, false}, "seq --des-k 2"},
@@ -53,11 +59,12 @@ TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
 
     const auto tmp = test::temp_dir(std::string("des_") + c.family);
     const auto stats_file = tmp / "stats.json";
-    const std::string block = cfg.family == Family::LLaDA2 ? " --block " + std::to_string(e->attention_block()) : "";
-    const auto want = test::reference_logits(dir, canvas, pos, V, nullptr,
-                                             std::string("--des ") + c.ref + " --des-rows " + std::to_string(lo) +
-                                                 "," + std::to_string(hi) + " --des-stats " + stats_file.string() +
-                                                 block);
+    const std::string block =
+        cfg.family == Family::LLaDA2 ? " --block " + std::to_string(e->attention_block()) : "";
+    const auto want =
+        test::reference_logits(dir, canvas, pos, V, nullptr,
+                               std::string("--des ") + c.ref + " --des-rows " + std::to_string(lo) + "," +
+                                   std::to_string(hi) + " --des-stats " + stats_file.string() + block);
     ASSERT_EQ(want.size(), got.size());
     const double err = test::rel_error(got.data(), want.data(), want.size());
     const double vs_exact = test::rel_error(got.data(), exact.data(), exact.size());
@@ -88,9 +95,11 @@ TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
       const double m = std::floor(c.des.beta * static_cast<double>(cfg.moe.n_experts));
       EXPECT_LE(st.mean(st.coreset), std::max<double>(m, static_cast<double>(cfg.moe.top_k)));
     }
-    std::printf("%s DES %s: vs numpy %.2e, vs exact %.2e; experts per layer %.2f (block %.2f, coreset %.2f) of %lld\n",
-                c.family, c.ref, err, vs_exact, st.mean(st.unique), st.mean(st.unique_voting), st.mean(st.coreset),
-                static_cast<long long>(cfg.moe.n_experts));
+    std::printf(
+        "%s DES %s: vs numpy %.2e, vs exact %.2e; experts per layer %.2f (block %.2f, coreset %.2f) of "
+        "%lld\n",
+        c.family, c.ref, err, vs_exact, st.mean(st.unique), st.mean(st.unique_voting), st.mean(st.coreset),
+        static_cast<long long>(cfg.moe.n_experts));
   }
 }
 
@@ -208,15 +217,19 @@ TEST(DES, MisuseFailsClearly) {
   o.des = "vote";
   o.des_scope = "block";
   o.gen_length = o.steps = o.block_length = 8;
-  expect_error([&] { generate(*d, std::vector<int32_t>{1, 2}, o); },
-               "expert sharing needs a mixture-of-experts model; use des off");
+  expect_error(
+      [&] {
+        generate(*d, std::vector<int32_t>{1, 2}, o);
+      },
+      "expert sharing needs a mixture-of-experts model; use des off");
 }
 
 TEST(DES, CliReportsTheExperts) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", "--seed 4 --experts 16 --top-k 4");
   const std::string bin = TESSERA_BINARY;
   std::string out;
-  const std::string base = bin + " generate -m " + dir.string() + " -p hi --gen-length 24 --block-length 8 --raw ";
+  const std::string base =
+      bin + " generate -m " + dir.string() + " -p hi --gen-length 24 --block-length 8 --raw ";
   ASSERT_EQ(test::run_command(base + "--json 2>/dev/null", &out), 0) << out;
   const auto exact = nlohmann::json::parse(out);
   EXPECT_EQ(exact["des"], "off");

@@ -144,7 +144,8 @@ TEST(MoeShare, SeqAndVoteCoresetsHandComputed) {
   EXPECT_EQ(flags(a.state, 4, 2), (std::vector<float>{1, 0, 1, 1}));  // hit: row 2 used expert 2
   EXPECT_EQ(flags(a.state, 4, 3), (std::vector<float>{1, 0, 0, 1}));  // hit by voting rows
   const std::vector<float> votes = {.5f, .3f, .3f, .4f};
-  for (int e = 0; e < 4; ++e) EXPECT_NEAR(a.state[static_cast<size_t>(e)], votes[static_cast<size_t>(e)], 1e-6);
+  for (int e = 0; e < 4; ++e)
+    EXPECT_NEAR(a.state[static_cast<size_t>(e)], votes[static_cast<size_t>(e)], 1e-6);
   // DES-Vote, m = 3: V ranks 0 (.5), 3 (.4), then 1 and 2 tie at .3 -> the lower id: C = {0, 1, 3}.
   // Every row shares: row 0 [0, 1], row 1 [3 (.4), 1 (.2)], row 2 [3 (.5), 1 (.15)].
   sh.mode = DesMode::Vote;

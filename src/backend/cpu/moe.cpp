@@ -34,7 +34,8 @@ void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k)
                 "moe_route: the DES-Vote coreset size must be in [1, " + std::to_string(n_experts) + "]");
 }
 
-void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k, float* core) {
+void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k,
+                 float* core) {
   bool any = false;
   for (int e = 0; e < E; ++e) any = any || seq[e] > 0.0f;
   // Rank by (votes descending, lower id) among the experts not yet in the coreset.
@@ -177,7 +178,8 @@ void moe_share(const float* L, int E, const MoeRouteParams& p, const MoeShare& s
   des_coreset(V, seq, E, sh.mode, sh.m_core, K, core);
   if (sh.mode != DesMode::Off) {
 #pragma omp parallel for if (sh.share_hi - sh.share_lo > 16)
-    for (int64_t r = sh.share_lo; r < sh.share_hi; ++r) route_row_in(L + r * E, E, p, core, id + r * K, w + r * K);
+    for (int64_t r = sh.share_lo; r < sh.share_hi; ++r)
+      route_row_in(L + r * E, E, p, core, id + r * K, w + r * K);
   }
   for (int64_t r = 0; r < M; ++r) {
     const bool voting = r >= sh.vote_lo && r < sh.vote_hi;

@@ -18,7 +18,7 @@ struct RouteArgs {
   MoeRouteParams p;
   int32_t* ids;
   float* w;
-  int64_t row0 = 0;            // first row routed (rows row0 .. row0 + rows - 1)
+  int64_t row0 = 0;             // first row routed (rows row0 .. row0 + rows - 1)
   const float* core = nullptr;  // DES: route inside the experts with core[e] != 0 (no groups)
 };
 
@@ -196,8 +196,7 @@ __global__ void des_core_kernel(int E, DesMode mode, int m_core, int top_k, floa
   __syncthreads();
   if (n < top_k && valid && !in) {  // fill: the best experts outside C by (votes, lower id)
     int rank = 0;
-    for (int o = 0; o < E; ++o)
-      rank += (core[o] == 0.0f && (V[o] > V[e] || (V[o] == V[e] && o < e))) ? 1 : 0;
+    for (int o = 0; o < E; ++o) rank += (core[o] == 0.0f && (V[o] > V[e] || (V[o] == V[e] && o < e))) ? 1 : 0;
     in = rank < top_k - n;
   }
   __syncthreads();
@@ -205,8 +204,8 @@ __global__ void des_core_kernel(int E, DesMode mode, int m_core, int top_k, floa
 }
 
 // hit / hit_vote flags of the routed (row, slot) pairs (benign races: every writer stores 1).
-__global__ void des_hit_kernel(const int32_t* ids, int64_t pairs, int k, int E, int64_t vote_lo, int64_t vote_hi,
-                               float* state) {
+__global__ void des_hit_kernel(const int32_t* ids, int64_t pairs, int k, int E, int64_t vote_lo,
+                               int64_t vote_hi, float* state) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= pairs) return;
   const int e = ids[i];
@@ -339,8 +338,8 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
     check_launch("moe_route (DES routing)");
   }
   const int64_t pairs = M * p.top_k;
-  des_hit_kernel<<<static_cast<unsigned>(ceil_div(pairs, 256)), 256, 0, s>>>(a.ids, pairs, p.top_k, E, sh.vote_lo,
-                                                                             sh.vote_hi, sh.state);
+  des_hit_kernel<<<static_cast<unsigned>(ceil_div(pairs, 256)), 256, 0, s>>>(
+      a.ids, pairs, p.top_k, E, sh.vote_lo, sh.vote_hi, sh.state);
   check_launch("moe_route (DES hits)");
 }
 
