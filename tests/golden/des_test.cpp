@@ -90,7 +90,9 @@ TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
     EXPECT_EQ(st.unique, unique) << c.family << " " << c.ref;
     EXPECT_EQ(st.unique_voting, voting) << c.family << " " << c.ref;
     EXPECT_EQ(st.coreset, core) << c.family << " " << c.ref;
-    if (c.des.all_rows) EXPECT_EQ(st.unique, st.coreset) << "every row routes inside the coreset";
+    if (c.des.all_rows) {
+      EXPECT_EQ(st.unique, st.coreset) << "every row routes inside the coreset";
+    }
     if (c.des.mode == DesMode::Vote) {
       const double m = std::floor(c.des.beta * static_cast<double>(cfg.moe.n_experts));
       EXPECT_LE(st.mean(st.coreset), std::max<double>(m, static_cast<double>(cfg.moe.top_k)));
