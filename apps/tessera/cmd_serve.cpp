@@ -302,29 +302,19 @@ class Server {
       *dst = static_cast<float>(num_field(body, k));
       o.sparse = true;
     }
-    if (given(body, "des")) o.des = str_field(body, "des");
-    if (given(body, "des_k")) {
-      o.des_k = small_int("des_k");
-      if (!given(body, "des")) o.des = "seq";
-    }
-    if (given(body, "des_beta")) {
-      o.des_beta = static_cast<float>(num_field(body, "des_beta"));
-      if (!given(body, "des")) o.des = given(body, "des_k") ? "" : "vote";  // both: name the method
-    }
+    if (given(body, "des_k")) o.des_k = small_int("des_k");
+    if (given(body, "des_beta")) o.des_beta = static_cast<float>(num_field(body, "des_beta"));
     if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
-    if (o.des.empty())
-      bad("'des_k' (DES-Seq) and 'des_beta' (DES-Vote) choose different methods; give 'des'");
     if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
     try {
+      o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
+                          given(body, "des_k"), given(body, "des_beta"), o.des);
       validate_generate_options(o, session_.config().vocab, block_causal_);
+      // What only the model can tell (an MoE model, k <= top_k) fails here, before a stream starts.
+      if (o.des != "off") session_.engine().check_des(des_config(o));
     } catch (const Error& e) {
       bad(e.what());
     }
-    const MoeConfig& moe = session_.config().moe;
-    if (o.des != "off" && moe.n_experts == 0)
-      bad("'des' needs a mixture-of-experts model; this one has no experts");
-    if (o.des == "seq" && (o.des_k < 1 || o.des_k > moe.top_k))
-      bad("'des_k' must be in [1, " + std::to_string(moe.top_k) + "] (the experts per token)");
     return o;
   }
 

@@ -195,14 +195,7 @@ Session::Session(const SessionArgs& a) {
   gen_.sparse_block = a.sparse_block.value_or(gen_.sparse_block);
   gen_.sparse_rho = a.sparse_rho.value_or(gen_.sparse_rho);
   gen_.sparse_skip = a.sparse_skip.value_or(gen_.sparse_skip);
-  if (a.des) {
-    gen_.des = *a.des;
-  } else if (a.des_k && a.des_beta) {
-    fail(
-        "--des-k (DES-Seq) and --des-beta (DES-Vote) choose different methods; pass --des seq or --des vote");
-  } else if (a.des_k || a.des_beta) {
-    gen_.des = a.des_k ? "seq" : "vote";
-  }
+  gen_.des = implied_des(a.des, a.des_k.has_value(), a.des_beta.has_value(), gen_.des);
   gen_.des_k = a.des_k.value_or(gen_.des_k);
   gen_.des_beta = a.des_beta.value_or(gen_.des_beta);
   gen_.des_scope = a.des_scope;

@@ -63,6 +63,7 @@ class Session {
              const std::function<void(const StepEvent&)>& on_step);
   const Tokenizer& tokenizer() const { return *tok_; }
   Engine& engine() { return *engine_; }
+  const Engine& engine() const { return *engine_; }
   const ModelConfig& config() const { return engine_->config(); }
   const GenerateOptions& options() const { return gen_; }
   std::string model_dir() const { return dir_; }

@@ -415,6 +415,23 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
 }
 
+DesConfig des_config(const GenerateOptions& o) {
+  DesConfig c;
+  c.mode = o.des == "seq" ? DesMode::Seq : o.des == "vote" ? DesMode::Vote : DesMode::Off;
+  c.k = o.des_k;
+  c.beta = o.des_beta;
+  c.all_rows = o.des_scope == "all";
+  return c;
+}
+
+std::string implied_des(const std::optional<std::string>& des, bool k_given, bool beta_given,
+                        const std::string& otherwise) {
+  if (des) return *des;
+  TESSERA_CHECK(!(k_given && beta_given),
+                "des-k (DES-Seq) and des-beta (DES-Vote) choose different methods; give des seq or des vote");
+  return k_given ? "seq" : beta_given ? "vote" : otherwise;
+}
+
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal) {
   const int64_t n = prompt_len + o.gen_length;
   if (!block_causal) return n;
@@ -443,24 +460,21 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
     TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
     den.kv_cache_reset(canvas_length(L.P, o, aligned));
   }
-  struct DesGuard {  // normal routing again when the request ends, however it ends
-    Denoiser* d = nullptr;
-    ~DesGuard() {
-      if (d != nullptr) d->des_end();
+  // Whatever the request turned on (DES, SparseD) is turned off when it ends, however it ends.
+  struct RequestGuard {
+    Denoiser& d;
+    bool des = false, sparse = false;
+    ~RequestGuard() {
+      if (des) d.des_end();
+      if (sparse) d.sparse_end();
     }
-  } des_guard;
+  } guard{den};
   if (o.des != "off" || o.moe_stats) {
     TESSERA_CHECK(den.supports_expert_sharing(),
                   o.des != "off" ? "expert sharing needs a mixture-of-experts model; use des off"
                                  : "unique-expert counts need a mixture-of-experts model");
-    DesConfig dc;
-    dc.mode = o.des == "seq" ? DesMode::Seq : o.des == "vote" ? DesMode::Vote : DesMode::Off;
-    dc.k = o.des_k;
-    dc.beta = o.des_beta;
-    dc.all_rows = o.des_scope == "all";
-    den.des_begin(dc);
-    des_guard.d = &den;
-    L.des = true;
+    den.des_begin(des_config(o));
+    guard.des = L.des = true;
   }
   if (aligned) {
     den.set_attention_block(o.block_length);
@@ -474,16 +488,10 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   init_sampling(L, llada);
-  struct SparseGuard {  // exact attention again when the request ends, however it ends
-    Denoiser* d = nullptr;
-    ~SparseGuard() {
-      if (d != nullptr) d->sparse_end();
-    }
-  } sparse_guard;
   if (o.sparse) {
     TESSERA_CHECK(den.supports_sparse_attention(), "this denoiser has no sparse attention; turn sparse off");
     den.sparse_begin(static_cast<int64_t>(L.canvas.size()), SparseConfig{o.sparse_block, o.sparse_rho, L.P});
-    sparse_guard.d = &den;
+    guard.sparse = true;
     L.sparse_select_at = static_cast<int64_t>(std::floor(static_cast<double>(o.steps) * o.sparse_skip));
   }
 

@@ -58,6 +58,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -107,6 +108,13 @@ struct GenerateResult {
 // Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:
 // the options are for a block-causal model (no divisibility rules; see generate()).
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
+
+// The DesConfig of the options' des, des_k, des_beta and des_scope (Denoiser::des_begin).
+DesConfig des_config(const GenerateOptions& o);
+// The DES method of a request: `des` when given, else the one des-k (seq) or des-beta (vote) implies,
+// else `otherwise`; throws Error when both are given without des.
+std::string implied_des(const std::optional<std::string>& des, bool k_given, bool beta_given,
+                        const std::string& otherwise);
 
 // The canvas a generation uses: prompt + gen_length, padded to whole blocks for block-causal models.
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal);

@@ -508,16 +508,22 @@ bool Engine::supports_expert_sharing() const {
   return model_->config().moe.n_experts > 0;
 }
 
-void Engine::des_begin(const DesConfig& c) {
+void Engine::check_des(const DesConfig& c) const {
   const ModelConfig& cfg = model_->config();
   TESSERA_CHECK(supports_expert_sharing(), "expert sharing needs a mixture-of-experts model; this " +
                                                cfg.model_type + " model has no experts");
-  const int E = static_cast<int>(cfg.moe.n_experts), K = static_cast<int>(cfg.moe.top_k);
+  const int K = static_cast<int>(cfg.moe.top_k);
   TESSERA_CHECK(c.mode != DesMode::Seq || (c.k >= 1 && c.k <= K),
                 "des-k must be in [1, " + std::to_string(K) + "] (the model routes each token to " +
                     std::to_string(K) + " experts; got " + std::to_string(c.k) + ")");
   TESSERA_CHECK(c.mode != DesMode::Vote || (std::isfinite(c.beta) && c.beta > 0.0f && c.beta <= 1.0f),
                 "des-beta must be in (0, 1] (got " + std::to_string(c.beta) + ")");
+}
+
+void Engine::des_begin(const DesConfig& c) {
+  check_des(c);
+  const ModelConfig& cfg = model_->config();
+  const int E = static_cast<int>(cfg.moe.n_experts);
   const size_t layer = static_cast<size_t>(5 * E);
   const size_t bytes = layer * static_cast<size_t>(cfg.n_layers) * sizeof(float);
   if (bytes > des_bytes_) {

@@ -70,6 +70,14 @@ struct MoeStats {
   double mean(double sum) const {
     return layer_forwards > 0 ? sum / static_cast<double>(layer_forwards) : 0.0;
   }
+  MoeStats& operator+=(const MoeStats& o) {
+    forwards += o.forwards;
+    layer_forwards += o.layer_forwards;
+    unique += o.unique;
+    unique_voting += o.unique_voting;
+    coreset += o.coreset;
+    return *this;
+  }
 };
 
 class Engine final : public Denoiser {
@@ -133,6 +141,8 @@ class Engine final : public Denoiser {
   // every forward to count unique experts (moe_stats).
   bool supports_expert_sharing() const override;
   void des_begin(const DesConfig& c) override;
+  // Throws Error unless des_begin(c) would accept c on this model (an MoE model, k and beta in range).
+  void check_des(const DesConfig& c) const;
   void des_rows(int64_t lo, int64_t hi) override;
   void des_end() override { des_on_ = false; }
   const MoeStats& moe_stats() const { return des_stats_; }

@@ -172,14 +172,7 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
       g.moe_stats = e.supports_expert_sharing();
       GenerateResult r = generate(e, c.prompt, g);
       o.steps += r.steps_run;
-      if (g.moe_stats) {
-        const MoeStats& m = e.moe_stats();
-        o.moe.forwards += m.forwards;
-        o.moe.layer_forwards += m.layer_forwards;
-        o.moe.unique += m.unique;
-        o.moe.unique_voting += m.unique_voting;
-        o.moe.coreset += m.coreset;
-      }
+      if (g.moe_stats) o.moe += e.moe_stats();
       o.tokens.push_back(std::move(r.tokens));
     }
   }

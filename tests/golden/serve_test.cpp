@@ -151,7 +151,7 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "sparse": 1})", "'sparse' must be true or false"},
       {R"({"prompt": "x", "sparse_rho": 2})", "sparse-rho must be in [0, 1]"},
       {R"({"prompt": "x", "sparse": true, "cache": "dual"})", "cannot be combined with a KV cache"},
-      {R"({"prompt": "x", "des": "vote"})", "'des' needs a mixture-of-experts model"},
+      {R"({"prompt": "x", "des": "vote"})", "expert sharing needs a mixture-of-experts model"},
       {R"({"prompt": "x", "des": "some"})", "unknown expert sharing 'some'"},
       {R"({"prompt": "x", "des_k": 2, "des_beta": 0.3})", "choose different methods"},
       {R"({"prompt": 7})", "'prompt' must be a string"},

@@ -112,6 +112,11 @@ Shared route_shared(const std::vector<float>& logits, int E, const MoeRouteParam
   return out;
 }
 
+void expect_weights(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << i;
+}
+
 std::vector<float> flags(const std::vector<float>& state, int E, int which) {
   return {state.begin() + which * E, state.begin() + (which + 1) * E};
 }
@@ -137,15 +142,12 @@ TEST(MoeShare, SeqAndVoteCoresetsHandComputed) {
   sh.m_core = 4;
   Shared a = route_shared(logits, 4, base, sh);
   EXPECT_EQ(a.r.ids, (std::vector<int32_t>{0, 3, 3, 0, 3, 2}));
-  const std::vector<float> wa = {.5f, .05f, .4f, .1f, .5f, .3f};
-  for (size_t i = 0; i < wa.size(); ++i) EXPECT_NEAR(a.r.w[i], wa[i], 1e-6) << i;
+  expect_weights(a.r.w, {.5f, .05f, .4f, .1f, .5f, .3f});
   EXPECT_EQ(flags(a.state, 4, 1), (std::vector<float>{1, 0, 0, 1}));  // seq counts
   EXPECT_EQ(flags(a.state, 4, 4), (std::vector<float>{1, 0, 0, 1}));  // coreset
   EXPECT_EQ(flags(a.state, 4, 2), (std::vector<float>{1, 0, 1, 1}));  // hit: row 2 used expert 2
   EXPECT_EQ(flags(a.state, 4, 3), (std::vector<float>{1, 0, 0, 1}));  // hit by voting rows
-  const std::vector<float> votes = {.5f, .3f, .3f, .4f};
-  for (int e = 0; e < 4; ++e)
-    EXPECT_NEAR(a.state[static_cast<size_t>(e)], votes[static_cast<size_t>(e)], 1e-6);
+  expect_weights(flags(a.state, 4, 0), {.5f, .3f, .3f, .4f});         // votes
   // DES-Vote, m = 3: V ranks 0 (.5), 3 (.4), then 1 and 2 tie at .3 -> the lower id: C = {0, 1, 3}.
   // Every row shares: row 0 [0, 1], row 1 [3 (.4), 1 (.2)], row 2 [3 (.5), 1 (.15)].
   sh.mode = DesMode::Vote;
@@ -153,8 +155,7 @@ TEST(MoeShare, SeqAndVoteCoresetsHandComputed) {
   sh.share_hi = 3;
   Shared b = route_shared(logits, 4, base, sh);
   EXPECT_EQ(b.r.ids, (std::vector<int32_t>{0, 1, 3, 1, 3, 1}));
-  const std::vector<float> wb = {.5f, .3f, .4f, .2f, .5f, .15f};
-  for (size_t i = 0; i < wb.size(); ++i) EXPECT_NEAR(b.r.w[i], wb[i], 1e-6) << i;
+  expect_weights(b.r.w, {.5f, .3f, .4f, .2f, .5f, .15f});
   EXPECT_EQ(flags(b.state, 4, 4), (std::vector<float>{1, 1, 0, 1}));
   EXPECT_EQ(flags(b.state, 4, 2), (std::vector<float>{1, 1, 0, 1}));
   // m = 1: C = {0}, then filled to top_k by votes: {0, 3}.
