@@ -75,6 +75,23 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--des-scope", a.des_scope,
                   "DES: block (only the block's tokens share the coreset; default) or all (every row)")
       ->check(CLI::IsMember({"block", "all"}));
+  sub->add_flag("--window", a.window,
+                "Window-Diffusion: each step decides among the first --window-in undecided positions, masks "
+                "past the external window are pruned, and phases of --window-refresh forwards reuse cached "
+                "K/V (approximate; bidirectional models)");
+  sub->add_option("--window-ex", a.window_ex,
+                  "Window-Diffusion external window in undecided positions (default 64 for the LLaDA "
+                  "algorithms, 128 for the Dream ones; implies --window)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--window-in", a.window_in,
+                  "Window-Diffusion active set in undecided positions (default 16; implies --window)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--window-refresh", a.window_refresh,
+                  "Window-Diffusion forwards per phase (default 32; 0 = no cache, prune only; implies --window)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--window-early-stop", a.window_early_stop,
+                "Window-Diffusion: after an EOS is decided, never compute the positions after it (implies "
+                "--window)");
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -199,6 +216,11 @@ Session::Session(const SessionArgs& a) {
   gen_.des_k = a.des_k.value_or(gen_.des_k);
   gen_.des_beta = a.des_beta.value_or(gen_.des_beta);
   gen_.des_scope = a.des_scope;
+  gen_.window = a.window || a.window_ex || a.window_in || a.window_refresh || a.window_early_stop;
+  gen_.window_ex = a.window_ex.value_or(gen_.window_ex);
+  gen_.window_in = a.window_in.value_or(gen_.window_in);
+  gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
+  gen_.window_early_stop = a.window_early_stop;
   gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);

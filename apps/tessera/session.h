@@ -30,6 +30,8 @@ struct SessionArgs {
   std::optional<int> des_k;
   std::optional<float> des_beta;
   std::string des_scope = "block";
+  bool window = false, window_early_stop = false;  // Window-Diffusion; the three below turn it on too
+  std::optional<int> window_ex, window_in, window_refresh;
   std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
   float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
   int top_k = 0;

@@ -72,6 +72,14 @@ class Denoiser {
     (void)canvas, (void)q_lo, (void)q_hi, (void)positions, (void)sp, (void)tokens, (void)conf;
     fail("this denoiser has no KV cache");
   }
+  // predict_cached computing exactly the canvas rows `rows` (ascending, distinct; the logit rows of
+  // `positions` are added): Window-Diffusion's active set, which need not be one range.
+  virtual void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                            std::span<const int32_t> positions, const SampleParams& sp,
+                            std::span<int32_t> tokens, std::span<float> conf) {
+    (void)canvas, (void)rows, (void)positions, (void)sp, (void)tokens, (void)conf;
+    fail("this denoiser has no KV cache");
+  }
 
   // SparseD (see SparsePhase): patterns for single-sequence, uncached forwards over a canvas of exactly
   // `canvas_len` positions (the pattern's tiles are canvas rows). Memory for the patterns is taken

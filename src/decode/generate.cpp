@@ -59,6 +59,15 @@ struct Loop {
   // SparseD: forwards run so far, and the index of the forward that builds the patterns (-1: off).
   int64_t forwards = 0, sparse_select_at = -1;
   bool des = false;  // DES (or its counts): the block's positions are the rows decoded in parallel
+  // Window-Diffusion (win): positions >= stop are dropped (early stop: one past the first decided
+  // EOS). A phase is fixed at its refresh forward: the external window ends at ext_end, phase_rows
+  // are the positions then undecided in [u0, ext_end); phase_left forwards remain (0: the next
+  // forward starts a phase). a_end ends the active set of the step being prepared.
+  bool win = false, early_stop = false, fresh = false;
+  int w_ex = 0, w_in = 0, w_refresh = 0;
+  int stop = 0, u0 = 0, ext_end = 0, a_end = 0, phase_left = 0;
+  uint64_t g_extra = 0;  // RNG step counter of the steps that finish a block after its schedule
+  std::vector<int32_t> phase_rows, step_rows;
   SampleParams base;
   GenerateResult res;
   // Scratch reused across steps.
@@ -81,6 +90,61 @@ struct Loop {
       if (!decided[static_cast<size_t>(p)]) pos.push_back(p);
   }
 
+  // The rows that need a forward now: pos = the undecided positions of [lo, hi) (window: those of the
+  // active set). False when none is left.
+  bool prepare(int lo, int hi) {
+    if (!win) {
+      undecided(lo, hi);
+      return !pos.empty();
+    }
+    const int end = std::min(hi, stop);
+    bool started = false;
+    if (phase_left <= 0) {
+      new_phase();
+      started = true;
+    }
+    for (;;) {
+      // The active set: the first w_in positions of the window that are still undecided.
+      pos.clear();
+      int seen = 0;
+      a_end = u0;
+      for (int p = u0; p < std::min(ext_end, stop) && seen < w_in; ++p) {
+        if (decided[static_cast<size_t>(p)]) continue;
+        ++seen;
+        a_end = p + 1;
+        if (p >= lo && p < end) pos.push_back(p);
+      }
+      if (!pos.empty() || started) return !pos.empty();
+      new_phase();  // the phase's window is used up before its refresh is due
+      started = true;
+    }
+  }
+
+  // Starts a Window-Diffusion phase: the external window is the first w_ex undecided positions from
+  // the first undecided one (every decided position before stop lies inside it: tokens are only
+  // decided inside the active set, which is a prefix of at most w_in <= w_ex of them).
+  void new_phase() {
+    u0 = stop;
+    for (int p = P; p < stop; ++p) {
+      if (!decided[static_cast<size_t>(p)]) {
+        u0 = p;
+        break;
+      }
+    }
+    phase_rows.clear();
+    ext_end = stop;
+    for (int p = u0; p < stop; ++p) {
+      if (decided[static_cast<size_t>(p)]) continue;
+      phase_rows.push_back(p);
+      if (static_cast<int>(phase_rows.size()) == w_ex) {
+        ext_end = p + 1;
+        break;
+      }
+    }
+    phase_left = w_refresh;
+    fresh = true;
+  }
+
   // (token, conf) for every position of pos, on the device or (cfg) on the host.
   void predict(const SampleParams& sp) {
     if (sparse_select_at >= 0 && forwards <= sparse_select_at + 1) {
@@ -93,6 +157,25 @@ struct Loop {
     tok.assign(n, 0);
     conf.assign(n, 0.0f);
     const size_t seen = window > 0 ? static_cast<size_t>(window) : canvas.size();
+    if (win) {
+      // The far field [ext_end, ...) and everything past an early stop are not part of the forward.
+      const int n_win = std::min(ext_end, stop);
+      const auto view = std::span<const int32_t>(canvas).first(static_cast<size_t>(n_win));
+      if (des) den.des_rows(pos.front(), pos.back() + 1);
+      if (w_refresh == 0) {
+        den.predict(view, pos, sp, tok, conf);
+      } else if (fresh) {  // refresh: the whole window, every row's K / V into the cache
+        den.predict_cached(view, 0, n_win, pos, sp, tok, conf);
+      } else {  // the active set and the positions decided in this phase; the rest from the cache
+        step_rows.clear();
+        for (int32_t r : phase_rows)
+          if (r < a_end && r < n_win) step_rows.push_back(r);
+        den.predict_rows(view, step_rows, pos, sp, tok, conf);
+      }
+      fresh = false;
+      --phase_left;
+      return;
+    }
     if (cache > 0) {
       int64_t q_lo = blk_lo, q_hi = static_cast<int64_t>(seen);
       if (window > 0) {
@@ -187,6 +270,7 @@ struct Loop {
       decided[static_cast<size_t>(p)] = 1;
       canvas[static_cast<size_t>(p)] = tok[i];
       chosen.push_back(p);
+      if (early_stop && is_eos(tok[i])) stop = std::min(stop, p + 1);
     }
     std::sort(chosen.begin(), chosen.end());
     res.order.push_back(chosen);
@@ -197,17 +281,33 @@ struct Loop {
     }
   }
 
-  // LLaDA 1A inside [lo, hi): S steps of the per-block schedule.
+  // LLaDA 1A inside [lo, hi): S steps of the per-block schedule. A window step decides at most its
+  // active positions; the rest of its count carries to the next step.
   void llada_block(int lo, int hi, int S, uint64_t g0) {
-    undecided(lo, hi);
+    undecided(lo, std::min(hi, stop));
     const std::vector<int> sched = llada_schedule(static_cast<int>(pos.size()), S);
+    size_t owed = 0;
     for (int i = 0; i < S; ++i) {
-      const auto k = static_cast<size_t>(sched[static_cast<size_t>(i)]);
+      const size_t k = static_cast<size_t>(sched[static_cast<size_t>(i)]) + owed;
       if (k == 0) continue;
-      undecided(lo, hi);
+      if (!prepare(lo, hi)) return;
       predict(params(g0 + static_cast<uint64_t>(i)));
-      rank(k);
-      commit(k);
+      const size_t kk = std::min(k, pos.size());
+      owed = k - kk;
+      rank(kk);
+      commit(kk);
+    }
+    finish_block(lo, hi);
+  }
+
+  // Window: positions of [lo, hi) still undecided after the block's schedule (its last counts went
+  // past the active set) are decided a whole active set per step.
+  void finish_block(int lo, int hi) {
+    while (win && prepare(lo, hi)) {
+      predict(params(g_extra++));
+      idx.resize(pos.size());
+      for (size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<int>(j);
+      commit(pos.size());
     }
   }
 
@@ -219,10 +319,11 @@ struct Loop {
       const bool last = i == S - 1;
       const SampleParams sp = params(g0 + static_cast<uint64_t>(i));
       const uint64_t host_seed = rng_mix(sp.seed ^ kHostSalt);
-      undecided(lo, hi);
+      undecided(lo, std::min(hi, stop));
       if (pos.empty()) continue;
       if (o.alg == "origin") {
         const float pt = dream_transfer_prob(t, s, last);
+        if (!prepare(lo, hi)) break;
         size_t m = 0;
         for (int32_t p : pos)
           if (rng_uniform(host_seed, static_cast<uint64_t>(p), 0) < pt) pos[m++] = p;
@@ -236,21 +337,23 @@ struct Loop {
       }
       const auto k = static_cast<size_t>(dream_transfer_count(static_cast<int>(pos.size()), t, s, last));
       if (k == 0) continue;
+      if (!prepare(lo, hi)) break;
       predict(sp);
+      const size_t kk = std::min(k, pos.size());
       if (o.alg_temp > 0.0f) {
-        sample_positions(k, host_seed);
+        sample_positions(kk, host_seed);
       } else {
-        rank(k);
+        rank(kk);
       }
-      commit(k);
+      commit(kk);
     }
+    finish_block(lo, hi);
   }
 
   // 1C inside [lo, hi): until decided, accept conf >= threshold and always the most confident.
   void threshold_block(int lo, int hi, uint64_t& g) {
     for (size_t step = 0;; ++step) {
-      undecided(lo, hi);
-      if (pos.empty()) return;
+      if (!prepare(lo, hi)) return;
       predict(params(g++));
       rank(pos.size());
       size_t k = 1;
@@ -269,10 +372,10 @@ struct Loop {
     if (des) den.des_rows(std::max(lo, P), hi);
   }
 
+  bool is_eos(int32_t t) const { return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end(); }
   bool has_eos(int lo, int hi) const {
     for (int p = lo; p < hi; ++p)
-      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), canvas[static_cast<size_t>(p)]) != o.eos_ids.end())
-        return true;
+      if (is_eos(canvas[static_cast<size_t>(p)])) return true;
     return false;
   }
 };
@@ -291,6 +394,12 @@ void init_sampling(Loop& L, bool llada) {
 GenerateResult finish(Loop& L) {
   const GenerateOptions& o = L.o;
   GenerateResult res = std::move(L.res);
+  // Window early stop: the positions after the stopping EOS were never generated; they read as it.
+  if (L.win && L.stop < static_cast<int>(L.canvas.size())) {
+    const int32_t eos = L.canvas[static_cast<size_t>(L.stop - 1)];
+    for (size_t p = static_cast<size_t>(L.stop); p < L.canvas.size(); ++p)
+      if (!L.decided[p]) L.canvas[p] = eos;
+  }
   res.tokens.assign(L.canvas.begin() + L.P, L.canvas.begin() + L.P + L.G);
   if (o.stop_at_eos) {
     auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
@@ -408,11 +517,36 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
     TESSERA_CHECK(o.des_scope == "block" || o.des_scope == "all",
                   "unknown des-scope '" + o.des_scope + "'; use block or all");
   }
+  if (o.window) {
+    TESSERA_CHECK(o.window_ex >= 0, "window-ex must be >= 0 (got " + std::to_string(o.window_ex) +
+                                        "); 0 picks 64 for the LLaDA algorithms, 128 for the Dream ones");
+    TESSERA_CHECK(o.window_in >= 1, "window-in must be >= 1 (got " + std::to_string(o.window_in) + ")");
+    TESSERA_CHECK(window_external(o) >= o.window_in,
+                  "window-in (" + std::to_string(o.window_in) + ") must not exceed window-ex (" +
+                      std::to_string(window_external(o)) + "): the active set lies inside the external window");
+    TESSERA_CHECK(o.window_refresh >= 0,
+                  "window-refresh must be >= 0 (got " + std::to_string(o.window_refresh) +
+                      "); 0 recomputes the window at every step (no cache)");
+    TESSERA_CHECK(o.cache == "none",
+                  "Window-Diffusion keeps its own phase cache (window-refresh); use cache none with the window");
+    TESSERA_CHECK(!o.sparse, "Window-Diffusion cannot be combined with sparse attention; turn one of them off");
+    TESSERA_CHECK(o.cfg_scale <= 0.0f,
+                  "Window-Diffusion cannot be combined with classifier-free guidance; use cfg 0 or window off");
+    TESSERA_CHECK(!block_causal,
+                  "Window-Diffusion needs a bidirectional model; this block-causal model decodes block by block");
+  }
+  TESSERA_CHECK(!(o.window_early_stop && !o.window), "window-early-stop needs the window; turn window on");
+  TESSERA_CHECK(!(o.window_early_stop && o.eos_ids.empty()),
+                "window-early-stop needs an eos id to stop at; pass at least one eos id");
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
+}
+
+int window_external(const GenerateOptions& o) {
+  return o.window_ex > 0 ? o.window_ex : is_dream(o.alg) ? 128 : 64;
 }
 
 DesConfig des_config(const GenerateOptions& o) {
@@ -487,7 +621,20 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.canvas.resize(prompt.size() + static_cast<size_t>(o.gen_length), L.mask);
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
+  L.stop = static_cast<int>(L.canvas.size());
   init_sampling(L, llada);
+  if (o.window) {
+    L.win = true;
+    L.early_stop = o.window_early_stop;
+    L.w_ex = window_external(o);
+    L.w_in = o.window_in;
+    L.w_refresh = o.window_refresh;
+    L.g_extra = o.threshold > 0.0f ? 0 : static_cast<uint64_t>(lay.num_blocks) * lay.steps_per_block;
+    if (L.w_refresh > 0) {
+      TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use window-refresh 0");
+      den.kv_cache_reset(static_cast<int64_t>(L.canvas.size()));
+    }
+  }
   if (o.sparse) {
     TESSERA_CHECK(den.supports_sparse_attention(), "this denoiser has no sparse attention; turn sparse off");
     den.sparse_begin(static_cast<int64_t>(L.canvas.size()), SparseConfig{o.sparse_block, o.sparse_rho, L.P});

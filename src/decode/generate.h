@@ -53,6 +53,22 @@
 // other row inside the coreset too; block leaves them their own experts. moe_stats counts unique experts
 // without sharing (des off).
 //
+// Window-Diffusion (GenerateOptions::window; algorithms.md 3), off by default, bidirectional models:
+// forwards run in phases of window_refresh forwards. A phase's first forward (the refresh) computes
+// the canvas up to the end of its external window (the first window_ex undecided positions from the
+// first undecided one; 0 = 64 for the LLaDA algorithms, 128 for the Dream ones) and caches every row's
+// K / V; the far field after it is in no forward of the phase (positions stay absolute). Each step's
+// candidates are the active set (the first window_in undecided positions of the window) inside the
+// current block; later forwards of the phase compute only the positions that were undecided at the
+// phase start up to the active set's end (the active set and the tokens decided in this phase) and
+// reuse the cached K / V of every other row. A phase ends early when its window has no undecided
+// position left. window_refresh 0: no cache, every forward computes the whole window (pruning only).
+// The schedule's counts are capped at the active set (LLaDA: the rest carries to the next step);
+// positions a block's schedule leaves undecided are then decided a whole active set per step (RNG
+// step counter from num_blocks * steps_per_block on). window_early_stop: after an EOS is decided at
+// p, positions after p are never computed nor decided (they read as that EOS), and the request ends
+// when everything before it is decided. Not with a KV cache (the window keeps its own), SparseD, cfg.
+//
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
@@ -90,6 +106,11 @@ struct GenerateOptions {
   float des_beta = 0.4f;
   std::string des_scope = "block";  // block | all
   bool moe_stats = false;  // count unique experts (Denoiser::des_begin with mode Off) when des is off
+  bool window = false;     // Window-Diffusion (see above)
+  int window_ex = 0;       // external window in undecided positions; 0 = 64 (LLaDA algs) / 128 (Dream)
+  int window_in = 16;      // active set
+  int window_refresh = 32;  // forwards per phase; 0 = no cache
+  bool window_early_stop = false;
   std::vector<int32_t> eos_ids;
 };
 
@@ -108,6 +129,9 @@ struct GenerateResult {
 // Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:
 // the options are for a block-causal model (no divisibility rules; see generate()).
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
+
+// The external window of the options: window_ex, or its default for the algorithm (64 LLaDA, 128 Dream).
+int window_external(const GenerateOptions& o);
 
 // The DesConfig of the options' des, des_k, des_beta and des_scope (Denoiser::des_begin).
 DesConfig des_config(const GenerateOptions& o);

@@ -97,7 +97,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   }
   k_pos_.assign(q_pos_.begin(), q_pos_.end());
   cu_k_.assign(cu_q_.begin(), cu_q_.end());
-  des_step_rows(0, static_cast<int64_t>(tokens_.size()));
+  des_step_rows(q_pos_);
   graph::StepShape shape;
   shape.n_query = static_cast<int64_t>(tokens_.size());
   shape.n_kv = shape.n_query;
@@ -388,7 +388,14 @@ void Engine::kv_cache_reset(int64_t capacity) {
 void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                             std::span<const int32_t> positions, const SampleParams& sp,
                             std::span<int32_t> tokens, std::span<float> conf) {
-  const graph::Program& p = run_cached(OutputMode::Sample, canvas, q_lo, q_hi, positions, &sp);
+  range_rows(canvas, q_lo, q_hi);
+  predict_rows(canvas, req_rows_, positions, sp, tokens, conf);
+}
+
+void Engine::predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                          std::span<const int32_t> positions, const SampleParams& sp,
+                          std::span<int32_t> tokens, std::span<float> conf) {
+  const graph::Program& p = run_cached(OutputMode::Sample, canvas, rows, positions, &sp);
   const GraphIo& ids = io(OutputMode::Sample, true);
   read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
   read_output(p, ids.out[1], conf.data(), conf.size_bytes());
@@ -396,60 +403,88 @@ void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64
 
 void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                            std::span<const int32_t> positions, std::span<float> out) {
-  const graph::Program& p = run_cached(OutputMode::Logits, canvas, q_lo, q_hi, positions, nullptr);
+  range_rows(canvas, q_lo, q_hi);
+  logits_rows(canvas, req_rows_, positions, out);
+}
+
+void Engine::logits_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                         std::span<const int32_t> positions, std::span<float> out) {
+  const graph::Program& p = run_cached(OutputMode::Logits, canvas, rows, positions, nullptr);
   read_output(p, io(OutputMode::Logits, true).out[0], out.data(), out.size_bytes());
 }
 
-const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_t> canvas, int64_t q_lo,
-                                         int64_t q_hi, std::span<const int32_t> positions,
+void Engine::range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi) {
+  const auto n = static_cast<int64_t>(canvas.size());
+  TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
+                "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
+                    ") are not a non-empty range of the canvas of " + std::to_string(n));
+  req_rows_.resize(static_cast<size_t>(q_hi - q_lo));
+  for (int64_t r = q_lo; r < q_hi; ++r) req_rows_[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
+}
+
+const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_t> canvas,
+                                         std::span<const int32_t> rows, std::span<const int32_t> positions,
                                          const SampleParams* sp) {
   const auto n = static_cast<int64_t>(canvas.size());
   TESSERA_CHECK(kv_buf_ != nullptr && n <= kv_capacity_,
                 "KV cache: no cache for a canvas of " + std::to_string(n) +
                     " positions (call kv_cache_reset with the request's canvas size first)");
-  TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
-                "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
-                    ") are not a non-empty range of the canvas of " + std::to_string(n));
-  rows_.clear();
-  keys_.clear();
-  targets_.clear();
+  // The computed rows: `rows` (ascending, distinct, inside the canvas) and the logit rows of `positions`.
+  q_rows_.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t r = rows[i];
+    if (r < 0 || r >= n || (i > 0 && r <= rows[i - 1])) {
+      fail("KV cache: the computed rows must be ascending, distinct rows of the canvas of " + std::to_string(n) +
+           " (row " + std::to_string(r) + " at index " + std::to_string(i) + ")");
+    }
+    q_rows_.push_back(r);
+  }
   for (const int32_t pos : positions) {
     if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
     const int32_t row = logit_row(pos);
-    q_lo = std::min<int64_t>(q_lo, row);
-    q_hi = std::max<int64_t>(q_hi, row + 1);
+    if (!std::binary_search(rows.begin(), rows.end(), row)) q_rows_.push_back(row);
   }
+  if (q_rows_.size() > rows.size()) {
+    std::sort(q_rows_.begin(), q_rows_.end());
+    q_rows_.erase(std::unique(q_rows_.begin(), q_rows_.end()), q_rows_.end());
+  }
+  TESSERA_CHECK(!q_rows_.empty(), "KV cache: a step must compute at least one row");
+  size_t next = 0;  // index of the next computed row
   for (int64_t r = 0; r < n; ++r) {
-    if ((r < q_lo || r >= q_hi) && kv_written_[static_cast<size_t>(r)] == 0) {
+    if (next < q_rows_.size() && q_rows_[next] == r) {
+      ++next;
+    } else if (kv_written_[static_cast<size_t>(r)] == 0) {
       fail("KV cache: canvas row " + std::to_string(r) +
            " was never computed in this request; compute it (or the whole canvas) before reusing the cache");
     }
   }
   tokens_.clear();
-  q_pos_.clear();
   k_pos_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = canvas[static_cast<size_t>(i)];
     check_token(t);
     k_pos_.push_back(static_cast<int32_t>(i));
-    if (i >= q_lo && i < q_hi) {
-      tokens_.push_back(t);
-      q_pos_.push_back(static_cast<int32_t>(i));
-    }
   }
+  for (const int32_t r : q_rows_) tokens_.push_back(canvas[static_cast<size_t>(r)]);
+  q_pos_.assign(q_rows_.begin(), q_rows_.end());
+  rows_.clear();
+  keys_.clear();
+  targets_.clear();
   for (const int32_t pos : positions) {
-    rows_.push_back(static_cast<int32_t>(logit_row(pos) - q_lo));
+    const auto it = std::lower_bound(q_rows_.begin(), q_rows_.end(), logit_row(pos));
+    rows_.push_back(static_cast<int32_t>(it - q_rows_.begin()));
     keys_.push_back(pos);
   }
-  cu_q_.assign({0, static_cast<int32_t>(q_hi - q_lo)});
+  const auto nq = static_cast<int64_t>(q_rows_.size());
+  cu_q_.assign({0, static_cast<int32_t>(nq)});
   cu_k_.assign({0, static_cast<int32_t>(n)});
   graph::StepShape shape;
-  shape.n_query = q_hi - q_lo;
+  shape.n_query = nq;
   shape.n_kv = n;
   shape.n_logits = static_cast<int64_t>(positions.size());
-  des_step_rows(q_lo, q_hi - q_lo);
+  des_step_rows(q_pos_);
   const graph::Program& p = execute_step(mode, true, shape, sp);
-  std::fill(kv_written_.begin() + q_lo, kv_written_.begin() + q_hi, uint8_t{1});
+  for (const int32_t r : q_rows_) kv_written_[static_cast<size_t>(r)] = 1;
   return p;
 }
 
@@ -553,9 +588,10 @@ void Engine::des_rows(int64_t lo, int64_t hi) {
   des_hi_ = hi;
 }
 
-void Engine::des_step_rows(int64_t row0, int64_t rows) {
-  des_exec_.vote_lo = std::clamp<int64_t>(des_lo_ - row0, 0, rows);
-  des_exec_.vote_hi = std::clamp<int64_t>(des_hi_ - row0, 0, rows);
+void Engine::des_step_rows(std::span<const int32_t> q_pos) {
+  if (!des_on_) return;  // (q_pos is ascending whenever DES is on: one sequence per forward)
+  des_exec_.vote_lo = std::lower_bound(q_pos.begin(), q_pos.end(), des_lo_) - q_pos.begin();
+  des_exec_.vote_hi = std::lower_bound(q_pos.begin(), q_pos.end(), des_hi_) - q_pos.begin();
 }
 
 int Engine::attention_block() const {

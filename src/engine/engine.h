@@ -123,9 +123,15 @@ class Engine final : public Denoiser {
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override;
-  // Full logits [positions, vocab] of a KV-cache step (as predict_cached; tests and host-side policies).
+  void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                    std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                    std::span<float> conf) override;
+  // Full logits [positions, vocab] of a KV-cache step (as predict_cached / predict_rows; tests and
+  // host-side policies).
   void logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                      std::span<const int32_t> positions, std::span<float> out);
+  void logits_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                   std::span<const int32_t> positions, std::span<float> out);
   // Bytes held by the KV cache (0 until a request uses it): every layer's K and V, f32, at capacity.
   size_t kv_cache_bytes() const { return kv_bytes_; }
   // SparseD (Denoiser): one pattern byte per (layer, head, query block, key block) of the canvas.
@@ -161,10 +167,13 @@ class Engine final : public Denoiser {
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
   // Plans (cached), commits the workspace, copies the staged inputs and executes the graph of `mode`
   // (its KV cache variant when kv_cache).
-  // A KV-cache step: stages canvas rows [q_lo, q_hi) (widened to the logit rows of `positions`) as
-  // queries and the whole canvas as keys, checks that every other row is cached, runs execute_step.
-  const graph::Program& run_cached(OutputMode mode, std::span<const int32_t> canvas, int64_t q_lo,
-                                   int64_t q_hi, std::span<const int32_t> positions, const SampleParams* sp);
+  // A KV-cache step: stages the canvas rows `rows` (plus the logit rows of `positions`) as queries and
+  // the whole canvas as keys, checks that every other row is cached, runs execute_step.
+  const graph::Program& run_cached(OutputMode mode, std::span<const int32_t> canvas,
+                                   std::span<const int32_t> rows, std::span<const int32_t> positions,
+                                   const SampleParams* sp);
+  // req_rows_ = [q_lo, q_hi) (checked against the canvas).
+  void range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi);
   const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
                                      const SampleParams* sp);
   // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
@@ -207,6 +216,7 @@ class Engine final : public Denoiser {
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_;
+  std::vector<int32_t> req_rows_, q_rows_;  // a KV-cache step's requested / computed canvas rows
   // KV cache: one backend buffer with every State tensor at kv_capacity_ rows; kv_written_ marks
   // the canvas rows whose K / V it holds for the current request.
   void* kv_buf_ = nullptr;
@@ -233,8 +243,8 @@ class Engine final : public Denoiser {
   MoeStats des_stats_;
   std::vector<float> des_host_;
   std::array<double, graph::kOpKinds> op_seconds_{};
-  // Sets des_exec_'s voting rows for a step whose rows are canvas positions [row0, row0 + rows).
-  void des_step_rows(int64_t row0, int64_t rows);
+  // Sets des_exec_'s voting rows for a step whose rows are the (ascending) canvas positions q_pos.
+  void des_step_rows(std::span<const int32_t> q_pos);
 };
 
 }  // namespace tessera

@@ -32,6 +32,11 @@ class FakeDenoiser final : public Denoiser {
   int32_t mask_token() const override { return mask_; }
   void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
                std::span<int32_t> tokens, std::span<float> conf) override {
+    log.push_back("p/" + std::to_string(canvas.size()));
+    sample(canvas, positions, sp, tokens, conf);
+  }
+  void sample(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
+              std::span<int32_t> tokens, std::span<float> conf) {
     calls.emplace_back(positions.begin(), positions.end());
     seeds.push_back(sp.seed);
     if (in_sparse) phases.push_back(phase);
@@ -59,7 +64,16 @@ class FakeDenoiser final : public Denoiser {
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override {
     ranges.push_back({q_lo, q_hi, static_cast<int64_t>(canvas.size())});
-    predict(canvas, positions, sp, tokens, conf);
+    log.push_back("c" + std::to_string(q_lo) + "-" + std::to_string(q_hi) + "/" + std::to_string(canvas.size()));
+    sample(canvas, positions, sp, tokens, conf);
+  }
+  void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                    std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                    std::span<float> conf) override {
+    std::string e = "r";
+    for (size_t i = 0; i < rows.size(); ++i) e += (i ? "," : "") + std::to_string(rows[i]);
+    log.push_back(e + "/" + std::to_string(canvas.size()));
+    sample(canvas, positions, sp, tokens, conf);
   }
   int attention_block() const override { return block; }
   void set_attention_block(int b) override { block = b; }
@@ -80,7 +94,9 @@ class FakeDenoiser final : public Denoiser {
   int block = 0;                                      // > 0: a block-causal model
   std::vector<int64_t> resets;
   std::vector<std::array<int64_t, 3>> ranges;        // (q_lo, q_hi, canvas size) of each predict_cached
-  std::vector<std::vector<int32_t>> calls;           // positions of each predict()
+  std::vector<std::vector<int32_t>> calls;           // positions of each forward
+  // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows.
+  std::vector<std::string> log;
   std::vector<uint64_t> seeds;                       // SampleParams.seed of each predict()
   std::vector<std::vector<int32_t>> logit_canvases;  // canvas of each logits()
 
@@ -539,6 +555,175 @@ TEST(Generate, SparseAttentionPhases) {
   refused([](auto& b) { b.sparse_rho = 1.5f; }, 0, "sparse-rho must be in [0, 1] (got 1.5)");
   refused([](auto& b) { b.sparse_skip = 1.0f; }, 0, "sparse-skip must be in [0, 1) (got 1)");
   refused([](auto& b) { b.sparse_block = 0; }, 0, "sparse-block must be > 0 (got 0)");
+}
+
+// Window-Diffusion: the forwards of each phase (refresh over the window, then the active set plus
+// the positions decided in the phase), worked out by hand.
+TEST(Generate, WindowPhasesComputeTheExpectedRows) {
+  // Confidence falls with the position: one token per step, left to right.
+  FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  d.cached = true;
+  GenerateOptions o;
+  o.gen_length = o.block_length = o.steps = 12;  // canvas 15, positions 3..14
+  o.stop_at_eos = false;
+  o.window = true;
+  o.window_ex = 6;
+  o.window_in = 3;
+  o.window_refresh = 3;
+  const GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(d.resets, (std::vector<int64_t>{15}));
+  EXPECT_EQ(d.log, (std::vector<std::string>{
+                       // phase 1: window 3..8 (canvas 9), active {3,4,5}, then {4,5,6}, {5,6,7}
+                       "c0-9/9", "r3,4,5,6/9", "r3,4,5,6,7/9",
+                       // phase 2: window 6..11
+                       "c0-12/12", "r6,7,8,9/12", "r6,7,8,9,10/12",
+                       // phase 3: window 9..14 (the canvas end)
+                       "c0-15/15", "r9,10,11,12/15", "r9,10,11,12,13/15",
+                       // phase 4: only 12..14 are left
+                       "c0-15/15", "r12,13,14/15", "r12,13,14/15"}));
+  ASSERT_EQ(d.calls.size(), 12u);
+  EXPECT_EQ(d.calls[0], (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(d.calls[10], (std::vector<int32_t>{13, 14}));
+  for (size_t i = 0; i < r.order.size(); ++i) EXPECT_EQ(r.order[i], (std::vector<int32_t>{int32_t(3 + i)}));
+
+  // No cache (window-refresh 0): every forward is a plain predict over the window of its step.
+  FakeDenoiser n(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  o.window_refresh = 0;
+  generate(n, kPrompt, o);
+  EXPECT_TRUE(n.resets.empty());
+  EXPECT_EQ(n.log, (std::vector<std::string>{"p/9", "p/10", "p/11", "p/12", "p/13", "p/14", "p/15", "p/15",
+                                             "p/15", "p/15", "p/15", "p/15"}));
+}
+
+// Windows that hold the whole generation decide exactly as the plain loops (refresh 0: no cache;
+// refresh 1: every forward refreshes the whole canvas).
+TEST(Generate, WindowCoveringEverythingIsExact) {
+  RowFn fn = [](std::span<const int32_t> c, int p) {  // depends on the canvas: decisions interact
+    std::vector<float> r(kV, 0.0f);
+    int decided = 0;
+    for (int32_t t : c) decided += t != kMask;
+    r[static_cast<size_t>((p * 3 + decided) % 6)] = 1.0f + 0.37f * static_cast<float>((p * 7 + decided) % 5);
+    r[kMask] = -100.0f;
+    return r;
+  };
+  struct Case {
+    std::string alg;
+    float threshold;
+    int block;
+  };
+  for (const Case& c : {Case{"low_confidence", 0.0f, 4}, Case{"entropy", 0.0f, 8}, Case{"topk_margin", 0.0f, 4},
+                        Case{"low_confidence", 0.3f, 8}}) {
+    GenerateOptions o;
+    o.alg = c.alg;
+    o.threshold = c.threshold;
+    o.gen_length = 8;
+    o.block_length = c.block;
+    o.steps = 4;
+    o.stop_at_eos = false;
+    FakeDenoiser d0(fn);
+    const GenerateResult ref = generate(d0, kPrompt, o);
+    o.window = true;
+    o.window_ex = o.window_in = 8;
+    for (int refresh : {0, 1}) {
+      o.window_refresh = refresh;
+      FakeDenoiser d(fn);
+      d.cached = true;
+      const GenerateResult r = generate(d, kPrompt, o);
+      EXPECT_EQ(r.tokens, ref.tokens) << c.alg << " refresh " << refresh;
+      EXPECT_EQ(r.order, ref.order) << c.alg << " refresh " << refresh;
+      EXPECT_EQ(d.seeds, d0.seeds) << c.alg << " refresh " << refresh;
+      for (const std::string& e : d.log) EXPECT_EQ(e, refresh ? "c0-11/11" : "p/11");
+    }
+  }
+}
+
+// A step's count beyond its active set carries to the next step (LLaDA); what the schedule leaves is
+// decided a whole active set per step, with the RNG counter after the scheduled steps.
+TEST(Generate, WindowCapsCountsAtTheActiveSet) {
+  FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  GenerateOptions o;
+  o.gen_length = o.block_length = 8;
+  o.steps = 2;  // 4 per step
+  o.seed = 11;
+  o.stop_at_eos = false;
+  o.window = true;
+  o.window_ex = 4;
+  o.window_in = 2;
+  o.window_refresh = 0;
+  const GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(sizes(r), (std::vector<size_t>{2, 2, 2, 2}));
+  expect_each_once(r, 3, 8);
+  EXPECT_EQ(d.seeds,
+            (std::vector<uint64_t>{rng_mix(11), rng_mix(12), rng_mix(11 + 2), rng_mix(11 + 3)}));
+}
+
+// Early stop: after an EOS is decided the positions after it are never computed nor decided; they
+// read as that EOS.
+TEST(Generate, WindowEarlyStopAtEos) {
+  RowFn fn = [](std::span<const int32_t>, int p) {
+    std::vector<float> r(kV, 0.0f);
+    r[p == 5 ? kEos : 4] = p == 5 ? 9.0f : 3.0f - 0.1f * static_cast<float>(p);
+    return r;
+  };
+  GenerateOptions o;
+  o.gen_length = o.block_length = o.steps = 8;  // positions 3..10
+  o.eos_ids = {kEos};
+  o.window = true;
+  o.window_ex = 8;
+  o.window_in = 4;
+  o.window_refresh = 0;
+  o.window_early_stop = true;
+  FakeDenoiser d(fn);
+  const GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4}));
+  EXPECT_EQ(r.order, (std::vector<std::vector<int32_t>>{{5}, {3}, {4}}));
+  EXPECT_EQ(d.log, (std::vector<std::string>{"p/11", "p/6", "p/6"}));
+  o.stop_at_eos = false;
+  FakeDenoiser d2(fn);
+  EXPECT_EQ(generate(d2, kPrompt, o).tokens, (std::vector<int32_t>{4, 4, kEos, kEos, kEos, kEos, kEos, kEos}));
+  // Without early stop every position is decided.
+  o.window_early_stop = false;
+  FakeDenoiser d3(fn);
+  const GenerateResult all = generate(d3, kPrompt, o);
+  EXPECT_EQ(all.steps_run, 8);
+  expect_each_once(all, 3, 8);
+}
+
+TEST(Generate, WindowRefusals) {
+  auto with = [](std::function<void(GenerateOptions&)> f) {
+    GenerateOptions o;
+    o.window = true;
+    f(o);
+    return o;
+  };
+  expect_error(with([](auto& o) { o.cache = "dual"; }), "Window-Diffusion keeps its own phase cache");
+  expect_error(with([](auto& o) { o.sparse = true; }), "Window-Diffusion cannot be combined with sparse");
+  expect_error(with([](auto& o) { o.cfg_scale = 1.0f; }),
+               "Window-Diffusion cannot be combined with classifier-free guidance");
+  expect_error(with([](auto& o) { o.window_in = 0; }), "window-in must be >= 1 (got 0)");
+  expect_error(with([](auto& o) { o.window_in = 65; }), "window-in (65) must not exceed window-ex (64)");
+  expect_error(with([](auto& o) {
+                 o.alg = "entropy";
+                 o.window_in = 200;
+               }),
+               "window-in (200) must not exceed window-ex (128)");
+  expect_error(with([](auto& o) { o.window_ex = -1; }), "window-ex must be >= 0 (got -1)");
+  expect_error(with([](auto& o) { o.window_refresh = -2; }), "window-refresh must be >= 0 (got -2)");
+  expect_error(with([](auto& o) { o.window_early_stop = true; }), "window-early-stop needs an eos id");
+  GenerateOptions e;
+  e.window_early_stop = true;
+  expect_error(e, "window-early-stop needs the window");
+  // Block-causal models decode block by block.
+  FakeDenoiser bc(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  bc.block = 4;
+  GenerateOptions w = with([](auto&) {});
+  w.gen_length = w.block_length = w.steps = 4;
+  EXPECT_THROW(generate(bc, kPrompt, w), Error);
+  // The phase cache needs a KV-cache denoiser; refresh 0 does not.
+  FakeDenoiser plain(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
+  EXPECT_THROW(generate(plain, kPrompt, w), Error);
+  w.window_refresh = 0;
+  EXPECT_EQ(generate(plain, kPrompt, w).order.size(), 4u);
 }
 
 TEST(Generate, ValidationErrors) {
