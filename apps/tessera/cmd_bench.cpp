@@ -3,11 +3,12 @@
 //                 [--block-length 32] [--steps N] [--threshold X] [--cache C] [--compare SPEC]... [--json F]
 // The baseline is the options given; each --compare SPEC (the keys of tessera eval) changes some of
 // them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
-// speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows),
+// speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows)
+// and the key rows they attended to,
 // the largest planned activation peak, the KV cache held, and the share of generated tokens equal to
 // the baseline's; for MoE models the mean unique experts per MoE layer and forward, and with --profile
 // the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so
-// every row produces the same number of tokens.
+// every row produces the same number of tokens (window-early-stop fills the tail after the EOS with it).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,7 +42,7 @@ struct Row {
   std::string label;
   double seconds = 0;
   int steps = 0;
-  double query_rows = 0;
+  double query_rows = 0, key_rows = 0;
   size_t activation_peak = 0, kv_cache = 0;
   double agreement = 1.0;
   double experts = 0;      // MoE models: mean unique experts per (MoE layer, forward)
@@ -65,12 +66,13 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
   }
   Row r;
   for (int rep = 0; rep < reps; ++rep) {
-    double rows = 0;
+    double rows = 0, keys = 0;
     size_t peak = 0;
     e.reset_op_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     GenerateResult res = generate(e, prompt, o, [&](const StepEvent&) {
       rows += static_cast<double>(e.last_step().shape.n_query);
+      keys += static_cast<double>(e.last_step().shape.n_kv);
       peak = std::max(peak, e.last_step().planned_peak);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -83,10 +85,11 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
     r.query_rows = rows;
+    r.key_rows = keys;
     r.activation_peak = peak;
     r.tokens = std::move(res.tokens);
   }
-  r.kv_cache = o.cache == "none" ? 0 : e.kv_cache_bytes();
+  r.kv_cache = o.cache != "none" || (o.window && o.window_refresh > 0) ? e.kv_cache_bytes() : 0;
   return r;
 }
 
@@ -117,6 +120,7 @@ int run_bench(const BenchArgs& a) {
   base.threshold = a.threshold;
   base.cache = a.cache;
   base.stop_at_eos = false;
+  if (cfg.eos_id >= 0) base.eos_ids = {cfg.eos_id};  // window-early-stop ends at it
   const bool moe = base_engine->supports_expert_sharing();
   base.moe_stats = moe;  // unique experts per MoE layer in every row
   const bool block_causal = base_engine->attention_block() > 0;
@@ -165,15 +169,15 @@ int run_bench(const BenchArgs& a) {
       base.alg.c_str(),
       base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
       base.cache.c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %12s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up",
-              "steps", "query rows", "act. peak", "KV cache", "agreement");
+  std::printf("%-28s %9s %9s %8s %6s %11s %11s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up",
+              "steps", "query rows", "key rows", "act. peak", "KV cache", "agreement");
   if (moe) std::printf(" %8s", "experts");
   if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
   std::printf("\n");
   const Row& r0 = rows.front();
   for (const Row& r : rows) {
-    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %12.0f %11s %10s %9.4f", r.label.c_str(), r.seconds,
-                a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows,
+    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %11.0f %11.0f %11s %10s %9.4f", r.label.c_str(), r.seconds,
+                a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows, r.key_rows,
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
     if (moe) std::printf(" %8.1f", r.experts);
@@ -186,6 +190,7 @@ int run_bench(const BenchArgs& a) {
                            {"speedup", r0.seconds / r.seconds},
                            {"steps", r.steps},
                            {"query_rows", r.query_rows},
+                           {"key_rows", r.key_rows},
                            {"activation_peak_bytes", r.activation_peak},
                            {"kv_cache_bytes", r.kv_cache},
                            {"agreement", r.agreement},

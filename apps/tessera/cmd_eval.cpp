@@ -2,7 +2,8 @@
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
-// des-scope, precision, device, k-ffn, k-logits, memory-budget) measured against the exact path.
+// des-scope, window, window-ex, window-in, window-refresh, window-early-stop, precision, device, k-ffn,
+// k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -100,6 +101,7 @@ int run_eval(const EvalArgs& a) {
     base.block_length = a.block_length > 0 ? a.block_length : base.gen_length;
     base.alg = a.alg;
     base.stop_at_eos = false;  // compare the whole generated span position by position
+    if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
     validate_generate_options(base, exact->vocab_size());
     const auto cases = eval::generation_cases(seqs, a.prompts, a.prompt_len, a.gen_length);
     std::vector<uint64_t> seeds;

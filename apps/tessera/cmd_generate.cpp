@@ -55,6 +55,13 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"sparse", s.options().sparse},
       {"sparse_pattern_bytes", s.engine().sparse_bytes()},
       {"des", s.options().des}};
+  const GenerateOptions& g = s.options();
+  if (g.window) {
+    j["window"] = {{"external", window_external(g)},
+                   {"internal", g.window_in},
+                   {"refresh", g.window_refresh},
+                   {"early_stop", g.window_early_stop}};
+  }
   const MoeStats& m = s.engine().moe_stats();
   if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
     j["moe"] = {{"n_experts", s.config().moe.n_experts}, {"top_k", s.config().moe.top_k},

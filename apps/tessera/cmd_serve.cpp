@@ -3,7 +3,8 @@
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...}
 // Requests run one at a time (one engine; later requests wait). Besides OpenAI's fields a request may
-// set tessera's generation options: steps, block_length, alg, threshold, cache, cfg, top_k. A field
+// set tessera's generation options: steps, block_length, alg, threshold, cache, cfg, top_k, sparse*,
+// des*, window, window_ex, window_in, window_refresh, window_early_stop. A field
 // the server does not know, a value it cannot honour (n > 1, stop, logprobs, penalties), a prompt that
 // does not fit the context or a bad value gets a 400 with an OpenAI-style error object, never a
 // silently different generation. Streaming (SSE): a diffusion model decides positions out of order, so
@@ -233,6 +234,11 @@ class Server {
                                                 "des_k",
                                                 "des_beta",
                                                 "des_scope",
+                                                "window",
+                                                "window_ex",
+                                                "window_in",
+                                                "window_refresh",
+                                                "window_early_stop",
                                                 "cfg"};
     for (const auto& [k, v] : body.items()) {
       if (!known.count(k)) bad("unknown field '" + k + "'");
@@ -305,6 +311,19 @@ class Server {
     if (given(body, "des_k")) o.des_k = small_int("des_k");
     if (given(body, "des_beta")) o.des_beta = static_cast<float>(num_field(body, "des_beta"));
     if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
+    for (const char* k : {"window", "window_early_stop"}) {
+      if (!given(body, k)) continue;
+      if (!body[k].is_boolean()) bad(std::string("'") + k + "' must be true or false");
+      (std::string(k) == "window" ? o.window : o.window_early_stop) = body[k].get<bool>();
+    }
+    if (o.window_early_stop) o.window = true;
+    for (auto [k, dst] : {std::pair<const char*, int*>{"window_ex", &o.window_ex},
+                          {"window_in", &o.window_in},
+                          {"window_refresh", &o.window_refresh}}) {
+      if (!given(body, k)) continue;
+      *dst = small_int(k);
+      o.window = true;
+    }
     if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
     try {
       o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
@@ -402,7 +421,8 @@ class Server {
                       {"seconds", out.seconds},
                       {"cache", o.cache},
                       {"sparse", o.sparse},
-                      {"des", o.des}};
+                      {"des", o.des},
+                      {"window", o.window}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }

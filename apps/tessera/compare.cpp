@@ -61,6 +61,15 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "sparse-skip") {
         c.gen.sparse_skip = std::stof(v);
         c.gen.sparse = true;
+      } else if (k == "window" || k == "window-early-stop") {
+        if (v != "on" && v != "off")
+          fail("--compare '" + spec + "': " + k + " must be on or off, got '" + v + "'");
+        (k == "window" ? c.gen.window : c.gen.window_early_stop) = v == "on";
+        if (k == "window-early-stop" && v == "on") c.gen.window = true;
+      } else if (k == "window-ex" || k == "window-in" || k == "window-refresh") {
+        (k == "window-ex" ? c.gen.window_ex : k == "window-in" ? c.gen.window_in : c.gen.window_refresh) =
+            std::stoi(v);
+        c.gen.window = true;
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -79,8 +88,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
-             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, precision, device, k-ffn, k-logits, "
-             "memory-budget)");
+             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
+             "window-refresh, window-early-stop, precision, device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

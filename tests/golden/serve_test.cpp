@@ -134,6 +134,13 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   const json sp = post(c, "/v1/completions", sparse.dump(), 200);
   EXPECT_EQ(sp["choices"][0]["text"], want["text"]);
   EXPECT_EQ(sp["tessera"]["sparse"], true);
+  // So is a Window-Diffusion window over the whole generation without its cache.
+  json win = req;
+  win["window_ex"] = win["window_in"] = 16;
+  win["window_refresh"] = 0;
+  const json wr = post(c, "/v1/completions", win.dump(), 200);
+  EXPECT_EQ(wr["choices"][0]["text"], want["text"]);
+  EXPECT_EQ(wr["tessera"]["window"], true);
 
   // Bad requests: 4xx, an error object naming the problem; the server still answers afterwards.
   const std::pair<std::string, std::string> bad[] = {
@@ -154,6 +161,9 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "des": "vote"})", "expert sharing needs a mixture-of-experts model"},
       {R"({"prompt": "x", "des": "some"})", "unknown expert sharing 'some'"},
       {R"({"prompt": "x", "des_k": 2, "des_beta": 0.3})", "choose different methods"},
+      {R"({"prompt": "x", "window": 1})", "'window' must be true or false"},
+      {R"({"prompt": "x", "window_in": 100, "window_ex": 8})", "window-in (100) must not exceed window-ex (8)"},
+      {R"({"prompt": "x", "window": true, "cache": "dual"})", "Window-Diffusion keeps its own phase cache"},
       {R"({"prompt": 7})", "'prompt' must be a string"},
       {R"({"messages": []})", "'messages' must be a non-empty array"},
   };

@@ -481,18 +481,18 @@ class Model:
 
     def hidden(self, tokens, record=None, cached=None, record_q=None, patterns=None, sparse_block=0):
         """Final-norm hidden states [L, d] (before the LM head). record: a list that receives every
-        layer's post-RoPE (K, V) of all rows. cached = (lo, hi, kv): a KV-cache step, computing only rows
-        [lo, hi) (returns their hidden states); the other rows' K / V come from kv (a record).
+        layer's post-RoPE (K, V) of all rows. cached = (rows, kv): a KV-cache step, computing only the
+        ascending rows `rows` (returns their hidden states); the other rows' K / V come from kv (a record
+        of at least len(tokens) rows).
         record_q: a list that receives every layer's post-RoPE Q. patterns [layers, H, nqb, nkb] (SparseD
         tiles of sparse_block rows): attention sees only the kept tiles."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= self.emb.shape[0]:
             raise SystemExit("token id outside the vocabulary")
-        lo, hi = (cached[0], cached[1]) if cached else (0, len(tokens))
-        pos = np.arange(lo, hi)
+        pos = np.asarray(cached[0], dtype=np.int64) if cached else np.arange(len(tokens))
         n = len(pos)
         self.margins = np.full(n, np.inf, dtype=np.float32)  # smallest router margin of each row
-        x = self.emb[tokens[lo:hi]].astype(np.float32)
+        x = self.emb[tokens[pos]].astype(np.float32)
         for li, ly in enumerate(self.layers):
             h = rms_norm(x, ly["an"], self.eps)
             q, k, v = h @ ly["q"].T, h @ ly["k"].T, h @ ly["v"].T
@@ -505,8 +505,8 @@ class Model:
             k = apply_rope(k, pos, self.theta, self.interleaved, self.rotary_dim)
             v = v.reshape(n, self.KV, self.hd).astype(np.float32)
             if cached:
-                k_all, v_all = cached[2][li][0].copy(), cached[2][li][1].copy()
-                k_all[lo:hi], v_all[lo:hi] = k, v
+                k_all, v_all = cached[1][li][0][:len(tokens)].copy(), cached[1][li][1][:len(tokens)].copy()
+                k_all[pos], v_all[pos] = k, v
                 k, v = k_all, v_all
             if record is not None:
                 record.append((k, v))
@@ -605,6 +605,114 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3):
     return x, order
 
 
+def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in, refresh, early_eos=(),
+                    eps=1e-3):
+    """Window-Diffusion (algorithms.md 3) over generate()'s blocks and schedules, temperature 0.
+    Positions >= stop are dropped (early stop: after a token of early_eos is decided at p, stop = p + 1).
+    A phase starts at a step when `refresh` forwards have run in the current one (refresh 0: at every
+    step), or when the current phase has no candidate left. At its start: u0 = the first masked position
+    (>= len(prompt), < stop); the external window is the first w_ex masked positions from u0 and ends at
+    E (one past the w_ex-th, or stop); phase_rows = those positions. Every forward sees x[:min(E, stop)].
+    Each step: active = the first w_in masked positions of [u0, min(E, stop)); the candidates are the
+    active positions inside the block (and < stop). refresh 0: a plain forward. The phase's first
+    forward: a full forward whose K / V of every layer are kept. Later ones compute only the rows of
+    phase_rows before the end of the active set (plus the logit rows of the candidates) with the other
+    rows' K / V from the kept ones, and keep the result. The block's count k (LLaDA: schedule +
+    owed; Dream: from the block's masked count) is capped at the candidates; LLaDA owes the rest to the
+    next step. After the block's schedule, every candidate is decided per step until the block is.
+    Positions never decided after an early stop read as the stopping token."""
+    if block_length <= 0:
+        block_length = gen_length
+    nb = gen_length // block_length
+    spb = steps // nb
+    P = len(prompt)
+    x = list(prompt) + [m.mask_id] * gen_length
+    st = dict(stop=len(x), left=0, u0=0, E=0, rows=[], fresh=False, kv=None, a_end=0)
+    order = []
+
+    def masked(lo, hi):
+        return [j for j in range(lo, hi) if x[j] == m.mask_id]
+
+    def new_phase():
+        free = masked(P, st["stop"])
+        st["u0"] = free[0] if free else st["stop"]
+        st["rows"] = free[:w_ex]
+        st["E"] = free[w_ex - 1] + 1 if len(free) >= w_ex else st["stop"]
+        st["left"], st["fresh"] = refresh, True
+
+    def prepare(lo, hi):
+        started = False
+        if st["left"] <= 0:
+            new_phase()
+            started = True
+        while True:
+            act = masked(st["u0"], min(st["E"], st["stop"]))[:w_in]
+            st["a_end"] = act[-1] + 1 if act else st["u0"]
+            cand = [j for j in act if lo <= j < min(hi, st["stop"])]
+            if cand or started:
+                return cand
+            new_phase()
+            started = True
+
+    def predict(cand):
+        n = min(st["E"], st["stop"])
+        src = [max(j - 1, 0) if m.shift else j for j in cand]
+        if refresh == 0:
+            H, rows = m.hidden(x[:n]), list(range(n))
+        elif st["fresh"]:
+            kv = []
+            H, rows = m.hidden(x[:n], record=kv), list(range(n))
+            st["kv"] = kv
+        else:
+            rows = sorted(set([r for r in st["rows"] if r < st["a_end"] and r < n] + src))
+            kv = []
+            H = m.hidden(x[:n], cached=(rows, st["kv"]), record=kv)
+            st["kv"] = kv
+        st["fresh"] = False
+        st["left"] -= 1
+        L = (H[[rows.index(r) for r in src]] @ m.head.T).astype(np.float32)
+        return confidence(softmax64(L), alg)
+
+    def commit(cand, x0, sel):
+        for r in sel:
+            x[cand[r]] = int(x0[r])
+            if x0[r] in early_eos:
+                st["stop"] = min(st["stop"], cand[r] + 1)
+        order.append(sorted(cand[r] for r in sel))
+
+    for b in range(nb):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length
+        sched = llada_schedule(len(masked(lo, min(hi, st["stop"]))), spb)
+        owed = 0
+        for i in range(spb):
+            if alg == "low_confidence":
+                k = sched[i] + owed
+            else:
+                n_masked = len(masked(lo, min(hi, st["stop"])))
+                if n_masked == 0:
+                    continue
+                k = dream_count(n_masked, i, spb, eps)
+            if k == 0:
+                continue
+            cand = prepare(lo, hi)
+            if not cand:
+                break
+            x0, conf = predict(cand)
+            kk = min(k, len(cand))
+            owed = k - kk
+            commit(cand, x0, top_positions(cand, conf, kk))
+        while True:
+            cand = prepare(lo, hi)
+            if not cand:
+                break
+            x0, conf = predict(cand)
+            commit(cand, x0, list(range(len(cand))))
+    for j in range(st["stop"], len(x)):
+        if x[j] == m.mask_id:
+            x[j] = x[st["stop"] - 1]
+    return x, order
+
+
 def generate_llada2(m, prompt, gen_length, steps, block_length, threshold):
     """LLaDA2's block-diffusion loop (algorithms.md 1C; LLaDA2MoeModelLM.generate), temperature 0.
     Blocks are the model's attention blocks on absolute positions [b*BL, (b+1)*BL); the canvas is
@@ -661,6 +769,7 @@ def main():
     a.add_argument("--cache-tokens", default="",
                    help="KV-cache step: the canvas whose full forward filled the cache (same length as --tokens)")
     a.add_argument("--compute", default="", help="KV-cache step: LO,HI, the rows of --tokens computed")
+    a.add_argument("--compute-rows", default="", help="KV-cache step: the (ascending) rows of --tokens computed")
     a.add_argument("--sparse-patterns", default="",
                    help="SparseD: attend only to the kept tiles of this uint8 file [layers, H, nqb, nkb]")
     a.add_argument("--sparse-block", type=int, default=32, help="SparseD: the tile side")
@@ -686,6 +795,8 @@ def main():
     g.add_argument("--block-length", type=int, default=0)
     g.add_argument("--alg", default="low_confidence")
     g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2 only: the confidence threshold")
+    g.add_argument("--window", default="", help="Window-Diffusion: W_EX,W_IN,REFRESH (generate_window)")
+    g.add_argument("--early-eos", default="", help="Window-Diffusion early stop at these token ids")
     args = ap.parse_args()
     m = Model(args.model)
     if args.cmd == "patterns":
@@ -707,14 +818,18 @@ def main():
         toks = ids(args.tokens)
         rows = ids(args.rows)
         if args.cache_tokens:  # logits of positions `rows`, from a KV-cache step over rows [lo, hi)
-            lo, hi = ids(args.compute)
+            if args.compute_rows:
+                comp = ids(args.compute_rows)
+            else:
+                lo, hi = ids(args.compute)
+                comp = list(range(lo, hi))
             kv = []
             m.hidden(ids(args.cache_tokens), record=kv)
-            H = m.hidden(toks, cached=(lo, hi, kv))
+            H = m.hidden(toks, cached=(comp, kv))
             src = [max(r - 1, 0) if m.shift else r for r in rows]
-            if min(src) < lo or max(src) >= hi:
+            if any(r not in comp for r in src):
                 raise SystemExit("a row's hidden state is outside the computed rows")
-            L = (H[[r - lo for r in src]] @ m.head.T).astype(np.float32)
+            L = (H[[comp.index(r) for r in src]] @ m.head.T).astype(np.float32)
             np.ascontiguousarray(L, dtype="<f4").tofile(args.out)
             return
         if args.sparse_patterns:
@@ -739,6 +854,10 @@ def main():
         if m.family == "llada2":
             x, order = generate_llada2(m, ids(args.prompt), args.gen_length, args.steps, args.block_length or 32,
                                        args.threshold)
+        elif args.window:
+            w_ex, w_in, refresh = ids(args.window)
+            x, order = generate_window(m, ids(args.prompt), args.gen_length, args.steps, args.block_length,
+                                       args.alg, w_ex, w_in, refresh, tuple(ids(args.early_eos)))
         else:
             x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
         print(json.dumps({"tokens": x, "order": order}))

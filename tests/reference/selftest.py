@@ -395,6 +395,26 @@ def generate_invariants():
         assert ref.generate(m, prompt, 16, 8, block, alg) == (x, order)
 
 
+@check
+def window_generate():
+    """Windows holding the whole generation reproduce generate() (no cache and refresh every step);
+    small windows decide every position once, and a cached row list equals the full forward where the
+    kept K / V are current."""
+    for fam, alg, block in (("llada", "low_confidence", 8), ("dream", "entropy", 16)):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt = [5, 17, 230]
+        want = ref.generate(m, prompt, 16, 8, block, alg)
+        for refresh in (0, 1):
+            assert ref.generate_window(m, prompt, 16, 8, block, alg, 16, 16, refresh) == want, (fam, refresh)
+        x, order = ref.generate_window(m, prompt, 16, 8, block, alg, 6, 3, 3)
+        assert m.mask_id not in x and sorted(p for s in order for p in s) == list(range(3, 19)), fam
+        toks = x[:19]
+        kv = []
+        full = m.hidden(toks, record=kv)
+        part = m.hidden(toks, cached=([2, 7, 8, 15], kv))
+        close(part, full[[2, 7, 8, 15]], 1e-5, "cached rows with current K / V")
+
+
 # ---------------------------------------------------------------------------------------------
 # (d) make_tiny_checkpoint output
 # ---------------------------------------------------------------------------------------------
