@@ -420,6 +420,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
   const int BL = o.block_length;
   const auto total = static_cast<int>(canvas_length(L.P, o, true));
   L.canvas.resize(static_cast<size_t>(total), L.mask);
+  L.stop = total;
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   init_sampling(L, llada);
