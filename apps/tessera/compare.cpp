@@ -67,8 +67,9 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         (k == "window" ? c.gen.window : c.gen.window_early_stop) = v == "on";
         if (k == "window-early-stop" && v == "on") c.gen.window = true;
       } else if (k == "window-ex" || k == "window-in" || k == "window-refresh") {
-        (k == "window-ex" ? c.gen.window_ex : k == "window-in" ? c.gen.window_in : c.gen.window_refresh) =
-            std::stoi(v);
+        (k == "window-ex"   ? c.gen.window_ex
+         : k == "window-in" ? c.gen.window_in
+                            : c.gen.window_refresh) = std::stoi(v);
         c.gen.window = true;
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);

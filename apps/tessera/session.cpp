@@ -86,8 +86,9 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--window-in", a.window_in,
                   "Window-Diffusion active set in undecided positions (default 16; implies --window)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--window-refresh", a.window_refresh,
-                  "Window-Diffusion forwards per phase (default 32; 0 = no cache, prune only; implies --window)")
+  sub->add_option(
+         "--window-refresh", a.window_refresh,
+         "Window-Diffusion forwards per phase (default 32; 0 = no cache, prune only; implies --window)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--window-early-stop", a.window_early_stop,
                 "Window-Diffusion: after an EOS is decided, never compute the positions after it (implies "

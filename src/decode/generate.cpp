@@ -522,19 +522,24 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
     TESSERA_CHECK(o.window_ex >= 0, "window-ex must be >= 0 (got " + std::to_string(o.window_ex) +
                                         "); 0 picks 64 for the LLaDA algorithms, 128 for the Dream ones");
     TESSERA_CHECK(o.window_in >= 1, "window-in must be >= 1 (got " + std::to_string(o.window_in) + ")");
-    TESSERA_CHECK(window_external(o) >= o.window_in,
-                  "window-in (" + std::to_string(o.window_in) + ") must not exceed window-ex (" +
-                      std::to_string(window_external(o)) + "): the active set lies inside the external window");
-    TESSERA_CHECK(o.window_refresh >= 0,
-                  "window-refresh must be >= 0 (got " + std::to_string(o.window_refresh) +
-                      "); 0 recomputes the window at every step (no cache)");
-    TESSERA_CHECK(o.cache == "none",
-                  "Window-Diffusion keeps its own phase cache (window-refresh); use cache none with the window");
-    TESSERA_CHECK(!o.sparse, "Window-Diffusion cannot be combined with sparse attention; turn one of them off");
-    TESSERA_CHECK(o.cfg_scale <= 0.0f,
-                  "Window-Diffusion cannot be combined with classifier-free guidance; use cfg 0 or window off");
-    TESSERA_CHECK(!block_causal,
-                  "Window-Diffusion needs a bidirectional model; this block-causal model decodes block by block");
+    TESSERA_CHECK(window_external(o) >= o.window_in, "window-in (" + std::to_string(o.window_in) +
+                                                         ") must not exceed window-ex (" +
+                                                         std::to_string(window_external(o)) +
+                                                         "): the active set lies inside the external window");
+    TESSERA_CHECK(o.window_refresh >= 0, "window-refresh must be >= 0 (got " +
+                                             std::to_string(o.window_refresh) +
+                                             "); 0 recomputes the window at every step (no cache)");
+    TESSERA_CHECK(
+        o.cache == "none",
+        "Window-Diffusion keeps its own phase cache (window-refresh); use cache none with the window");
+    TESSERA_CHECK(!o.sparse,
+                  "Window-Diffusion cannot be combined with sparse attention; turn one of them off");
+    TESSERA_CHECK(
+        o.cfg_scale <= 0.0f,
+        "Window-Diffusion cannot be combined with classifier-free guidance; use cfg 0 or window off");
+    TESSERA_CHECK(
+        !block_causal,
+        "Window-Diffusion needs a bidirectional model; this block-causal model decodes block by block");
   }
   TESSERA_CHECK(!(o.window_early_stop && !o.window), "window-early-stop needs the window; turn window on");
   TESSERA_CHECK(!(o.window_early_stop && o.eos_ids.empty()),

@@ -105,10 +105,10 @@ struct GenerateOptions {
   int des_k = 2;
   float des_beta = 0.4f;
   std::string des_scope = "block";  // block | all
-  bool moe_stats = false;  // count unique experts (Denoiser::des_begin with mode Off) when des is off
-  bool window = false;     // Window-Diffusion (see above)
-  int window_ex = 0;       // external window in undecided positions; 0 = 64 (LLaDA algs) / 128 (Dream)
-  int window_in = 16;      // active set
+  bool moe_stats = false;   // count unique experts (Denoiser::des_begin with mode Off) when des is off
+  bool window = false;      // Window-Diffusion (see above)
+  int window_ex = 0;        // external window in undecided positions; 0 = 64 (LLaDA algs) / 128 (Dream)
+  int window_in = 16;       // active set
   int window_refresh = 32;  // forwards per phase; 0 = no cache
   bool window_early_stop = false;
   std::vector<int32_t> eos_ids;

@@ -434,8 +434,8 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   for (size_t i = 0; i < rows.size(); ++i) {
     const int32_t r = rows[i];
     if (r < 0 || r >= n || (i > 0 && r <= rows[i - 1])) {
-      fail("KV cache: the computed rows must be ascending, distinct rows of the canvas of " + std::to_string(n) +
-           " (row " + std::to_string(r) + " at index " + std::to_string(i) + ")");
+      fail("KV cache: the computed rows must be ascending, distinct rows of the canvas of " +
+           std::to_string(n) + " (row " + std::to_string(r) + " at index " + std::to_string(i) + ")");
     }
     q_rows_.push_back(r);
   }

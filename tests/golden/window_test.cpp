@@ -39,9 +39,9 @@ TEST(Window, RowListStepMatchesTheNumpyReference) {
     const bool shift = std::string(fam) == "dream";
     EXPECT_EQ(e->last_step().shape.n_query, shift ? 6 : 7) << fam;
     const std::vector<int32_t> computed = shift ? rows : std::vector<int32_t>{3, 10, 11, 12, 30, 31, 41};
-    const auto want = test::reference_logits(dir, b, positions, V, nullptr,
-                                              "--cache-tokens " + test::join_ids(a) + " --compute-rows " +
-                                                  test::join_ids(computed));
+    const auto want = test::reference_logits(
+        dir, b, positions, V, nullptr,
+        "--cache-tokens " + test::join_ids(a) + " --compute-rows " + test::join_ids(computed));
     ASSERT_EQ(want.size(), got.size());
     EXPECT_LE(test::rel_error(got.data(), want.data(), got.size()), 1e-3) << fam;
   }
@@ -53,13 +53,22 @@ TEST(Window, RowListMisuseFailsClearly) {
   const auto c = random_canvas(20, e->vocab_size(), 3, e->mask_token(), 0.5);
   std::vector<float> out(static_cast<size_t>(e->vocab_size()));
   e->kv_cache_reset(20);
-  test::expect_error([&] { e->logits_rows(c, std::vector<int32_t>{4, 5}, std::vector<int32_t>{4}, out); },
-                     "canvas row 0 was never computed in this request");
+  test::expect_error(
+      [&] {
+        e->logits_rows(c, std::vector<int32_t>{4, 5}, std::vector<int32_t>{4}, out);
+      },
+      "canvas row 0 was never computed in this request");
   e->logits_cached(c, 0, 20, std::vector<int32_t>{0}, out);
-  test::expect_error([&] { e->logits_rows(c, std::vector<int32_t>{5, 4}, std::vector<int32_t>{4}, out); },
-                     "the computed rows must be ascending, distinct rows of the canvas of 20 (row 4 at index 1)");
-  test::expect_error([&] { e->logits_rows(c, std::vector<int32_t>{4, 20}, std::vector<int32_t>{4}, out); },
-                     "(row 20 at index 1)");
+  test::expect_error(
+      [&] {
+        e->logits_rows(c, std::vector<int32_t>{5, 4}, std::vector<int32_t>{4}, out);
+      },
+      "the computed rows must be ascending, distinct rows of the canvas of 20 (row 4 at index 1)");
+  test::expect_error(
+      [&] {
+        e->logits_rows(c, std::vector<int32_t>{4, 20}, std::vector<int32_t>{4}, out);
+      },
+      "(row 20 at index 1)");
   test::expect_error([&] { e->logits_rows(c, std::vector<int32_t>{}, std::vector<int32_t>{}, out); },
                      "a step must compute at least one row");
 }
@@ -74,7 +83,8 @@ struct WindowCase {
 void check_window(const WindowCase& c) {
   TESSERA_TINY_OR_SKIP(dir, c.family, "--seed 11");
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{5, 17, 230}, std::vector<int32_t>{100, 101, 102, 7, 9, 44, 250}}) {
+  for (const std::vector<int32_t>& prompt :
+       {std::vector<int32_t>{5, 17, 230}, std::vector<int32_t>{100, 101, 102, 7, 9, 44, 250}}) {
     GenerateOptions o;
     o.gen_length = c.gen;
     o.steps = c.steps;
@@ -141,8 +151,9 @@ TEST(Window, CliFlagsAndErrors) {
   ASSERT_EQ(test::run_command(base + "--json 2>/dev/null", &out), 0) << out;
   const auto exact = nlohmann::json::parse(out);
   EXPECT_FALSE(exact.contains("window"));
-  ASSERT_EQ(test::run_command(base + "--json --window-ex 32 --window-in 32 --window-refresh 0 2>/dev/null", &out),
-            0)
+  ASSERT_EQ(
+      test::run_command(base + "--json --window-ex 32 --window-in 32 --window-refresh 0 2>/dev/null", &out),
+      0)
       << out;
   const auto whole = nlohmann::json::parse(out);
   EXPECT_EQ(whole["tokens"], exact["tokens"]);  // a window over everything, no cache: exact

@@ -64,7 +64,8 @@ class FakeDenoiser final : public Denoiser {
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override {
     ranges.push_back({q_lo, q_hi, static_cast<int64_t>(canvas.size())});
-    log.push_back("c" + std::to_string(q_lo) + "-" + std::to_string(q_hi) + "/" + std::to_string(canvas.size()));
+    log.push_back("c" + std::to_string(q_lo) + "-" + std::to_string(q_hi) + "/" +
+                  std::to_string(canvas.size()));
     sample(canvas, positions, sp, tokens, conf);
   }
   void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
@@ -93,8 +94,8 @@ class FakeDenoiser final : public Denoiser {
   std::vector<SparsePhase> phases;                    // of each predict() while a sparse request runs
   int block = 0;                                      // > 0: a block-causal model
   std::vector<int64_t> resets;
-  std::vector<std::array<int64_t, 3>> ranges;        // (q_lo, q_hi, canvas size) of each predict_cached
-  std::vector<std::vector<int32_t>> calls;           // positions of each forward
+  std::vector<std::array<int64_t, 3>> ranges;  // (q_lo, q_hi, canvas size) of each predict_cached
+  std::vector<std::vector<int32_t>> calls;     // positions of each forward
   // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows.
   std::vector<std::string> log;
   std::vector<uint64_t> seeds;                       // SampleParams.seed of each predict()
@@ -611,8 +612,8 @@ TEST(Generate, WindowCoveringEverythingIsExact) {
     float threshold;
     int block;
   };
-  for (const Case& c : {Case{"low_confidence", 0.0f, 4}, Case{"entropy", 0.0f, 8}, Case{"topk_margin", 0.0f, 4},
-                        Case{"low_confidence", 0.3f, 8}}) {
+  for (const Case& c : {Case{"low_confidence", 0.0f, 4}, Case{"entropy", 0.0f, 8},
+                        Case{"topk_margin", 0.0f, 4}, Case{"low_confidence", 0.3f, 8}}) {
     GenerateOptions o;
     o.alg = c.alg;
     o.threshold = c.threshold;
@@ -653,8 +654,7 @@ TEST(Generate, WindowCapsCountsAtTheActiveSet) {
   const GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(sizes(r), (std::vector<size_t>{2, 2, 2, 2}));
   expect_each_once(r, 3, 8);
-  EXPECT_EQ(d.seeds,
-            (std::vector<uint64_t>{rng_mix(11), rng_mix(12), rng_mix(11 + 2), rng_mix(11 + 3)}));
+  EXPECT_EQ(d.seeds, (std::vector<uint64_t>{rng_mix(11), rng_mix(12), rng_mix(11 + 2), rng_mix(11 + 3)}));
 }
 
 // Early stop: after an EOS is decided the positions after it are never computed nor decided; they
@@ -680,7 +680,8 @@ TEST(Generate, WindowEarlyStopAtEos) {
   EXPECT_EQ(d.log, (std::vector<std::string>{"p/11", "p/6", "p/6"}));
   o.stop_at_eos = false;
   FakeDenoiser d2(fn);
-  EXPECT_EQ(generate(d2, kPrompt, o).tokens, (std::vector<int32_t>{4, 4, kEos, kEos, kEos, kEos, kEos, kEos}));
+  EXPECT_EQ(generate(d2, kPrompt, o).tokens,
+            (std::vector<int32_t>{4, 4, kEos, kEos, kEos, kEos, kEos, kEos}));
   // Without early stop every position is decided.
   o.window_early_stop = false;
   FakeDenoiser d3(fn);
