@@ -193,6 +193,44 @@ TEST(DES, KvCacheStepsVoteWithTheBlocksRows) {
   EXPECT_EQ(all.unique, all.coreset);
 }
 
+// Window-Diffusion: every forward (refresh, row-list step, or plain forward without a cache) votes with
+// the step's candidates (the active set inside the block). Seq with k = top_k keeps every token's own
+// experts, so the windowed generation is unchanged; a small coreset cuts the voting rows' experts.
+// (Which rows vote is traced in the unit test Generate.WindowPhasesComputeTheExpectedRows.)
+TEST(DES, WindowStepsVoteWithTheActiveSet) {
+  TESSERA_TINY_OR_SKIP(dir, "llada_moe", "--seed 4 --experts 16 --top-k 4");
+  auto e = Engine::load(dir);
+  const auto prompt = random_canvas(19, e->vocab_size() - 8, 5, 0, 0.0);
+  for (const int refresh : {4, 0}) {
+    GenerateOptions o = two_blocks();
+    o.window = true;
+    o.window_ex = 16;
+    o.window_in = 4;
+    o.window_refresh = refresh;
+    o.moe_stats = true;
+    const GenerateResult plain = generate(*e, prompt, o);
+    const MoeStats base = e->moe_stats();
+    EXPECT_EQ(base.forwards, plain.steps_run) << refresh;
+    o.des = "seq";
+    o.des_k = 4;
+    const GenerateResult seq = generate(*e, prompt, o);
+    EXPECT_EQ(seq.tokens, plain.tokens) << refresh;
+    EXPECT_EQ(seq.order, plain.order) << refresh;
+    EXPECT_EQ(e->moe_stats().unique, base.unique) << refresh;
+    o.des = "vote";
+    o.des_beta = 0.25f;
+    const GenerateResult vote = generate(*e, prompt, o);
+    const MoeStats small = e->moe_stats();
+    EXPECT_EQ(small.forwards, vote.steps_run) << refresh;
+    EXPECT_LT(small.mean(small.unique_voting), base.mean(base.unique_voting)) << refresh;
+    EXPECT_LE(small.mean(small.coreset), 4.0) << refresh;
+    o.des_scope = "all";
+    generate(*e, prompt, o);
+    const MoeStats all = e->moe_stats();
+    EXPECT_EQ(all.unique, all.coreset) << refresh;
+  }
+}
+
 TEST(DES, MisuseFailsClearly) {
   TESSERA_TINY_OR_SKIP(dir, "llada_moe", "--seed 4 --experts 16 --top-k 4");
   auto e = Engine::load(dir);

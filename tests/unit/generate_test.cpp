@@ -78,6 +78,12 @@ class FakeDenoiser final : public Denoiser {
   }
   int attention_block() const override { return block; }
   void set_attention_block(int b) override { block = b; }
+  // DES (off unless `moe`): each des_rows goes into the log as "dLO-HI".
+  bool supports_expert_sharing() const override { return moe; }
+  void des_begin(const DesConfig& c) override { (void)c; }
+  void des_rows(int64_t lo, int64_t hi) override {
+    log.push_back("d" + std::to_string(lo) + "-" + std::to_string(hi));
+  }
   // SparseD (off unless `sparse`): records sparse_begin and the phase of every predict().
   bool supports_sparse_attention() const override { return sparse; }
   void sparse_begin(int64_t canvas_len, const SparseConfig& c) override {
@@ -88,7 +94,7 @@ class FakeDenoiser final : public Denoiser {
   void sparse_phase(SparsePhase p) override { phase = p; }
   void sparse_end() override { in_sparse = false; }
 
-  bool cached = false, sparse = false, in_sparse = false;
+  bool cached = false, sparse = false, in_sparse = false, moe = false;
   SparsePhase phase = SparsePhase::Dense;
   std::vector<std::array<int64_t, 3>> sparse_begins;  // (canvas, block, prompt length)
   std::vector<SparsePhase> phases;                    // of each predict() while a sparse request runs
@@ -96,7 +102,8 @@ class FakeDenoiser final : public Denoiser {
   std::vector<int64_t> resets;
   std::vector<std::array<int64_t, 3>> ranges;  // (q_lo, q_hi, canvas size) of each predict_cached
   std::vector<std::vector<int32_t>> calls;     // positions of each forward
-  // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows.
+  // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows;
+  // "dLO-HI" des_rows.
   std::vector<std::string> log;
   std::vector<uint64_t> seeds;                       // SampleParams.seed of each predict()
   std::vector<std::vector<int32_t>> logit_canvases;  // canvas of each logits()
@@ -594,6 +601,21 @@ TEST(Generate, WindowPhasesComputeTheExpectedRows) {
   EXPECT_TRUE(n.resets.empty());
   EXPECT_EQ(n.log, (std::vector<std::string>{"p/9", "p/10", "p/11", "p/12", "p/13", "p/14", "p/15", "p/15",
                                              "p/15", "p/15", "p/15", "p/15"}));
+
+  // DES: the block opens with its rows, then every forward votes with its candidates' span.
+  FakeDenoiser m(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  m.cached = m.moe = true;
+  o.window_refresh = 3;
+  o.des = "seq";
+  generate(m, kPrompt, o);
+  // clang-format off
+  EXPECT_EQ(m.log, (std::vector<std::string>{
+      "d3-15",
+      "d3-6", "c0-9/9", "d4-7", "r3,4,5,6/9", "d5-8", "r3,4,5,6,7/9",
+      "d6-9", "c0-12/12", "d7-10", "r6,7,8,9/12", "d8-11", "r6,7,8,9,10/12",
+      "d9-12", "c0-15/15", "d10-13", "r9,10,11,12/15", "d11-14", "r9,10,11,12,13/15",
+      "d12-15", "c0-15/15", "d13-15", "r12,13,14/15", "d14-15", "r12,13,14/15"}));
+  // clang-format on
 }
 
 // Windows that hold the whole generation decide exactly as the plain loops (refresh 0: no cache;
