@@ -567,17 +567,24 @@ TEST(Generate, SparseAttentionPhases) {
 
 // Window-Diffusion: the forwards of each phase (refresh over the window, then the active set plus
 // the positions decided in the phase), worked out by hand.
+// A windowed generation of `gen` positions in one block (steps = gen unless given), not stopping at EOS.
+GenerateOptions window_options(int gen, int w_ex, int w_in, int refresh, int steps = 0) {
+  GenerateOptions o;
+  o.gen_length = o.block_length = gen;
+  o.steps = steps > 0 ? steps : gen;
+  o.stop_at_eos = false;
+  o.window = true;
+  o.window_ex = w_ex;
+  o.window_in = w_in;
+  o.window_refresh = refresh;
+  return o;
+}
+
 TEST(Generate, WindowPhasesComputeTheExpectedRows) {
   // Confidence falls with the position: one token per step, left to right.
   FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
   d.cached = true;
-  GenerateOptions o;
-  o.gen_length = o.block_length = o.steps = 12;  // canvas 15, positions 3..14
-  o.stop_at_eos = false;
-  o.window = true;
-  o.window_ex = 6;
-  o.window_in = 3;
-  o.window_refresh = 3;
+  GenerateOptions o = window_options(12, 6, 3, 3);  // canvas 15, positions 3..14
   const GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(d.resets, (std::vector<int64_t>{15}));
   EXPECT_EQ(d.log, (std::vector<std::string>{
@@ -664,15 +671,8 @@ TEST(Generate, WindowCoveringEverythingIsExact) {
 // decided a whole active set per step, with the RNG counter after the scheduled steps.
 TEST(Generate, WindowCapsCountsAtTheActiveSet) {
   FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
-  GenerateOptions o;
-  o.gen_length = o.block_length = 8;
-  o.steps = 2;  // 4 per step
+  GenerateOptions o = window_options(8, 4, 2, 0, 2);  // 4 per step
   o.seed = 11;
-  o.stop_at_eos = false;
-  o.window = true;
-  o.window_ex = 4;
-  o.window_in = 2;
-  o.window_refresh = 0;
   const GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(sizes(r), (std::vector<size_t>{2, 2, 2, 2}));
   expect_each_once(r, 3, 8);
@@ -687,13 +687,9 @@ TEST(Generate, WindowEarlyStopAtEos) {
     r[p == 5 ? kEos : 4] = p == 5 ? 9.0f : 3.0f - 0.1f * static_cast<float>(p);
     return r;
   };
-  GenerateOptions o;
-  o.gen_length = o.block_length = o.steps = 8;  // positions 3..10
+  GenerateOptions o = window_options(8, 8, 4, 0);  // positions 3..10
+  o.stop_at_eos = true;
   o.eos_ids = {kEos};
-  o.window = true;
-  o.window_ex = 8;
-  o.window_in = 4;
-  o.window_refresh = 0;
   o.window_early_stop = true;
   FakeDenoiser d(fn);
   const GenerateResult r = generate(d, kPrompt, o);
