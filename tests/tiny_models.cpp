@@ -179,4 +179,26 @@ CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir) {
   return c;
 }
 
+RowListStep run_row_list_step(Engine& e, const std::filesystem::path& dir, bool shift) {
+  RowListStep s;
+  const int64_t V = e.vocab_size(), n = 48;
+  const auto a = random_canvas(n, V, 12, e.mask_token(), 0.7);
+  auto b = a;
+  const std::vector<int32_t> rows = {3, 10, 11, 12, 30, 41};
+  const auto fill = random_canvas(n, V, 13, e.mask_token(), 0.0);
+  for (int32_t r : rows) b[static_cast<size_t>(r)] = fill[static_cast<size_t>(r)];
+  const std::vector<int32_t> positions = {11, 12, 31};  // Dream: rows 10, 11, 30 predict them
+  std::vector<float> scratch(static_cast<size_t>(V));
+  s.got.resize(positions.size() * static_cast<size_t>(V));
+  e.kv_cache_reset(n);
+  e.logits_cached(a, 0, n, std::vector<int32_t>{0}, scratch);
+  e.logits_rows(b, rows, positions, s.got);
+  s.n_query = e.last_step().shape.n_query;
+  const std::vector<int32_t> computed = shift ? rows : std::vector<int32_t>{3, 10, 11, 12, 30, 31, 41};
+  s.reference = reference_logits(dir, b, positions, V, nullptr,
+                                 "--cache-tokens " + join_ids(a) + " --compute-rows " + join_ids(computed));
+  EXPECT_EQ(s.reference.size(), s.got.size());
+  return s;
+}
+
 }  // namespace tessera::test

@@ -1,8 +1,10 @@
 // The KV cache on the GPU: scatter_rows against the CPU backend (rows not named keep their values),
 // and a cached step of the engine (rows [lo, hi) computed, the rest from the cache of an earlier
-// canvas) against the numpy reference, as tests/golden/kv_cache_test.cpp does on the CPU.
+// canvas) against the numpy reference, as tests/golden/kv_cache_test.cpp does on the CPU; Window-Diffusion's
+// row-list steps against the reference and windowed generations against the CPU engine.
 #include "core/error.h"
 #include "cuda_test_util.h"
+#include "decode/generate.h"
 #include "engine/engine.h"
 #include "tiny_models.h"
 
@@ -76,6 +78,46 @@ TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
     const test::CachedStep c = test::run_cached_step(*e, dir);
     ASSERT_EQ(c.reference.size(), c.got.size());
     EXPECT_LE(test::rel_error(c.got.data(), c.reference.data(), c.got.size()), 1e-3) << fam;
+  }
+}
+
+TEST_F(CudaTest, RowListStepMatchesTheNumpyReference) {
+  for (const char* fam : {"llada", "dream", "llada_moe"}) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    auto e = Engine::load(dir, test::cuda_engine_options(Precision::F32));
+    const bool shift = std::string(fam) == "dream";
+    const test::RowListStep s = test::run_row_list_step(*e, dir, shift);
+    EXPECT_EQ(s.n_query, shift ? 6 : 7) << fam;
+    ASSERT_EQ(s.reference.size(), s.got.size());
+    EXPECT_LE(test::rel_error(s.got.data(), s.reference.data(), s.got.size()), 1e-3) << fam;
+  }
+}
+
+// f32, greedy: phases, refreshes, row-list steps and pruning decide on the GPU what they decide on the
+// CPU (where they match reference.py generate --window: tests/golden/window_test.cpp).
+TEST_F(CudaTest, WindowGenerateMatchesTheCpu) {
+  for (const char* fam : {"llada", "dream"}) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 7");
+    auto on_cpu = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+    auto on_gpu = Engine::load(dir, test::cuda_engine_options(Precision::F32));
+    const auto prompt = test::random_canvas(9, on_cpu->vocab_size() - 8, 5, 0, 0.0);
+    GenerateOptions o;
+    o.alg = std::string(fam) == "dream" ? "entropy" : "low_confidence";
+    o.gen_length = 48;
+    o.block_length = std::string(fam) == "dream" ? 48 : 16;
+    o.steps = 24;
+    o.stop_at_eos = false;
+    o.window = true;
+    o.window_ex = 16;
+    o.window_in = 6;
+    for (const int refresh : {4, 0}) {
+      o.window_refresh = refresh;
+      const GenerateResult want = generate(*on_cpu, prompt, o);
+      const GenerateResult got = generate(*on_gpu, prompt, o);
+      EXPECT_EQ(got.tokens, want.tokens) << fam << " refresh " << refresh;
+      EXPECT_EQ(got.order, want.order) << fam << " refresh " << refresh;
+      EXPECT_EQ(got.steps_run, want.steps_run) << fam << " refresh " << refresh;
+    }
   }
 }
 
