@@ -19,6 +19,7 @@
 #   bash bench/gpu_session.sh cache         # tessera bench, llada-8b: KV cache none / prefix / dual
 #   bash bench/gpu_session.sh sparse        # tessera bench, llada-8b at 16k: SparseD vs dense attention
 #   bash bench/gpu_session.sh des           # moe_bench: one MoE layer, vanilla vs DES-Seq / DES-Vote
+#   bash bench/gpu_session.sh window        # tessera bench, llada-8b: Window-Diffusion vs exact / dual cache
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -220,5 +221,10 @@ case $stage in
     echo "== moe_bench exit $rc"
     exit "$rc"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des" ;;
+  window)
+    prepare
+    run_bench window "${WINDOW_TIMEOUT:-570}" --prompt-len 1024 --gen-length 512 --block-length 512 --steps 512 \
+      --compare block-length=32,cache=dual --compare window=on --compare window-refresh=0
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window" ;;
 esac
