@@ -89,7 +89,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     r.activation_peak = peak;
     r.tokens = std::move(res.tokens);
   }
-  r.kv_cache = o.cache != "none" || (o.window && o.window_refresh > 0) ? e.kv_cache_bytes() : 0;
+  r.kv_cache = holds_kv_cache(o) ? e.kv_cache_bytes() : 0;
   return r;
 }
 

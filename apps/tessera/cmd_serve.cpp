@@ -294,10 +294,11 @@ class Server {
     if (given(body, "alg")) o.alg = str_field(body, "alg");
     if (given(body, "threshold")) o.threshold = static_cast<float>(num_field(body, "threshold"));
     if (given(body, "cache")) o.cache = str_field(body, "cache");
-    if (given(body, "sparse")) {
-      if (!body["sparse"].is_boolean()) bad("'sparse' must be true or false");
-      o.sparse = body["sparse"].get<bool>();
-    }
+    auto flag = [&](const char* k) {
+      if (!body[k].is_boolean()) bad(std::string("'") + k + "' must be true or false");
+      return body[k].get<bool>();
+    };
+    if (given(body, "sparse")) o.sparse = flag("sparse");
     if (given(body, "sparse_block")) {
       o.sparse_block = small_int("sparse_block");
       o.sparse = true;
@@ -311,11 +312,8 @@ class Server {
     if (given(body, "des_k")) o.des_k = small_int("des_k");
     if (given(body, "des_beta")) o.des_beta = static_cast<float>(num_field(body, "des_beta"));
     if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
-    for (const char* k : {"window", "window_early_stop"}) {
-      if (!given(body, k)) continue;
-      if (!body[k].is_boolean()) bad(std::string("'") + k + "' must be true or false");
-      (std::string(k) == "window" ? o.window : o.window_early_stop) = body[k].get<bool>();
-    }
+    if (given(body, "window")) o.window = flag("window");
+    if (given(body, "window_early_stop")) o.window_early_stop = flag("window_early_stop");
     if (o.window_early_stop) o.window = true;
     for (auto [k, dst] : {std::pair<const char*, int*>{"window_ex", &o.window_ex},
                           {"window_in", &o.window_in},

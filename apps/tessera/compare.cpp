@@ -23,6 +23,11 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) fail("--compare '" + spec + "': expected key=value, got '" + kv + "'");
     const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    auto on_off = [&] {
+      if (v != "on" && v != "off")
+        fail("--compare '" + spec + "': " + k + " must be on or off, got '" + v + "'");
+      return v == "on";
+    };
     try {
       if (k == "steps") {
         c.gen.steps = std::stoi(v);
@@ -37,9 +42,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "cache") {
         c.gen.cache = v;
       } else if (k == "sparse") {
-        if (v != "on" && v != "off")
-          fail("--compare '" + spec + "': sparse must be on or off, got '" + v + "'");
-        c.gen.sparse = v == "on";
+        c.gen.sparse = on_off();
       } else if (k == "sparse-block") {
         c.gen.sparse_block = std::stoi(v);
         c.gen.sparse = true;
@@ -61,11 +64,11 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "sparse-skip") {
         c.gen.sparse_skip = std::stof(v);
         c.gen.sparse = true;
-      } else if (k == "window" || k == "window-early-stop") {
-        if (v != "on" && v != "off")
-          fail("--compare '" + spec + "': " + k + " must be on or off, got '" + v + "'");
-        (k == "window" ? c.gen.window : c.gen.window_early_stop) = v == "on";
-        if (k == "window-early-stop" && v == "on") c.gen.window = true;
+      } else if (k == "window") {
+        c.gen.window = on_off();
+      } else if (k == "window-early-stop") {
+        c.gen.window_early_stop = on_off();
+        if (c.gen.window_early_stop) c.gen.window = true;
       } else if (k == "window-ex" || k == "window-in" || k == "window-refresh") {
         (k == "window-ex"   ? c.gen.window_ex
          : k == "window-in" ? c.gen.window_in

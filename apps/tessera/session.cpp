@@ -342,7 +342,7 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   // masked positions) before the first forward.
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
   // The KV cache is held for the whole request: made first so that the budget check counts it.
-  if (g.cache != "none" || (g.window && g.window_refresh > 0)) engine_->kv_cache_reset(canvas);
+  if (holds_kv_cache(g)) engine_->kv_cache_reset(canvas);
   // So are the SparseD patterns (generate() starts the same request again: nothing is reallocated).
   if (g.sparse)
     engine_->sparse_begin(canvas,

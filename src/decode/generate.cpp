@@ -555,6 +555,10 @@ int window_external(const GenerateOptions& o) {
   return o.window_ex > 0 ? o.window_ex : is_dream(o.alg) ? 128 : 64;
 }
 
+bool holds_kv_cache(const GenerateOptions& o) {
+  return o.cache != "none" || (o.window && o.window_refresh > 0);
+}
+
 DesConfig des_config(const GenerateOptions& o) {
   DesConfig c;
   c.mode = o.des == "seq" ? DesMode::Seq : o.des == "vote" ? DesMode::Vote : DesMode::Off;

@@ -140,6 +140,9 @@ DesConfig des_config(const GenerateOptions& o);
 std::string implied_des(const std::optional<std::string>& des, bool k_given, bool beta_given,
                         const std::string& otherwise);
 
+// Whether a request holds a KV cache for its canvas: --cache, or the window's phase cache (refresh > 0).
+bool holds_kv_cache(const GenerateOptions& o);
+
 // The canvas a generation uses: prompt + gen_length, padded to whole blocks for block-causal models.
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal);
 

@@ -430,28 +430,28 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
                 "KV cache: no cache for a canvas of " + std::to_string(n) +
                     " positions (call kv_cache_reset with the request's canvas size first)");
   // The computed rows: `rows` (ascending, distinct, inside the canvas) and the logit rows of `positions`.
-  q_rows_.clear();
+  q_pos_.clear();
   for (size_t i = 0; i < rows.size(); ++i) {
     const int32_t r = rows[i];
     if (r < 0 || r >= n || (i > 0 && r <= rows[i - 1])) {
       fail("KV cache: the computed rows must be ascending, distinct rows of the canvas of " +
            std::to_string(n) + " (row " + std::to_string(r) + " at index " + std::to_string(i) + ")");
     }
-    q_rows_.push_back(r);
+    q_pos_.push_back(r);
   }
   for (const int32_t pos : positions) {
     if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
     const int32_t row = logit_row(pos);
-    if (!std::binary_search(rows.begin(), rows.end(), row)) q_rows_.push_back(row);
+    if (!std::binary_search(rows.begin(), rows.end(), row)) q_pos_.push_back(row);
   }
-  if (q_rows_.size() > rows.size()) {
-    std::sort(q_rows_.begin(), q_rows_.end());
-    q_rows_.erase(std::unique(q_rows_.begin(), q_rows_.end()), q_rows_.end());
+  if (q_pos_.size() > rows.size()) {
+    std::sort(q_pos_.begin(), q_pos_.end());
+    q_pos_.erase(std::unique(q_pos_.begin(), q_pos_.end()), q_pos_.end());
   }
-  TESSERA_CHECK(!q_rows_.empty(), "KV cache: a step must compute at least one row");
+  TESSERA_CHECK(!q_pos_.empty(), "KV cache: a step must compute at least one row");
   size_t next = 0;  // index of the next computed row
   for (int64_t r = 0; r < n; ++r) {
-    if (next < q_rows_.size() && q_rows_[next] == r) {
+    if (next < q_pos_.size() && q_pos_[next] == r) {
       ++next;
     } else if (kv_written_[static_cast<size_t>(r)] == 0) {
       fail("KV cache: canvas row " + std::to_string(r) +
@@ -465,17 +465,16 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
     check_token(t);
     k_pos_.push_back(static_cast<int32_t>(i));
   }
-  for (const int32_t r : q_rows_) tokens_.push_back(canvas[static_cast<size_t>(r)]);
-  q_pos_.assign(q_rows_.begin(), q_rows_.end());
+  for (const int32_t r : q_pos_) tokens_.push_back(canvas[static_cast<size_t>(r)]);
   rows_.clear();
   keys_.clear();
   targets_.clear();
   for (const int32_t pos : positions) {
-    const auto it = std::lower_bound(q_rows_.begin(), q_rows_.end(), logit_row(pos));
-    rows_.push_back(static_cast<int32_t>(it - q_rows_.begin()));
+    const auto it = std::lower_bound(q_pos_.begin(), q_pos_.end(), logit_row(pos));
+    rows_.push_back(static_cast<int32_t>(it - q_pos_.begin()));
     keys_.push_back(pos);
   }
-  const auto nq = static_cast<int64_t>(q_rows_.size());
+  const auto nq = static_cast<int64_t>(q_pos_.size());
   cu_q_.assign({0, static_cast<int32_t>(nq)});
   cu_k_.assign({0, static_cast<int32_t>(n)});
   graph::StepShape shape;
@@ -484,7 +483,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_
   shape.n_logits = static_cast<int64_t>(positions.size());
   des_step_rows(q_pos_);
   const graph::Program& p = execute_step(mode, true, shape, sp);
-  for (const int32_t r : q_rows_) kv_written_[static_cast<size_t>(r)] = 1;
+  for (const int32_t r : q_pos_) kv_written_[static_cast<size_t>(r)] = 1;
   return p;
 }
 

@@ -216,7 +216,7 @@ class Engine final : public Denoiser {
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_;
-  std::vector<int32_t> req_rows_, q_rows_;  // a KV-cache step's requested / computed canvas rows
+  std::vector<int32_t> req_rows_;  // a KV-cache step's requested rows (range_rows); q_pos_: the computed ones
   // KV cache: one backend buffer with every State tensor at kv_capacity_ rows; kv_written_ marks
   // the canvas rows whose K / V it holds for the current request.
   void* kv_buf_ = nullptr;
