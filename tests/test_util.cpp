@@ -73,6 +73,12 @@ void expect_error(const std::function<void()>& f, const std::string& want) {
   }
 }
 
+void expect_command_error(const std::string& cmd, const std::string& want) {
+  std::string out;
+  EXPECT_NE(run_command(cmd, &out), 0) << cmd << "\n" << out;
+  EXPECT_NE(out.find(want), std::string::npos) << cmd << "\n" << out;
+}
+
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale) {
   std::mt19937_64 g(seed);
   std::normal_distribution<float> d(0.0f, scale);

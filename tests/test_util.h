@@ -19,6 +19,8 @@ std::filesystem::path temp_dir(const std::string& name);
 int run_command(const std::string& cmd, std::string* out);
 // Expects f() to throw tessera::Error whose message contains `want`.
 void expect_error(const std::function<void()>& f, const std::string& want);
+// Expects the shell command to fail with `want` in its stdout+stderr.
+void expect_command_error(const std::string& cmd, const std::string& want);
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
 // max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
 double rel_error(const float* a, const float* b, size_t n);

@@ -179,26 +179,30 @@ CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir) {
   return c;
 }
 
-RowListStep run_row_list_step(Engine& e, const std::filesystem::path& dir, bool shift) {
-  RowListStep s;
-  const int64_t V = e.vocab_size(), n = 48;
-  const auto a = random_canvas(n, V, 12, e.mask_token(), 0.7);
-  auto b = a;
-  const std::vector<int32_t> rows = {3, 10, 11, 12, 30, 41};
-  const auto fill = random_canvas(n, V, 13, e.mask_token(), 0.0);
-  for (int32_t r : rows) b[static_cast<size_t>(r)] = fill[static_cast<size_t>(r)];
-  const std::vector<int32_t> positions = {11, 12, 31};  // Dream: rows 10, 11, 30 predict them
-  std::vector<float> scratch(static_cast<size_t>(V));
-  s.got.resize(positions.size() * static_cast<size_t>(V));
-  e.kv_cache_reset(n);
-  e.logits_cached(a, 0, n, std::vector<int32_t>{0}, scratch);
-  e.logits_rows(b, rows, positions, s.got);
-  s.n_query = e.last_step().shape.n_query;
-  const std::vector<int32_t> computed = shift ? rows : std::vector<int32_t>{3, 10, 11, 12, 30, 31, 41};
-  s.reference = reference_logits(dir, b, positions, V, nullptr,
-                                 "--cache-tokens " + join_ids(a) + " --compute-rows " + join_ids(computed));
-  EXPECT_EQ(s.reference.size(), s.got.size());
-  return s;
+void expect_row_list_steps_match_reference(const EngineOptions& opt) {
+  for (const char* fam : {"llada", "dream", "llada_moe"}) {
+    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
+    auto e = Engine::load(dir, opt);
+    const int64_t V = e->vocab_size(), n = 48;
+    const auto a = random_canvas(n, V, 12, e->mask_token(), 0.7);
+    auto b = a;
+    const std::vector<int32_t> rows = {3, 10, 11, 12, 30, 41};
+    const auto fill = random_canvas(n, V, 13, e->mask_token(), 0.0);
+    for (int32_t r : rows) b[static_cast<size_t>(r)] = fill[static_cast<size_t>(r)];
+    const std::vector<int32_t> positions = {11, 12, 31};  // Dream: rows 10, 11, 30 predict them
+    std::vector<float> scratch(static_cast<size_t>(V)), got(positions.size() * static_cast<size_t>(V));
+    e->kv_cache_reset(n);
+    e->logits_cached(a, 0, n, std::vector<int32_t>{0}, scratch);
+    e->logits_rows(b, rows, positions, got);
+    const bool shift = std::string(fam) == "dream";
+    EXPECT_EQ(e->last_step().shape.n_query, shift ? 6 : 7) << fam;
+    const std::vector<int32_t> computed = shift ? rows : std::vector<int32_t>{3, 10, 11, 12, 30, 31, 41};
+    const auto want =
+        reference_logits(dir, b, positions, V, nullptr,
+                         "--cache-tokens " + join_ids(a) + " --compute-rows " + join_ids(computed));
+    ASSERT_EQ(want.size(), got.size()) << fam;
+    EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-3) << fam;
+  }
 }
 
 }  // namespace tessera::test

@@ -46,11 +46,9 @@ CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir);
 // positions decided in the phase): canvas A (48 tokens, 70% masks) fills the cache, B fills rows
 // {3, 10, 11, 12, 30, 41} and the step computes those (plus row 31, a logit row, where there is no shift)
 // for the logits of 11, 12 and 31; reference: reference.py with A's K / V for every other row.
-struct RowListStep {
-  std::vector<float> got, reference;
-  int64_t n_query = 0;  // rows the engine computed
-};
-RowListStep run_row_list_step(Engine& e, const std::filesystem::path& dir, bool shift);
+// On tiny LLaDA, Dream and LLaDA-MoE checkpoints loaded with `opt`: the step computes 6 rows (Dream)
+// or 7 and its logits match the reference within 1e-3.
+void expect_row_list_steps_match_reference(const EngineOptions& opt);
 // The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
 struct CheckpointParams {
   int64_t total = 0, routed_experts = 0;

@@ -82,15 +82,7 @@ TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
 }
 
 TEST_F(CudaTest, RowListStepMatchesTheNumpyReference) {
-  for (const char* fam : {"llada", "dream", "llada_moe"}) {
-    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
-    auto e = Engine::load(dir, test::cuda_engine_options(Precision::F32));
-    const bool shift = std::string(fam) == "dream";
-    const test::RowListStep s = test::run_row_list_step(*e, dir, shift);
-    EXPECT_EQ(s.n_query, shift ? 6 : 7) << fam;
-    ASSERT_EQ(s.reference.size(), s.got.size());
-    EXPECT_LE(test::rel_error(s.got.data(), s.reference.data(), s.got.size()), 1e-3) << fam;
-  }
+  test::expect_row_list_steps_match_reference(test::cuda_engine_options(Precision::F32));
 }
 
 // f32, greedy: phases, refreshes, row-list steps and pruning decide on the GPU what they decide on the

@@ -215,12 +215,10 @@ TEST(MemoryBudget, CliGenerateAndPlan) {
       bin + " generate -m " + dir.string() + " -p hello --gen-length 16 --steps 4 --no-progress";
   const size_t weights = Engine::load(dir)->model().weight_bytes();
   std::string out;
-  EXPECT_NE(test::run_command(gen + " --memory-budget 12XB", &out), 0);
-  EXPECT_NE(out.find("bad memory size '12XB'"), std::string::npos) << out;
-  EXPECT_NE(test::run_command(gen + " --memory-budget 1KiB", &out), 0);
-  EXPECT_NE(out.find("weights alone"), std::string::npos) << out;
-  EXPECT_NE(test::run_command(gen + " --memory-budget " + std::to_string(weights + 4096), &out), 0);
-  EXPECT_NE(out.find("largest context that fits this budget is"), std::string::npos) << out;
+  test::expect_command_error(gen + " --memory-budget 12XB", "bad memory size '12XB'");
+  test::expect_command_error(gen + " --memory-budget 1KiB", "weights alone");
+  test::expect_command_error(gen + " --memory-budget " + std::to_string(weights + 4096),
+                             "largest context that fits this budget is");
   EXPECT_EQ(out.find(" steps · "), std::string::npos) << "no step may run: " << out;
   ASSERT_EQ(test::run_command(gen + " --memory-budget 1GiB", &out), 0) << out;
   EXPECT_NE(out.find(" steps · "), std::string::npos) << out;
@@ -251,8 +249,7 @@ TEST(MemoryBudget, CliGenerateAndPlan) {
        {"activation peak", "lower bound (live)", "peak / average live", "non-chunkable floor"}) {
     EXPECT_NE(out.find(want), std::string::npos) << out;
   }
-  EXPECT_NE(test::run_command(bin + " plan --context 4096", &out), 0);
-  EXPECT_NE(out.find("-m DIR or --geometry"), std::string::npos) << out;
+  test::expect_command_error(bin + " plan --context 4096", "-m DIR or --geometry");
 }
 
 }  // namespace

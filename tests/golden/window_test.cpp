@@ -21,15 +21,7 @@ using test::random_canvas;
 // Canvas A fills the cache; B changes some rows; the step computes rows {3, 10, 11, 12, 30, 41} (31 too
 // where there is no shift) and reads every other row from A's cache.
 TEST(Window, RowListStepMatchesTheNumpyReference) {
-  for (const char* fam : {"llada", "dream", "llada_moe"}) {
-    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");
-    auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-    const bool shift = std::string(fam) == "dream";
-    const test::RowListStep s = test::run_row_list_step(*e, dir, shift);
-    EXPECT_EQ(s.n_query, shift ? 6 : 7) << fam;
-    ASSERT_EQ(s.reference.size(), s.got.size());
-    EXPECT_LE(test::rel_error(s.got.data(), s.reference.data(), s.got.size()), 1e-3) << fam;
-  }
+  test::expect_row_list_steps_match_reference(EngineOptions{.precision = Precision::F32});
 }
 
 TEST(Window, RowListMisuseFailsClearly) {
@@ -151,12 +143,10 @@ TEST(Window, CliFlagsAndErrors) {
   EXPECT_GT(w["kv_cache_bytes"].get<int64_t>(), 0);
   ASSERT_EQ(test::run_command(base + "--json --window-early-stop --alg entropy 2>/dev/null", &out), 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["window"]["external"], 128);
-  EXPECT_NE(test::run_command(base + "--window --cache dual 2>&1", &out), 0);
-  EXPECT_NE(out.find("Window-Diffusion keeps its own phase cache"), std::string::npos) << out;
-  EXPECT_NE(test::run_command(base + "--window-in 80 2>&1", &out), 0);
-  EXPECT_NE(out.find("window-in (80) must not exceed window-ex (64)"), std::string::npos) << out;
-  EXPECT_NE(test::run_command(base + "--window --sparse 2>&1", &out), 0);
-  EXPECT_NE(out.find("cannot be combined with sparse attention"), std::string::npos) << out;
+  test::expect_command_error(base + "--window --cache dual 2>&1",
+                             "Window-Diffusion keeps its own phase cache");
+  test::expect_command_error(base + "--window-in 80 2>&1", "window-in (80) must not exceed window-ex (64)");
+  test::expect_command_error(base + "--window --sparse 2>&1", "cannot be combined with sparse attention");
 }
 
 }  // namespace
