@@ -106,7 +106,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.prompt.empty()) {
     TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
     const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-    prompt = Tokenizer::from_file(fs::path(dir) / "tokenizer.json").encode(a.prompt);
+    prompt = load_model_tokenizer(dir).encode(a.prompt);
   } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
     for (int i = 0; i < a.prompt_len; ++i)
       prompt.push_back(static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 77) %

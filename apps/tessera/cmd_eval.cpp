@@ -66,7 +66,7 @@ int run_eval(const EvalArgs& a) {
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
   auto exact = Engine::load(dir, eng);
-  const Tokenizer tok = Tokenizer::from_file(fs::path(dir) / "tokenizer.json");
+  const Tokenizer tok = load_model_tokenizer(dir);
   const auto seqs = eval::load_heldout(heldout, tok, a.seq_len, a.seqs);
   const int32_t uni = eval::unigram_token(seqs);
   json out = {

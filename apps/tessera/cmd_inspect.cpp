@@ -1,11 +1,14 @@
-// tessera inspect DIR: family, dimensions, parameters, weight bytes, activation memory estimate.
+// tessera inspect DIR|FILE.gguf: family, dimensions, parameters, weight bytes, activation memory estimate.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "apps/tessera/commands.h"
 #include "apps/tessera/session.h"
 #include "io/config.h"
+#include "io/gguf.h"
+#include "io/gguf_model.h"
 #include "io/safetensors.h"
 #include "memory/planner.h"
 #include "models/model.h"
@@ -34,26 +37,58 @@ void print_moe(const ModelConfig& c) {
               static_cast<double>(m.routed_scale));
 }
 
+struct WeightSummary {
+  size_t bytes = 0, tensors = 0;  // as loaded
+  DType act = DType::BF16;        // the compute dtype --precision auto picks
+  size_t file_bytes = 0;          // GGUF: the tensor bytes in the file, and their types
+  std::string file_types;
+};
+
+// GGUF files are summarised from their directory (quantized tensors are not converted for this).
+WeightSummary summarize_weights(const std::string& path) {
+  WeightSummary w;
+  if (is_gguf_file(path)) {
+    const auto g = GgufFile::open(path);
+    std::map<std::string, int> types;
+    size_t f32 = 0;
+    for (const GgufTensor& t : g->tensors()) {
+      ++types[ggml_type_info(t.type)->name];
+      w.file_bytes += t.bytes;
+      f32 += t.type == GgmlType::F32 ? t.bytes : 0;
+    }
+    w.act = f32 * 2 > w.file_bytes ? DType::F32 : DType::BF16;
+    w.bytes = gguf_loaded_bytes(*g, w.act);
+    w.tensors = g->tensors().size();
+    for (const auto& [name, n] : types) w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);
+    return w;
+  }
+  const Checkpoint ck = Checkpoint::open(path);
+  size_t bf16 = 0;
+  for (const auto& [n, t] : ck.tensors()) bf16 += t.dtype == DType::F32 ? 0 : t.bytes;
+  w.act = bf16 * 2 >= ck.total_bytes() ? DType::BF16 : DType::F32;
+  w.bytes = ck.total_bytes();
+  w.tensors = ck.tensors().size();
+  return w;
+}
+
 }  // namespace
 
 void add_inspect(CLI::App& app, Registry& reg) {
-  auto* sub = app.add_subcommand("inspect", "Describe a model directory");
+  auto* sub = app.add_subcommand("inspect", "Describe a model (directory or GGUF file)");
   struct Args {
     std::string dir;
     int64_t context = 0;
     double mask_ratio = 0.5;
   };
   auto a = std::make_shared<Args>();
-  sub->add_option("dir", a->dir, "model directory")->required();
+  sub->add_option("dir", a->dir, "model directory or .gguf file")->required();
   sub->add_option("--context", a->context, "context for the activation estimate (default: the model's)");
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")
       ->check(CLI::Range(0.0, 1.0));
   reg.handlers.emplace_back(sub, [a] {
     const ModelConfig c = load_config(a->dir);
-    const Checkpoint ck = Checkpoint::open(a->dir);
-    size_t bf16 = 0;
-    for (const auto& [n, t] : ck.tensors()) bf16 += t.dtype == DType::F32 ? 0 : t.bytes;
-    const DType act = bf16 * 2 >= ck.total_bytes() ? DType::BF16 : DType::F32;
+    const WeightSummary ws = summarize_weights(a->dir);
+    const DType act = ws.act;
     const int64_t ctx = a->context > 0 ? a->context : c.max_positions;
     const DenseWeights w = shape_only_weights(c, act);
     const graph::GraphTemplate g = build_dense_graph(w, graph_options(c, act), OutputMode::Sample);
@@ -84,9 +119,12 @@ void add_inspect(CLI::App& app, Registry& reg) {
     std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
     if (c.moe.n_experts > 0)
       std::printf("active       %.3f M per token\n", static_cast<double>(c.active_param_count()) / 1e6);
-    std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
-                human_bytes(static_cast<double>(ck.total_bytes())).c_str(), ck.tensors().size(),
-                std::string(dtype_name(act)).c_str());
+    std::printf("weights      %s in %zu tensors (compute dtype %s)\n", human_bytes(static_cast<double>(ws.bytes)).c_str(),
+                ws.tensors, std::string(dtype_name(act)).c_str());
+    if (!ws.file_types.empty())
+      std::printf("gguf         %s; tensor types %s (quantized ones are converted to %s at load)\n",
+                  human_bytes(static_cast<double>(ws.file_bytes)).c_str(), ws.file_types.c_str(),
+                  std::string(dtype_name(act)).c_str());
     std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
                 human_bytes(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
                 human_bytes(static_cast<double>(p.lower_bound)).c_str());

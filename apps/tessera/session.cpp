@@ -167,7 +167,7 @@ json read_json_or_empty(const fs::path& p) {
 
 Session::Session(const SessionArgs& a) {
   dir_ = a.model.empty() ? default_model_dir() : a.model;
-  if (!fs::is_directory(dir_)) fail("model directory " + dir_ + " does not exist");
+  check_model_path(dir_);
   EngineOptions eo;
   eo.device = a.device;
   eo.memory_budget = a.memory_budget.empty() ? 0 : memory::parse_size(a.memory_budget);
@@ -175,9 +175,7 @@ Session::Session(const SessionArgs& a) {
                  : a.precision == "f32" ? Precision::F32
                                         : Precision::Auto;
   engine_ = Engine::load(dir_, eo);
-  const fs::path tj = fs::path(dir_) / "tokenizer.json";
-  if (!fs::exists(tj)) fail(dir_ + ": tokenizer.json is missing");
-  tok_ = Tokenizer::from_file(tj);
+  tok_ = load_model_tokenizer(dir_);
   chat_family_ = detect_chat_family(dir_);
   // A template whose marker tokens the vocabulary lacks cannot be what the model was tuned on.
   const char* marker = chat_family_ == ChatFamily::LladaInstruct ? "<|start_header_id|>"
@@ -185,8 +183,7 @@ Session::Session(const SessionArgs& a) {
                        : chat_family_ == ChatFamily::LladaMoE    ? "<|role_end|>"
                                                                  : nullptr;
   if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
-  const json tc = read_json_or_empty(fs::path(dir_) / "tokenizer_config.json");
-  add_bos_ = tc.value("add_bos_token", false) && engine_->config().bos_id >= 0;
+  add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
   // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
   const json gc = read_json_or_empty(fs::path(dir_) / "generation_config.json");
   const int gen_len = a.gen_length.value_or(gc.value("gen_length", 128));

@@ -11,6 +11,7 @@
 #include "decode/generate.h"
 #include "engine/engine.h"
 #include "io/chat_template.h"
+#include "io/model_files.h"
 #include "io/tokenizer.h"
 
 namespace tessera::cli {

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/gguf.h"
+#include "io/model_files.h"
 
 namespace tessera {
 
@@ -104,22 +106,16 @@ const char* chat_family_name(ChatFamily f) {
 }
 
 ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
-  json tc = read_json(model_dir / "tokenizer_config.json");
-  std::string tmpl;
-  if (tc.is_object() && tc.contains("chat_template")) {
-    const auto& ct = tc["chat_template"];
-    if (ct.is_string()) {
-      tmpl = ct.get<std::string>();
-    } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]
-      for (const auto& e : ct)
-        if (e.is_object() && e.contains("template") && e["template"].is_string())
-          tmpl += e["template"].get<std::string>();
-    }
-  }
+  const std::string tmpl = model_chat_template(model_dir);
   if (tmpl.find("<|start_header_id|>") != std::string::npos) return ChatFamily::LladaInstruct;
   if (tmpl.find("<|im_start|>") != std::string::npos) return ChatFamily::ChatML;
   if (tmpl.find("<role>") != std::string::npos) return ChatFamily::LladaMoE;
 
+  if (is_gguf_file(model_dir)) {  // the architecture stands in for config.json
+    const std::string arch = GgufFile::open(model_dir)->get_string("general.architecture", "");
+    return arch == "llada" ? ChatFamily::LladaInstruct : arch == "llada-moe" ? ChatFamily::LladaMoE
+         : arch == "dream" ? ChatFamily::ChatML                              : ChatFamily::None;
+  }
   json cfg = read_json(model_dir / "config.json");
   if (!cfg.is_object()) return ChatFamily::None;
   std::string type = cfg.contains("model_type") && cfg["model_type"].is_string()

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/gguf_model.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
@@ -351,6 +352,7 @@ std::vector<int32_t> added_token_ids(const fs::path& p, std::vector<std::string>
 }  // namespace
 
 ModelConfig load_config(const fs::path& dir) {
+  if (is_gguf_file(dir)) return gguf_config(*GgufFile::open(dir));
   const fs::path p = dir / "config.json";
   if (!fs::is_directory(dir)) fail("model directory " + dir.string() + " does not exist");
   std::ifstream f(p);

@@ -72,7 +72,8 @@ struct ModelConfig {
   int64_t active_param_count() const;
 };
 
-// Reads DIR/config.json. Errors name the field and say what was expected.
+// Reads DIR/config.json, or the metadata of a GGUF file (io/gguf_model.h) when DIR is one. Errors name
+// the field and say what was expected.
 ModelConfig load_config(const std::filesystem::path& dir);
 
 }  // namespace tessera

@@ -15,12 +15,15 @@ namespace tessera {
 namespace tok {
 struct Impl;
 }
+class GgufFile;
 
 class Tokenizer {
  public:
   // Loads a tokenizer.json. Unsupported model / normalizer / pre-tokenizer / decoder types throw
   // tessera::Error naming the type and the file.
   static Tokenizer from_file(const std::filesystem::path& path);
+  // The vocabulary of a GGUF file (byte-level BPE, tokenizer.ggml.model "gpt2"; io/tokenizer_gguf.cpp).
+  static Tokenizer from_gguf(const GgufFile& g);
   // Same, from the JSON text; `source` names it in error messages.
   static Tokenizer from_json(std::string_view json_text, const std::string& source = "<memory>");
 

@@ -4,13 +4,16 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/gguf.h"
 
 namespace tessera {
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision) {
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = load_config(dir);
-  m->ckpt_ = Checkpoint::open(dir);
+  // GGUF: quantized tensors are converted once, to bf16 (f32 for --precision f32).
+  m->ckpt_ = is_gguf_file(dir) ? Checkpoint::open_gguf(dir, precision == Precision::F32 ? DType::F32 : DType::BF16)
+                               : Checkpoint::open(dir);
   m->backend_ = &backend;
   const ModelConfig& c = m->cfg_;
   DType act = DType::BF16;

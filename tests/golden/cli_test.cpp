@@ -138,7 +138,7 @@ TEST(Cli, BadInputsGiveClearErrors) {
     const size_t v = cfg.find_first_of("0123456789", at);
     cfg.insert(v, "1");
     std::ofstream(d / "config.json") << cfg;
-    expect_error("generate -m " + d.string() + " -p hi", "but config.json implies");
+    expect_error("generate -m " + d.string() + " -p hi", "but the model's config implies");
   }
   {  // unknown model type
     const auto d = broken("type");

@@ -1,0 +1,27 @@
+// GGUF files of the diffusion LMs llama.cpp converts (architectures "llada", "dream", "llada-moe"),
+// read as tessera's ModelConfig and as a Checkpoint under the Hugging Face tensor names the family
+// loaders bind. The conventions are those of llama.cpp's converter (convert_hf_to_gguf.py):
+//   - metadata "<arch>.block_count", ".embedding_length", ".attention.head_count[_kv]", ...;
+//     special tokens "tokenizer.ggml.{mask,bos,eos,padding}_token_id"; "diffusion.shift_logits";
+//   - tensors token_embd / output_norm / output and blk.N.{attn_norm, attn_q, attn_k, attn_v,
+//     attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_gate_inp,
+//     ffn_{gate,up,down}_exps (experts stacked), ffn_{gate,up,down}_shexp};
+//   - LLaDA's q / k rows are permuted for ggml's interleaved RoPE: tessera keeps them and rotates
+//     adjacent pairs (ModelConfig::rope_interleaved), which gives the same attention.
+#pragma once
+#include <filesystem>
+
+#include "core/dtype.h"
+#include "io/config.h"
+#include "io/gguf.h"
+
+namespace tessera {
+
+// The config of a GGUF model. Errors name the file and the missing or unsupported key.
+ModelConfig gguf_config(const GgufFile& g);
+
+// Bytes the weights of a GGUF model take once loaded with quantized tensors converted to
+// `dequant_to` (plain f32 / f16 / bf16 tensors keep their size).
+size_t gguf_loaded_bytes(const GgufFile& g, DType dequant_to);
+
+}  // namespace tessera

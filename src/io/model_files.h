@@ -1,0 +1,25 @@
+// What a model path names: a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
+// tokenizer_config.json) or a GGUF file, which holds all of it. The readers that take a model path
+// (load_config, Model::load, detect_chat_family and these) accept both.
+#pragma once
+#include <filesystem>
+
+#include "io/tokenizer.h"
+
+namespace tessera {
+
+// The model's tokenizer: DIR/tokenizer.json, or the GGUF file's vocabulary.
+Tokenizer load_model_tokenizer(const std::filesystem::path& model);
+
+// Whether prompts start with BOS: tokenizer_config.json's add_bos_token, or the GGUF's
+// tokenizer.ggml.add_bos_token (false when absent).
+bool model_adds_bos(const std::filesystem::path& model);
+
+// The chat template text: tokenizer_config.json's chat_template (the string, or every named
+// template joined), or the GGUF's tokenizer.chat_template; "" when there is none.
+std::string model_chat_template(const std::filesystem::path& model);
+
+// A path that can be a model: a directory or a GGUF file. Throws naming the path otherwise.
+void check_model_path(const std::filesystem::path& model);
+
+}  // namespace tessera
