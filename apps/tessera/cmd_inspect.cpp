@@ -59,7 +59,8 @@ WeightSummary summarize_weights(const std::string& path) {
     w.act = f32 * 2 > w.file_bytes ? DType::F32 : DType::BF16;
     w.bytes = gguf_loaded_bytes(*g, w.act);
     w.tensors = g->tensors().size();
-    for (const auto& [name, n] : types) w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);
+    for (const auto& [name, n] : types)
+      w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);
     return w;
   }
   const Checkpoint ck = Checkpoint::open(path);
@@ -119,8 +120,9 @@ void add_inspect(CLI::App& app, Registry& reg) {
     std::printf("parameters   %.3f M\n", static_cast<double>(c.param_count()) / 1e6);
     if (c.moe.n_experts > 0)
       std::printf("active       %.3f M per token\n", static_cast<double>(c.active_param_count()) / 1e6);
-    std::printf("weights      %s in %zu tensors (compute dtype %s)\n", human_bytes(static_cast<double>(ws.bytes)).c_str(),
-                ws.tensors, std::string(dtype_name(act)).c_str());
+    std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
+                human_bytes(static_cast<double>(ws.bytes)).c_str(), ws.tensors,
+                std::string(dtype_name(act)).c_str());
     if (!ws.file_types.empty())
       std::printf("gguf         %s; tensor types %s (quantized ones are converted to %s at load)\n",
                   human_bytes(static_cast<double>(ws.file_bytes)).c_str(), ws.file_types.c_str(),

@@ -169,7 +169,7 @@ std::string ne_str(const std::vector<int64_t>& ne) {
 }  // namespace
 
 const char* gguf_value_type_name(uint32_t t) {
-  static const char* const names[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+  static const char* const names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                       "bool", "string", "array", "u64", "i64", "f64"};
   return t < std::size(names) ? names[t] : "unknown";
 }
@@ -195,7 +195,8 @@ std::shared_ptr<const GgufFile> GgufFile::open(const fs::path& path) {
   if (g->version_ == 1) r.bad("GGUF version 1 is obsolete; convert the model again with a current llama.cpp");
   if (g->version_ != 2 && g->version_ != 3) {
     // A big-endian file stores its version byte-swapped.
-    if (g->version_ == 0x02000000u || g->version_ == 0x03000000u) r.bad("big-endian GGUF files are not supported");
+    if (g->version_ == 0x02000000u || g->version_ == 0x03000000u)
+      r.bad("big-endian GGUF files are not supported");
     r.bad("unknown GGUF version " + std::to_string(g->version_));
   }
   const uint64_t n_tensors = r.read<uint64_t>("the tensor count");
@@ -236,7 +237,8 @@ std::shared_ptr<const GgufFile> GgufFile::open(const fs::path& path) {
       r.bad("tensor '" + t.name + "' has " + std::to_string(nd) + " dimensions (1 to 4 allowed)");
     for (uint32_t d = 0; d < nd; ++d) {
       const int64_t e = r.read<int64_t>("a tensor dimension");
-      if (e <= 0 || e > (int64_t{1} << 40)) r.bad("tensor '" + t.name + "' has dimension " + std::to_string(e));
+      if (e <= 0 || e > (int64_t{1} << 40))
+        r.bad("tensor '" + t.name + "' has dimension " + std::to_string(e));
       t.ne.push_back(e);
     }
     t.type = r.read<uint32_t>("a tensor type");
@@ -289,8 +291,10 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
 }
 
 namespace {
-[[noreturn]] void wrong_type(const fs::path& p, const std::string& key, const GgufValue& v, const char* want) {
-  fail(p.string() + ": GGUF metadata '" + key + "' is a " + gguf_value_type_name(v.type) + ", expected " + want);
+[[noreturn]] void wrong_type(const fs::path& p, const std::string& key, const GgufValue& v,
+                             const char* want) {
+  fail(p.string() + ": GGUF metadata '" + key + "' is a " + gguf_value_type_name(v.type) + ", expected " +
+       want);
 }
 }  // namespace
 

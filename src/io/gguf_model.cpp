@@ -14,7 +14,8 @@ struct ArchInfo {
   const char* arch;
   Family family;
 };
-constexpr ArchInfo kArchs[] = {{"llada", Family::LLaDA}, {"dream", Family::Dream}, {"llada-moe", Family::LLaDAMoE}};
+constexpr ArchInfo kArchs[] = {
+    {"llada", Family::LLaDA}, {"dream", Family::Dream}, {"llada-moe", Family::LLaDAMoE}};
 
 Family family_of(const GgufFile& g, const std::string& arch) {
   for (const ArchInfo& a : kArchs)
@@ -70,7 +71,8 @@ bool split_layer(const std::string& name, int64_t& layer, std::string& rest) {
 
 std::string hf_global(Family f, const std::string& name) {
   const bool llada = f == Family::LLaDA;
-  if (name == "token_embd.weight") return llada ? "model.transformer.wte.weight" : "model.embed_tokens.weight";
+  if (name == "token_embd.weight")
+    return llada ? "model.transformer.wte.weight" : "model.embed_tokens.weight";
   if (name == "output_norm.weight") return llada ? "model.transformer.ln_f.weight" : "model.norm.weight";
   if (name == "output.weight") return llada ? "model.transformer.ff_out.weight" : "lm_head.weight";
   return "";
@@ -90,8 +92,7 @@ bool is_plain(GgmlType t) {
 // Converts `n` values of a quantized tensor to `to` (f32 or bf16), in parallel over block rows.
 void dequantize_into(const GgufTensor& t, void* dst, DType to) {
   const GgmlTypeInfo* ti = ggml_type_info(t.type);
-  if (!ti->dequantizable)
-    ggml_dequantize(t.type, t.data, nullptr, ti->block);  // throws naming the type
+  if (!ti->dequantizable) ggml_dequantize(t.type, t.data, nullptr, ti->block);  // throws naming the type
   const int64_t row = t.ne[0], rows = t.numel() / row;
   const size_t row_bytes = ggml_bytes(t.type, row);
   const size_t out_row = static_cast<size_t>(row) * dtype_size(to);
@@ -133,13 +134,15 @@ ModelConfig gguf_config(const GgufFile& g) {
   if (c.n_heads % c.n_kv_heads != 0) fail(where + ": the head count is not a multiple of the KV head count");
   if (!g.find(a + "attention.key_length") && c.hidden % c.n_heads != 0)
     fail(where + ": the embedding length is not a multiple of the head count (and there is no key_length)");
-  c.head_dim = positive(a + "attention.key_length", g.get_int(a + "attention.key_length", c.hidden / c.n_heads));
+  c.head_dim =
+      positive(a + "attention.key_length", g.get_int(a + "attention.key_length", c.hidden / c.n_heads));
   if (g.get_int(a + "attention.value_length", c.head_dim) != c.head_dim)
     fail(where + ": attention.value_length differs from key_length (not supported)");
   c.max_positions = positive(a + "context_length", g.require_int(a + "context_length"));
   c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", -1.0));
-  if (!(c.rms_eps > 0)) fail(where + ": GGUF metadata '" + a + "attention.layer_norm_rms_epsilon' is missing");
+  if (!(c.rms_eps > 0))
+    fail(where + ": GGUF metadata '" + a + "attention.layer_norm_rms_epsilon' is missing");
   c.rotary_dim = g.get_int(a + "rope.dimension_count", c.head_dim);
   if (c.rotary_dim <= 0 || c.rotary_dim > c.head_dim || c.rotary_dim % 2 != 0)
     fail(where + ": rope.dimension_count " + std::to_string(c.rotary_dim) + " must be even and at most " +
@@ -179,7 +182,8 @@ ModelConfig gguf_config(const GgufFile& g) {
       if (gate == nullptr) {
         m.moe_layer[static_cast<size_t>(l)] = 0;
         const GgufTensor* dense = g.find_tensor(b + "ffn_gate.weight");
-        if (dense == nullptr) fail(where + ": layer " + std::to_string(l) + " has neither experts nor an FFN");
+        if (dense == nullptr)
+          fail(where + ": layer " + std::to_string(l) + " has neither experts nor an FFN");
         c.intermediate = dense->ne.size() == 2 ? dense->ne[1] : 0;
         continue;
       }
@@ -193,7 +197,8 @@ ModelConfig gguf_config(const GgufFile& g) {
     }
     const int64_t declared = g.get_int(a + "expert_feed_forward_length", m.expert_inter);
     if (declared != m.expert_inter)
-      fail(where + ": expert_feed_forward_length " + std::to_string(declared) + " contradicts the expert tensors");
+      fail(where + ": expert_feed_forward_length " + std::to_string(declared) +
+           " contradicts the expert tensors");
   } else {
     c.intermediate = positive(a + "feed_forward_length", g.require_int(a + "feed_forward_length"));
   }
@@ -215,7 +220,8 @@ ModelConfig gguf_config(const GgufFile& g) {
   if (c.mask_id < 0)
     fail(where + ": the GGUF names no mask token (tokenizer.ggml.mask_token_id) and its vocabulary has none");
   for (int32_t id : {c.mask_id, c.eos_id, c.bos_id, c.pad_id})
-    if (id >= c.vocab) fail(where + ": special token id " + std::to_string(id) + " is outside the vocabulary");
+    if (id >= c.vocab)
+      fail(where + ": special token id " + std::to_string(id) + " is outside the vocabulary");
   return c;
 }
 
@@ -227,7 +233,8 @@ size_t gguf_loaded_bytes(const GgufFile& g, DType dequant_to) {
 }
 
 Checkpoint Checkpoint::open_gguf(const fs::path& path, DType dequant_to) {
-  TESSERA_CHECK(dequant_to == DType::F32 || dequant_to == DType::BF16, "open_gguf: dequantize to f32 or bf16");
+  TESSERA_CHECK(dequant_to == DType::F32 || dequant_to == DType::BF16,
+                "open_gguf: dequantize to f32 or bf16");
   const std::shared_ptr<const GgufFile> g = GgufFile::open(path);
   const ModelConfig c = gguf_config(*g);
   Checkpoint ck;

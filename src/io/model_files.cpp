@@ -29,7 +29,8 @@ json tokenizer_config(const fs::path& dir) {
 
 void check_model_path(const fs::path& model) {
   if (fs::is_directory(model)) return;
-  if (!fs::exists(model)) fail("model " + model.string() + " does not exist (a model directory or a .gguf file)");
+  if (!fs::exists(model))
+    fail("model " + model.string() + " does not exist (a model directory or a .gguf file)");
   if (!is_gguf_file(model)) fail(model.string() + " is neither a model directory nor a GGUF file");
 }
 

@@ -14,7 +14,14 @@ using json = nlohmann::json;
 namespace {
 
 // llama.cpp's token types (llama_token_type).
-enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+enum TokenType : int64_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6
+};
 
 struct PreRegex {
   std::initializer_list<const char*> names;
@@ -29,7 +36,8 @@ const PreRegex kPre[] = {
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
     {{"llada-moe", "bailingmoe", "bailingmoe2"},
-     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|"
+     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| "
+     "?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|"
      "\\s+(?!\\S)|\\s+"},
     {{"gpt-2", "default", "olmo", "mpt"},
      "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
@@ -43,7 +51,8 @@ const char* pre_regex(const std::string& pre, const std::string& where) {
       known += std::string(known.empty() ? "" : ", ") + n;
     }
   }
-  fail(where + ": tokenizer.ggml.pre '" + pre + "' is a pre-tokenizer tessera does not know (known: " + known + ")");
+  fail(where + ": tokenizer.ggml.pre '" + pre +
+       "' is a pre-tokenizer tessera does not know (known: " + known + ")");
 }
 
 }  // namespace
@@ -82,11 +91,12 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
   const std::string pre = g.get_string("tokenizer.ggml.pre", "default");
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
-      {"pretokenizers", json::array({{{"type", "Split"},
-                                      {"pattern", {{"Regex", pre_regex(pre, where)}}},
-                                      {"behavior", "Isolated"},
-                                      {"invert", false}},
-                                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+      {"pretokenizers",
+       json::array({{{"type", "Split"},
+                     {"pattern", {{"Regex", pre_regex(pre, where)}}},
+                     {"behavior", "Isolated"},
+                     {"invert", false}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   j["decoder"] = {{"type", "ByteLevel"}};
   return from_json(j.dump(), where);
 }

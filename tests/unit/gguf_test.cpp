@@ -108,12 +108,14 @@ TinyMoe tiny_moe() {
   m.tensors.push_back(f32_tensor("output.weight", {32, 48}, seed++));
   for (int l = 0; l < 2; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    for (const char* n : {"attn_norm", "ffn_norm"}) m.tensors.push_back(f32_tensor(b + n + ".weight", {32}, seed++));
+    for (const char* n : {"attn_norm", "ffn_norm"})
+      m.tensors.push_back(f32_tensor(b + n + ".weight", {32}, seed++));
     m.tensors.push_back(f32_tensor(b + "attn_q.weight", {32, 32}, seed++));
     m.tensors.push_back(f32_tensor(b + "attn_k.weight", {32, 16}, seed++));
     m.tensors.push_back(f32_tensor(b + "attn_v.weight", {32, 16}, seed++));
     m.tensors.push_back(f32_tensor(b + "attn_output.weight", {32, 32}, seed++));
-    for (const char* n : {"attn_q_norm", "attn_k_norm"}) m.tensors.push_back(f32_tensor(b + n + ".weight", {8}, seed++));
+    for (const char* n : {"attn_q_norm", "attn_k_norm"})
+      m.tensors.push_back(f32_tensor(b + n + ".weight", {8}, seed++));
     m.tensors.push_back(f32_tensor(b + "ffn_gate_inp.weight", {32, 4}, seed++));
     m.tensors.push_back(f32_tensor(b + "ffn_gate_exps.weight", {32, 32, 4}, seed++));
     if (l == 0)
@@ -137,7 +139,8 @@ std::vector<uint8_t> read_bytes(const fs::path& p) {
 }
 fs::path write_bytes(const std::string& name, const std::vector<uint8_t>& b) {
   const fs::path p = test::temp_dir("gguf_bytes_" + name) / name;
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
   return p;
 }
 
@@ -203,7 +206,8 @@ TEST(Gguf, EveryTruncationFailsCleanly) {
   // The writer pads the last tensor (34 bytes of q8_0) to 64: a cut inside that padding is still valid.
   const size_t needed = full.size() - 30;
   for (size_t n = 0; n < needed; ++n) {
-    const fs::path cut = write_bytes("cut.gguf", std::vector<uint8_t>(full.begin(), full.begin() + static_cast<long>(n)));
+    const fs::path cut =
+        write_bytes("cut.gguf", std::vector<uint8_t>(full.begin(), full.begin() + static_cast<long>(n)));
     try {
       GgufFile::open(cut);
       ADD_FAILURE() << "a file cut to " << n << " of " << full.size() << " bytes was accepted";
@@ -243,7 +247,8 @@ TEST(Gguf, MalformedFilesNameTheFault) {
   nested.type = GgufValue::Array;
   nested.elem = GgufValue::Array;
   expect(write("nested.gguf", {{"n", nested}}, {}), "array of arrays");
-  expect(write("dup.gguf", {}, {f32_tensor("w", {4}, 1), f32_tensor("w", {4}, 2)}), "tensor 'w' appears twice");
+  expect(write("dup.gguf", {}, {f32_tensor("w", {4}, 1), f32_tensor("w", {4}, 2)}),
+         "tensor 'w' appears twice");
   expect(write("align.gguf", {{"general.alignment", num(GgufValue::U32, 24)}}, {}), "not a power of two");
   expect(write("bool.gguf", {{"b", num(GgufValue::Bool, 2)}}, {}), "is a bool of value 2");
   EXPECT_FALSE(is_gguf_file(test::temp_dir("gguf_dir")));
@@ -343,7 +348,10 @@ TEST(Gguf, ConfigErrorsNameTheKey) {
 TEST(Gguf, VocabularyAsTokenizer) {
   KV kv = {{"tokenizer.ggml.model", str("gpt2")},
            {"tokenizer.ggml.pre", str("gpt-2")},
-           {"tokenizer.ggml.tokens", strs({"a", "b", "c", "ab", "abc", "\xc4\xa0", "\xc4\xa0" "ab", "<|x|>", "[PAD8]"})},
+           {"tokenizer.ggml.tokens", strs({"a", "b", "c", "ab", "abc", "\xc4\xa0",
+                                           "\xc4\xa0"
+                                           "ab",
+                                           "<|x|>", "[PAD8]"})},
            {"tokenizer.ggml.token_type", ints(GgufValue::I32, {1, 1, 1, 1, 1, 1, 1, 3, 5})},
            {"tokenizer.ggml.merges", strs({"a b", "ab c", "\xc4\xa0 ab"})}};
   const Tokenizer t = Tokenizer::from_gguf(*GgufFile::open(write("vocab.gguf", kv, {})));
