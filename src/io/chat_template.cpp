@@ -113,8 +113,10 @@ ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
 
   if (is_gguf_file(model_dir)) {  // the architecture stands in for config.json
     const std::string arch = GgufFile::open(model_dir)->get_string("general.architecture", "");
-    return arch == "llada" ? ChatFamily::LladaInstruct : arch == "llada-moe" ? ChatFamily::LladaMoE
-         : arch == "dream" ? ChatFamily::ChatML                              : ChatFamily::None;
+    return arch == "llada"       ? ChatFamily::LladaInstruct
+           : arch == "llada-moe" ? ChatFamily::LladaMoE
+           : arch == "dream"     ? ChatFamily::ChatML
+                                 : ChatFamily::None;
   }
   json cfg = read_json(model_dir / "config.json");
   if (!cfg.is_object()) return ChatFamily::None;

@@ -154,7 +154,8 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
 
 void Checkpoint::add(StTensor t) {
   const std::string name = t.name;
-  if (!tensors_.emplace(name, std::move(t)).second) fail(dir_.string() + ": tensor '" + name + "' appears twice");
+  if (!tensors_.emplace(name, std::move(t)).second)
+    fail(dir_.string() + ": tensor '" + name + "' appears twice");
 }
 
 const StTensor* Checkpoint::find(const std::string& name) const {
@@ -166,8 +167,8 @@ const StTensor& Checkpoint::get(const std::string& name, const std::vector<int64
   const StTensor* t = find(name);
   if (t == nullptr) fail("checkpoint " + dir_.string() + ": tensor '" + name + "' is missing");
   if (t->shape != shape) {
-    fail(t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) + " but the model's config implies " +
-         shape_str(shape));
+    fail(t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) +
+         " but the model's config implies " + shape_str(shape));
   }
   return *t;
 }

@@ -12,8 +12,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = load_config(dir);
   // GGUF: quantized tensors are converted once, to bf16 (f32 for --precision f32).
-  m->ckpt_ = is_gguf_file(dir) ? Checkpoint::open_gguf(dir, precision == Precision::F32 ? DType::F32 : DType::BF16)
-                               : Checkpoint::open(dir);
+  m->ckpt_ = is_gguf_file(dir)
+                 ? Checkpoint::open_gguf(dir, precision == Precision::F32 ? DType::F32 : DType::BF16)
+                 : Checkpoint::open(dir);
   m->backend_ = &backend;
   const ModelConfig& c = m->cfg_;
   DType act = DType::BF16;
