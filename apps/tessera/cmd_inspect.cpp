@@ -56,7 +56,7 @@ WeightSummary summarize_weights(const std::string& path) {
       w.file_bytes += t.bytes;
       f32 += t.type == GgmlType::F32 ? t.bytes : 0;
     }
-    w.act = f32 * 2 > w.file_bytes ? DType::F32 : DType::BF16;
+    w.act = auto_compute_dtype(f32, gguf_loaded_bytes(*g, DType::BF16) - f32);  // as Model::load decides
     w.bytes = gguf_loaded_bytes(*g, w.act);
     w.tensors = g->tensors().size();
     for (const auto& [name, n] : types)
@@ -64,9 +64,9 @@ WeightSummary summarize_weights(const std::string& path) {
     return w;
   }
   const Checkpoint ck = Checkpoint::open(path);
-  size_t bf16 = 0;
-  for (const auto& [n, t] : ck.tensors()) bf16 += t.dtype == DType::F32 ? 0 : t.bytes;
-  w.act = bf16 * 2 >= ck.total_bytes() ? DType::BF16 : DType::F32;
+  size_t f32 = 0;
+  for (const auto& [n, t] : ck.tensors()) f32 += t.dtype == DType::F32 ? t.bytes : 0;
+  w.act = auto_compute_dtype(f32, ck.total_bytes() - f32);
   w.bytes = ck.total_bytes();
   w.tensors = ck.tensors().size();
   return w;

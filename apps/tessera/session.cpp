@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -150,20 +149,6 @@ void check_utf8(const std::string& s, const char* what) {
     i += static_cast<size_t>(n) + 1;
   }
 }
-
-namespace {
-
-json read_json_or_empty(const fs::path& p) {
-  std::ifstream f(p);
-  if (!f) return json::object();
-  try {
-    return json::parse(f);
-  } catch (const std::exception& e) {
-    fail(p.string() + ": not valid JSON: " + e.what());
-  }
-}
-
-}  // namespace
 
 Session::Session(const SessionArgs& a) {
   dir_ = a.model.empty() ? default_model_dir() : a.model;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -14,16 +13,6 @@ namespace tessera {
 
 namespace {
 using json = nlohmann::json;
-
-json read_json(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  if (!f) return json();
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    fail("cannot parse " + p.string() + ": " + e.what());
-  }
-}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -118,7 +107,7 @@ ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
            : arch == "dream"     ? ChatFamily::ChatML
                                  : ChatFamily::None;
   }
-  json cfg = read_json(model_dir / "config.json");
+  json cfg = read_json_or_empty(model_dir / "config.json");
   if (!cfg.is_object()) return ChatFamily::None;
   std::string type = cfg.contains("model_type") && cfg["model_type"].is_string()
                          ? lower(cfg["model_type"].get<std::string>())

@@ -232,11 +232,10 @@ size_t gguf_loaded_bytes(const GgufFile& g, DType dequant_to) {
   return n;
 }
 
-Checkpoint Checkpoint::open_gguf(const fs::path& path, DType dequant_to) {
+Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to) {
   TESSERA_CHECK(dequant_to == DType::F32 || dequant_to == DType::BF16,
-                "open_gguf: dequantize to f32 or bf16");
-  const std::shared_ptr<const GgufFile> g = GgufFile::open(path);
-  const ModelConfig c = gguf_config(*g);
+                "gguf_checkpoint: dequantize to f32 or bf16");
+  const fs::path& path = g->path();
   Checkpoint ck;
   ck.set_source(path);
   ck.keep(g);

@@ -14,11 +14,17 @@
 #include "core/dtype.h"
 #include "io/config.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 
 namespace tessera {
 
 // The config of a GGUF model. Errors name the file and the missing or unsupported key.
 ModelConfig gguf_config(const GgufFile& g);
+
+// The tensors of a GGUF model of config `c` (gguf_config(*g)) under the Hugging Face names of its
+// family: plain tensors are views into the mapped file, quantized ones are converted to `dequant_to`
+// (f32 or bf16). The checkpoint keeps the file mapped.
+Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to);
 
 // Bytes the weights of a GGUF model take once loaded with quantized tensors converted to
 // `dequant_to` (plain f32 / f16 / bf16 tensors keep their size).

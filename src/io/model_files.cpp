@@ -10,19 +10,22 @@ namespace tessera {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-// DIR/tokenizer_config.json, or an empty object when it does not exist.
-json tokenizer_config(const fs::path& dir) {
-  const fs::path p = dir / "tokenizer_config.json";
+json read_json_or_empty(const fs::path& p) {
   std::ifstream f(p);
   if (!f) return json::object();
   try {
-    json j = json::parse(f);
-    return j.is_object() ? j : json::object();
+    return json::parse(f);
   } catch (const std::exception& e) {
     fail(p.string() + ": not valid JSON: " + e.what());
   }
+}
+
+namespace {
+
+// DIR/tokenizer_config.json as an object (empty when absent or not an object).
+json tokenizer_config(const fs::path& dir) {
+  json j = read_json_or_empty(dir / "tokenizer_config.json");
+  return j.is_object() ? j : json::object();
 }
 
 }  // namespace

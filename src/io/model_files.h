@@ -3,6 +3,7 @@
 // (load_config, Model::load, detect_chat_family and these) accept both.
 #pragma once
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "io/tokenizer.h"
 
@@ -18,6 +19,9 @@ bool model_adds_bos(const std::filesystem::path& model);
 // The chat template text: tokenizer_config.json's chat_template (the string, or every named
 // template joined), or the GGUF's tokenizer.chat_template; "" when there is none.
 std::string model_chat_template(const std::filesystem::path& model);
+
+// The JSON file at `p`, or an empty object when it does not exist; malformed JSON throws naming the file.
+nlohmann::json read_json_or_empty(const std::filesystem::path& p);
 
 // A path that can be a model: a directory or a GGUF file. Throws naming the path otherwise.
 void check_model_path(const std::filesystem::path& model);

@@ -46,9 +46,6 @@ class Checkpoint {
   const StTensor* find(const std::string& name) const;
   // The tensor, with its shape checked; a clear error names the tensor and the file otherwise.
   const StTensor& get(const std::string& name, const std::vector<int64_t>& shape) const;
-  // A GGUF file of a supported architecture under the Hugging Face names of its family (io/gguf_model.h):
-  // plain tensors are views into the mapped file, quantized ones are converted to `dequant_to`.
-  static Checkpoint open_gguf(const std::filesystem::path& path, DType dequant_to);
   const std::map<std::string, StTensor>& tensors() const { return tensors_; }
   size_t total_bytes() const;
   // Adds a tensor whose bytes stay valid while the checkpoint lives (see keep()); a name present

@@ -4,27 +4,29 @@
 #include <vector>
 
 #include "core/error.h"
-#include "io/gguf.h"
+#include "io/gguf_model.h"
 
 namespace tessera {
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision) {
   std::unique_ptr<Model> m(new Model());
-  m->cfg_ = load_config(dir);
-  // GGUF: quantized tensors are converted once, to bf16 (f32 for --precision f32).
-  m->ckpt_ = is_gguf_file(dir)
-                 ? Checkpoint::open_gguf(dir, precision == Precision::F32 ? DType::F32 : DType::BF16)
-                 : Checkpoint::open(dir);
+  if (is_gguf_file(dir)) {  // one parse: quantized tensors are converted to bf16 (f32 for --precision f32)
+    const auto g = GgufFile::open(dir);
+    m->cfg_ = gguf_config(*g);
+    m->ckpt_ = gguf_checkpoint(g, m->cfg_, precision == Precision::F32 ? DType::F32 : DType::BF16);
+  } else {
+    m->cfg_ = load_config(dir);
+    m->ckpt_ = Checkpoint::open(dir);
+  }
   m->backend_ = &backend;
   const ModelConfig& c = m->cfg_;
   DType act = DType::BF16;
   if (precision == Precision::F32) {
     act = DType::F32;
   } else if (precision == Precision::Auto) {
-    // The dtype most weights are stored in decides.
     size_t f32 = 0, other = 0;
     for (const auto& [name, t] : m->ckpt_.tensors()) (t.dtype == DType::F32 ? f32 : other) += t.bytes;
-    act = f32 > other ? DType::F32 : DType::BF16;
+    act = auto_compute_dtype(f32, other);
   }
   m->opts_ = graph_options(c, act);
   m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;

@@ -63,6 +63,12 @@ struct GraphOptions {
   bool kv_cache = false;
 };
 
+// Precision::Auto's compute dtype: the dtype most weight bytes are stored in (as loaded: GGUF's
+// quantized tensors count as the bf16 they become).
+inline DType auto_compute_dtype(size_t f32_bytes, size_t other_bytes) {
+  return f32_bytes > other_bytes ? DType::F32 : DType::BF16;
+}
+
 class Model {
  public:
   // Loads config.json and the safetensors weights of DIR into `backend` memory.

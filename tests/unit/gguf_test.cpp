@@ -284,7 +284,8 @@ TEST(Gguf, MoeConfigAndExpertSlices) {
   EXPECT_EQ(load_config(p).n_layers, 2);  // load_config takes a GGUF path too
 
   for (DType to : {DType::F32, DType::BF16}) {
-    const Checkpoint ck = Checkpoint::open_gguf(p, to);
+    const auto file = GgufFile::open(p);
+    const Checkpoint ck = gguf_checkpoint(file, gguf_config(*file), to);
     // Expert 2 of the q8_0 stack: the third [32, 32] slice, converted.
     const StTensor& up = ck.get("model.layers.0.mlp.experts.2.up_proj.weight", {32, 32});
     EXPECT_EQ(up.dtype, to);
@@ -297,7 +298,6 @@ TEST(Gguf, MoeConfigAndExpertSlices) {
     // f32 tensors stay views of the file; down experts are [hidden, inter] slices.
     const StTensor& down = ck.get("model.layers.1.mlp.experts.3.down_proj.weight", {32, 32});
     EXPECT_EQ(down.dtype, DType::F32);
-    const auto file = GgufFile::open(p);
     const GgufTensor* src = file->find_tensor("blk.1.ffn_down_exps.weight");
     EXPECT_EQ(std::memcmp(down.data, src->data + 3 * 1024 * 4, 1024 * 4), 0);
     EXPECT_NE(ck.find("model.layers.1.self_attn.k_norm.weight"), nullptr);
@@ -339,8 +339,12 @@ TEST(Gguf, ConfigErrorsNameTheKey) {
   std::vector<GgufWriteTensor> t = m.tensors;
   t[2].type = GgmlType::Q8_1;  // output.weight: blocks of 32 values in 36 bytes
   t[2].data.assign(48 * 36, 0);
-  test::expect_error([&] { Checkpoint::open_gguf(write("q81.gguf", m.kv, t), DType::BF16); },
-                     "GGUF tensor type q8_1 cannot be loaded by tessera");
+  test::expect_error(
+      [&] {
+        const auto g = GgufFile::open(write("q81.gguf", m.kv, t));
+        gguf_checkpoint(g, gguf_config(*g), DType::BF16);
+      },
+      "GGUF tensor type q8_1 cannot be loaded by tessera");
 }
 
 // A GGUF vocabulary as a tokenizer: pieces, merges, token types (3 = control: an added special token,
