@@ -34,6 +34,7 @@ struct BenchArgs {
   std::string cache = "none";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1;
   float threshold = 0.0f;
+  bool dequantize = false;
   bool profile = false;
   std::vector<std::string> compare;
 };
@@ -44,6 +45,7 @@ struct Row {
   int steps = 0;
   double query_rows = 0, key_rows = 0;
   size_t activation_peak = 0, kv_cache = 0;
+  size_t weights = 0;  // the engine's weight bytes (quantized GGUF weights count as stored)
   double agreement = 1.0;
   double experts = 0;      // MoE models: mean unique experts per (MoE layer, forward)
   double moe_seconds = 0;  // --profile: time in the MoE router and expert FFN ops
@@ -99,6 +101,7 @@ int run_bench(const BenchArgs& a) {
   EngineOptions eng;
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
+  eng.dequantize = a.dequantize;
   eng.profile_ops = a.profile;
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
@@ -136,6 +139,7 @@ int run_bench(const BenchArgs& a) {
   std::vector<Row> rows;
   Row b = measure(*base_engine, prompt, base, a.reps);
   b.label = "baseline";
+  b.weights = base_engine->model().weight_bytes();
   rows.push_back(std::move(b));
   int failures = 0;
   json comparisons = json::array();
@@ -148,6 +152,7 @@ int run_bench(const BenchArgs& a) {
       if (c.own_engine) own = make_engine(a, c.eng);
       Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps);
       r.label = spec;
+      r.weights = (own ? *own : *base_engine).model().weight_bytes();
       size_t same = 0;
       for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
         same += r.tokens[i] == rows.front().tokens[i] ? 1 : 0;
@@ -169,15 +174,16 @@ int run_bench(const BenchArgs& a) {
       base.alg.c_str(),
       base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
       base.cache.c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %11s %11s %11s %10s %9s", "option", "seconds", "tokens/s", "speed-up",
-              "steps", "query rows", "key rows", "act. peak", "KV cache", "agreement");
+  std::printf("%-28s %9s %9s %8s %6s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
+              "speed-up", "steps", "query rows", "key rows", "weights", "act. peak", "KV cache", "agreement");
   if (moe) std::printf(" %8s", "experts");
   if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
   std::printf("\n");
   const Row& r0 = rows.front();
   for (const Row& r : rows) {
-    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %11.0f %11.0f %11s %10s %9.4f", r.label.c_str(), r.seconds,
+    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(), r.seconds,
                 a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows, r.key_rows,
+                human_bytes(static_cast<double>(r.weights)).c_str(),
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
     if (moe) std::printf(" %8.1f", r.experts);
@@ -191,6 +197,7 @@ int run_bench(const BenchArgs& a) {
                            {"steps", r.steps},
                            {"query_rows", r.query_rows},
                            {"key_rows", r.key_rows},
+                           {"weight_bytes", r.weights},
                            {"activation_peak_bytes", r.activation_peak},
                            {"kv_cache_bytes", r.kv_cache},
                            {"agreement", r.agreement},
@@ -244,6 +251,8 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a->precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_flag("--dequantize", a->dequantize,
+                "GGUF: convert quantized tensors to bf16 at load instead of keeping them quantized (CPU)");
   sub->add_option("--reps", a->reps, "timed generations per row (the best counts)")
       ->check(CLI::PositiveNumber);
   sub->add_option(

@@ -42,9 +42,11 @@ struct WeightSummary {
   DType act = DType::BF16;        // the compute dtype --precision auto picks
   size_t file_bytes = 0;          // GGUF: the tensor bytes in the file, and their types
   std::string file_types;
+  size_t dequantized_bytes = 0;  // GGUF with quantized tensors: the bytes with them converted to `act`
 };
 
 // GGUF files are summarised from their directory (quantized tensors are not converted for this).
+// Their weight bytes are those of the CPU backend, which keeps quantized tensors quantized.
 WeightSummary summarize_weights(const std::string& path) {
   WeightSummary w;
   if (is_gguf_file(path)) {
@@ -57,7 +59,8 @@ WeightSummary summarize_weights(const std::string& path) {
       f32 += t.type == GgmlType::F32 ? t.bytes : 0;
     }
     w.act = auto_compute_dtype(f32, gguf_loaded_bytes(*g, DType::BF16) - f32);  // as Model::load decides
-    w.bytes = gguf_loaded_bytes(*g, w.act);
+    w.bytes = w.file_bytes;  // on the CPU quantized tensors stay quantized
+    if (gguf_loaded_bytes(*g, w.act) != w.file_bytes) w.dequantized_bytes = gguf_loaded_bytes(*g, w.act);
     w.tensors = g->tensors().size();
     for (const auto& [name, n] : types)
       w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);
@@ -123,10 +126,16 @@ void add_inspect(CLI::App& app, Registry& reg) {
     std::printf("weights      %s in %zu tensors (compute dtype %s)\n",
                 human_bytes(static_cast<double>(ws.bytes)).c_str(), ws.tensors,
                 std::string(dtype_name(act)).c_str());
-    if (!ws.file_types.empty())
-      std::printf("gguf         %s; tensor types %s (quantized ones are converted to %s at load)\n",
-                  human_bytes(static_cast<double>(ws.file_bytes)).c_str(), ws.file_types.c_str(),
-                  std::string(dtype_name(act)).c_str());
+    if (!ws.file_types.empty()) {
+      std::printf("gguf         %s; tensor types %s", human_bytes(static_cast<double>(ws.file_bytes)).c_str(),
+                  ws.file_types.c_str());
+      if (ws.dequantized_bytes > 0) {
+        std::printf(" (quantized ones stay quantized on the CPU; %s as %s with --dequantize or on CUDA)",
+                    human_bytes(static_cast<double>(ws.dequantized_bytes)).c_str(),
+                    std::string(dtype_name(act)).c_str());
+      }
+      std::printf("\n");
+    }
     std::printf("activations  %s planned peak at context %lld, mask ratio %.2f (lower bound %s)\n",
                 human_bytes(static_cast<double>(p.peak)).c_str(), static_cast<long long>(ctx), a->mask_ratio,
                 human_bytes(static_cast<double>(p.lower_bound)).c_str());

@@ -77,6 +77,9 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
+      } else if (k == "dequantize") {
+        c.eng.dequantize = on_off();
+        c.own_engine = true;
       } else if (k == "device") {
         c.eng.device = v;
         c.own_engine = true;
@@ -93,7 +96,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
              "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
-             "window-refresh, window-early-stop, precision, device, k-ffn, k-logits, memory-budget)");
+             "window-refresh, window-early-stop, precision, dequantize, device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

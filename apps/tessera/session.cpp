@@ -37,6 +37,9 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a.precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_flag("--dequantize", a.dequantize,
+                "GGUF: convert quantized tensors to bf16 at load (twice to four times the memory) instead of "
+                "keeping them quantized (CPU)");
   sub->add_option("--memory-budget", a.memory_budget,
                   "total memory for the weights plus the planned activations, e.g. 24GiB, 512MiB, 1.5GB or "
                   "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "
@@ -159,6 +162,7 @@ Session::Session(const SessionArgs& a) {
   eo.precision = a.precision == "bf16"  ? Precision::BF16
                  : a.precision == "f32" ? Precision::F32
                                         : Precision::Auto;
+  eo.dequantize = a.dequantize;
   engine_ = Engine::load(dir_, eo);
   tok_ = load_model_tokenizer(dir_);
   chat_family_ = detect_chat_family(dir_);

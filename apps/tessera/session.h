@@ -20,6 +20,7 @@ struct SessionArgs {
   std::string model;
   std::string device = "cpu";
   std::string precision = "auto";
+  bool dequantize = false;  // GGUF: quantized tensors converted to bf16 at load
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
   std::string memory_budget;   // "24GiB"; empty = none

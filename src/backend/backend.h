@@ -3,6 +3,7 @@
 // implementations may assume valid arguments. Optional capabilities are queried, not assumed.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -108,11 +109,14 @@ void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int 
 // The experts of one MoE layer. `table` is backend memory holding 3 * n_experts pointers to
 // backend memory: gate[0..E), up[0..E), down[0..E); gate/up are [inter, hidden], down [hidden, inter],
 // all of dtype `dtype`.
+// On the CPU the experts may stay quantized (GGUF): quant[0..3) are the Tensor::quant of the gate,
+// up and down weights (-1: plain `dtype`), whose values compute as `dtype`.
 struct MoeExperts {
   const void* const* table = nullptr;
   int n_experts = 0;
   int64_t hidden = 0, inter = 0;
   DType dtype = DType::BF16;
+  std::array<int16_t, 3> quant{-1, -1, -1};
 };
 // Scratch bytes moe_ffn may use for M rows with top_k experts each (the graph plans this buffer).
 inline size_t moe_scratch_bytes(int64_t rows, int top_k, const MoeExperts& e) {

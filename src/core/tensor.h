@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "core/dtype.h"
+#include "core/ggml_quant.h"
 
 namespace tessera {
 
@@ -16,6 +17,10 @@ struct Tensor {
   Device device = Device::CPU;
   int ndim = 0;
   std::array<int64_t, 4> shape{};
+  // Weights kept in a ggml block format (a quantized GGUF tensor, CPU backend only): the GgmlType of
+  // the blocks at `data`, each row of cols() values being whole blocks; the values compute as `dtype`
+  // (the dtype GEMMs dequantize them to). -1 for every plain tensor.
+  int16_t quant = -1;
 
   Tensor() = default;
   Tensor(void* p, DType t, std::initializer_list<int64_t> dims, Device dev = Device::CPU)
@@ -27,7 +32,16 @@ struct Tensor {
     for (int i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
     return n;
   }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  bool quantized() const { return quant >= 0; }
+  size_t nbytes() const {
+    if (quantized()) return static_cast<size_t>(rows()) * row_bytes();
+    return static_cast<size_t>(numel()) * dtype_size(dtype);
+  }
+  // Bytes of one row (of cols() values).
+  size_t row_bytes() const {
+    if (quantized()) return ggml_bytes(static_cast<GgmlType>(quant), cols());
+    return static_cast<size_t>(cols()) * dtype_size(dtype);
+  }
   int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
   // Rows = product of all but the last dim; cols = last dim.
   int64_t rows() const { return ndim == 0 ? 1 : numel() / shape[static_cast<size_t>(ndim - 1)]; }

@@ -40,7 +40,7 @@ std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOpti
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
   auto e = make(opt);
-  e->model_ = Model::load(dir, *e->backend_, opt.precision);
+  e->model_ = Model::load(dir, *e->backend_, opt.precision, opt.dequantize);
   if (e->model_->config().mask_id < 0) {
     fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
   }

@@ -23,6 +23,9 @@ namespace tessera {
 struct EngineOptions {
   std::string device = "cpu";  // cpu | cuda
   Precision precision = Precision::Auto;
+  // GGUF: convert quantized tensors at load (the memory of bf16) instead of keeping them quantized
+  // on the CPU (where every GEMM then dequantizes panels of its weight).
+  bool dequantize = false;
   size_t reserve_bytes = size_t{256} << 30;  // virtual range of the workspace
   memory::Fit fit = memory::Fit::First;
   int64_t k_ffn = 1, k_logits = 1;  // fixed chunk counts, used when memory_budget is 0

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/gguf_quant.h"
+#include "core/ggml_quant.h"
 #include "io/safetensors.h"
 
 namespace tessera {

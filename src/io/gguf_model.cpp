@@ -232,7 +232,8 @@ size_t gguf_loaded_bytes(const GgufFile& g, DType dequant_to) {
   return n;
 }
 
-Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to) {
+Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to,
+                           bool keep_quantized) {
   TESSERA_CHECK(dequant_to == DType::F32 || dequant_to == DType::BF16,
                 "gguf_checkpoint: dequantize to f32 or bf16");
   const fs::path& path = g->path();
@@ -246,6 +247,14 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
     st.file = file;
     if (is_plain(t.type)) {
       st.dtype = plain_dtype(t.type);
+      st.data = t.data;
+      st.bytes = t.bytes;
+      return st;
+    }
+    if (keep_quantized) {
+      if (!ggml_type_info(t.type)->dequantizable) ggml_dequantize(t.type, t.data, nullptr, 1);  // throws naming it
+      st.dtype = DType::BF16;
+      st.quant = static_cast<int16_t>(t.type);
       st.data = t.data;
       st.bytes = t.bytes;
       return st;

@@ -24,7 +24,9 @@ ModelConfig gguf_config(const GgufFile& g);
 // The tensors of a GGUF model of config `c` (gguf_config(*g)) under the Hugging Face names of its
 // family: plain tensors are views into the mapped file, quantized ones are converted to `dequant_to`
 // (f32 or bf16). The checkpoint keeps the file mapped.
-Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to);
+// With keep_quantized, quantized tensors stay views of their ggml blocks (StTensor::quant) instead.
+Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig& c, DType dequant_to,
+                           bool keep_quantized = false);
 
 // Bytes the weights of a GGUF model take once loaded with quantized tensors converted to
 // `dequant_to` (plain f32 / f16 / bf16 tensors keep their size).

@@ -18,6 +18,9 @@ struct StTensor {
   const void* data = nullptr;
   size_t bytes = 0;
   std::string file;  // file name (for error messages)
+  // >= 0: a quantized GGUF tensor kept in its ggml blocks (a GgmlType; `dtype` is then meaningless
+  // and `bytes` the blocks' size); see Tensor::quant.
+  int16_t quant = -1;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

@@ -8,12 +8,16 @@
 
 namespace tessera {
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision) {
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision,
+                                   bool dequantize) {
   std::unique_ptr<Model> m(new Model());
-  if (is_gguf_file(dir)) {  // one parse: quantized tensors are converted to bf16 (f32 for --precision f32)
+  if (is_gguf_file(dir)) {
+    // One parse. Quantized tensors stay quantized on the CPU (GEMMs dequantize panels of them); on
+    // other backends, or with `dequantize`, they are converted at load to bf16 (f32 for --precision f32).
     const auto g = GgufFile::open(dir);
     m->cfg_ = gguf_config(*g);
-    m->ckpt_ = gguf_checkpoint(g, m->cfg_, precision == Precision::F32 ? DType::F32 : DType::BF16);
+    m->ckpt_ = gguf_checkpoint(g, m->cfg_, precision == Precision::F32 ? DType::F32 : DType::BF16,
+                               !dequantize && backend.device() == Device::CPU);
   } else {
     m->cfg_ = load_config(dir);
     m->ckpt_ = Checkpoint::open(dir);
@@ -25,7 +29,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
     act = DType::F32;
   } else if (precision == Precision::Auto) {
     size_t f32 = 0, other = 0;
-    for (const auto& [name, t] : m->ckpt_.tensors()) (t.dtype == DType::F32 ? f32 : other) += t.bytes;
+    for (const auto& [name, t] : m->ckpt_.tensors()) {
+      if (t.quant >= 0)
+        other += static_cast<size_t>(t.numel()) * 2;  // counted as the bf16 it computes as
+      else
+        (t.dtype == DType::F32 ? f32 : other) += t.bytes;
+    }
     act = auto_compute_dtype(f32, other);
   }
   m->opts_ = graph_options(c, act);
@@ -67,6 +76,7 @@ Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t col
       row0 >= 0 && rows > 0 && row0 + rows <= total_rows,
       "bind: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) + ") outside " + name);
   const StTensor& st = ckpt_.get(name, file_shape);
+  if (st.quant >= 0) return bind_quantized(st, cols, row0, rows, gemm_weight, file_shape);
   const size_t numel = static_cast<size_t>(rows * cols);
   const size_t src_off = static_cast<size_t>(row0 * cols) * dtype_size(st.dtype);
   const void* src = static_cast<const char*>(st.data) + src_off;
@@ -101,6 +111,38 @@ Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t col
   return t;
 }
 
+Tensor Model::bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int64_t rows, bool gemm_weight,
+                             const std::vector<int64_t>& file_shape) {
+  const auto type = static_cast<GgmlType>(st.quant);
+  const size_t row_bytes = ggml_bytes(type, cols);
+  const void* src = static_cast<const char*>(st.data) + static_cast<size_t>(row0) * row_bytes;
+  Tensor t;
+  t.device = backend_->device();
+  t.ndim = static_cast<int>(file_shape.size());
+  for (size_t i = 0; i < file_shape.size(); ++i) t.shape[i] = file_shape[i];
+  t.shape[0] = rows;
+  // GEMM weights and embedding tables (2-D) stay in their blocks on the CPU: zero copy from the mmap.
+  if (backend_->device() == Device::CPU && (gemm_weight || file_shape.size() == 2)) {
+    t.dtype = gemm_weight ? opts_.act : DType::F32;
+    t.quant = st.quant;
+    t.data = const_cast<void*>(src);
+    weight_bytes_ += static_cast<size_t>(rows) * row_bytes;
+    return t;
+  }
+  // Otherwise converted to the compute dtype (GEMM weights) or f32, then copied to the backend.
+  t.dtype = gemm_weight ? opts_.act : DType::F32;
+  const size_t out_row = static_cast<size_t>(cols) * dtype_size(t.dtype);
+  std::vector<char> conv(static_cast<size_t>(rows) * out_row);
+  for (int64_t r = 0; r < rows; ++r)
+    ggml_dequantize_row(type, static_cast<const char*>(src) + static_cast<size_t>(r) * row_bytes, cols, t.dtype,
+                        conv.data() + static_cast<size_t>(r) * out_row);
+  t.data = backend_->alloc_weights(conv.size());
+  owned_.push_back(t.data);
+  backend_->copy_to_device(t.data, conv.data(), conv.size());
+  weight_bytes_ += conv.size();
+  return t;
+}
+
 Tensor Model::bind_bias(const std::string& name, int64_t n) {
   return bind_bias_slice(name, n, 0, n);
 }
@@ -113,8 +155,14 @@ Tensor Model::bind_bias_slice(const std::string& name, int64_t total, int64_t at
   TESSERA_CHECK(at >= 0 && n > 0 && at + n <= total, "bind: bias slice outside " + name);
   const StTensor& st = ckpt_.get(name, {total});
   std::vector<float> f(static_cast<size_t>(n));
-  convert_to_f32(static_cast<const char*>(st.data) + static_cast<size_t>(at) * dtype_size(st.dtype), st.dtype,
-                 f.data(), f.size());
+  if (st.quant >= 0) {  // a quantized bias (no converter writes one): the whole row, then the slice
+    std::vector<float> all(static_cast<size_t>(total));
+    ggml_dequantize(static_cast<GgmlType>(st.quant), st.data, all.data(), total);
+    std::copy_n(all.begin() + at, n, f.begin());
+  } else {
+    convert_to_f32(static_cast<const char*>(st.data) + static_cast<size_t>(at) * dtype_size(st.dtype), st.dtype,
+                   f.data(), f.size());
+  }
   void* dst = backend_->alloc_weights(f.size() * 4);
   owned_.push_back(dst);
   backend_->copy_to_device(dst, f.data(), f.size() * 4);
@@ -132,7 +180,16 @@ MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const ch
     for (int64_t e = 0; e < n_experts; ++e)
       t.push_back(bind(name(e, proj), down ? std::vector{d, inter} : std::vector{inter, d}, true));
   }
-  return MoeExperts{expert_table(t), static_cast<int>(n_experts), d, inter, opts_.act};
+  MoeExperts ex{expert_table(t), static_cast<int>(n_experts), d, inter, opts_.act};
+  for (size_t p = 0; p < 3; ++p) {  // one storage type per projection (GGUF stacks one tensor of each)
+    ex.quant[p] = t[p * static_cast<size_t>(n_experts)].quant;
+    for (int64_t e = 1; e < n_experts; ++e) {
+      TESSERA_CHECK(t[p * static_cast<size_t>(n_experts) + static_cast<size_t>(e)].quant == ex.quant[p],
+                    "bind: the experts of " + name(e, p == 0 ? "gate_proj" : p == 1 ? "up_proj" : "down_proj") +
+                        " mix storage types");
+    }
+  }
+  return ex;
 }
 
 const void* const* Model::expert_table(const std::vector<Tensor>& gate_up_down) {

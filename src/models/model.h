@@ -72,8 +72,10 @@ inline DType auto_compute_dtype(size_t f32_bytes, size_t other_bytes) {
 class Model {
  public:
   // Loads config.json and the safetensors weights of DIR into `backend` memory.
+  // A .gguf file loads too; its quantized tensors stay quantized on the CPU backend unless
+  // `dequantize` (then, and on other backends, they become bf16, or f32 with Precision::F32).
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
-                                     Precision precision = Precision::Auto);
+                                     Precision precision = Precision::Auto, bool dequantize = false);
   // Random weights of the given geometry (benchmarks): no files, weights in `act` dtype.
   static std::unique_ptr<Model> synthetic(const ModelConfig& c, Backend& backend, DType act,
                                           uint64_t seed = 1);
@@ -116,6 +118,8 @@ class Model {
   Model() = default;
   Tensor bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
                    bool gemm_weight, const std::vector<int64_t>& file_shape);
+  Tensor bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int64_t rows, bool gemm_weight,
+                        const std::vector<int64_t>& file_shape);
   ModelConfig cfg_;
   GraphOptions opts_;
   DenseWeights w_;

@@ -1,8 +1,8 @@
-// ggml/GGUF dequantization (io/gguf_quant.h): bit-exact against ggml's own dequantization of blocks ggml
+// ggml/GGUF dequantization (core/ggml_quant.h): bit-exact against ggml's own dequantization of blocks ggml
 // quantized (tests/data/gguf/quant_vectors.bin, written by tools/gguf/make_quant_vectors.py from the
 // real libggml-base), blocks built by hand with values computed by hand, the f32/f16/bf16 pass-through,
 // the type table against ggml's, and the errors.
-#include "io/gguf_quant.h"
+#include "core/ggml_quant.h"
 
 #include <gtest/gtest.h>
 

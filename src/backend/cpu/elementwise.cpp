@@ -36,11 +36,14 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
            std::to_string(v));
     }
   }
+  const size_t row_bytes = table.row_bytes();
 #pragma omp parallel for
   for (int64_t r = 0; r < n; ++r) {
-    const char* src =
-        static_cast<const char*>(table.data) + static_cast<size_t>(ids[r] * d) * dtype_size(table.dtype);
-    if (out.dtype == DType::F32) {
+    const char* src = static_cast<const char*>(table.data) + static_cast<size_t>(ids[r]) * row_bytes;
+    if (table.quantized()) {  // a quantized GGUF table: the row converted to f32 or bf16
+      ggml_dequantize_row(static_cast<GgmlType>(table.quant), src, d, out.dtype,
+                          static_cast<char*>(out.data) + static_cast<size_t>(r * d) * dtype_size(out.dtype));
+    } else if (out.dtype == DType::F32) {
       convert_to_f32(src, table.dtype, out.as<float>() + r * d, static_cast<size_t>(d));
     } else if (out.dtype == table.dtype) {
       std::memcpy(static_cast<char*>(out.data) + static_cast<size_t>(r * d) * dtype_size(out.dtype), src,

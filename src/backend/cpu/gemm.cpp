@@ -1,5 +1,6 @@
 #include "backend/cpu/gemm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
@@ -25,7 +26,7 @@ dnnl::memory::data_type dnnl_type(DType t) {
 }
 
 struct Key {
-  int64_t m, n, k, lda;
+  int64_t m, n, k, lda, ldc;
   DType a, w, c;
   bool bias, acc;
   bool operator==(const Key&) const = default;
@@ -37,6 +38,7 @@ struct KeyHash {
     mix(std::hash<int64_t>()(k.n));
     mix(std::hash<int64_t>()(k.k));
     mix(std::hash<int64_t>()(k.lda));
+    mix(std::hash<int64_t>()(k.ldc));
     mix(static_cast<size_t>(k.a) | static_cast<size_t>(k.w) << 4 | static_cast<size_t>(k.c) << 8 |
         static_cast<size_t>(k.bias) << 12 | static_cast<size_t>(k.acc) << 13);
     return h;
@@ -58,6 +60,7 @@ struct GemmEngine::Impl {
   std::unordered_map<Key, Entry, KeyHash> cache;
   std::vector<char> scratch;  // shared by all primitives (one stream, run in order)
   std::vector<char> tile;     // gather tile
+  std::vector<char> panel;    // dequantized weight panel (quantized weights)
   std::vector<dnnl::memory*> scratch_users;
 
   Entry& get(const Key& key) {
@@ -66,7 +69,7 @@ struct GemmEngine::Impl {
     using dims = dnnl::memory::dims;
     const dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a), dims{key.lda, 1});
     const dnnl::memory::desc w_md(dims{key.k, key.n}, dnnl_type(key.w), dims{1, key.k});
-    const dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c), dims{key.n, 1});
+    const dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c), dims{key.ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (key.acc) {
@@ -126,12 +129,51 @@ void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tens
   TESSERA_CHECK(a.dtype == w.dtype, "gemm (cpu): activation and weight dtypes must match");
   TESSERA_CHECK(!accumulate || c.dtype == DType::F32, "gemm: accumulate needs an f32 output");
   if (m == 0) return;
-  const Key key{m, n, k, k, a.dtype, w.dtype, c.dtype, bias != nullptr, accumulate};
+  if (w.quantized()) {
+    const int64_t np = panel_rows(n, k, a.dtype);
+    const size_t cs = dtype_size(c.dtype);
+    for (int64_t n0 = 0; n0 < n; n0 += np) {
+      const int64_t nb = std::min(np, n - n0);
+      const void* p = dequantize_panel(w, n0, nb, a.dtype);
+      const Key key{m, nb, k, k, n, a.dtype, a.dtype, c.dtype, bias != nullptr, accumulate};
+      impl_->run(key, a.data, p, bias != nullptr ? bias->as<const float>() + n0 : nullptr,
+                 static_cast<char*>(c.data) + static_cast<size_t>(n0) * cs);
+    }
+    return;
+  }
+  const Key key{m, n, k, k, n, a.dtype, w.dtype, c.dtype, bias != nullptr, accumulate};
   impl_->run(key, a.data, w.data, bias != nullptr ? bias->data : nullptr, c.data);
 }
 
-void GemmEngine::prepare(int64_t m, int64_t n, int64_t k, DType a, DType c) {
-  impl_->get(Key{m, n, k, k, a, a, c, false, false});
+int64_t GemmEngine::panel_rows(int64_t n, int64_t k, DType a) {
+  const int64_t rows = static_cast<int64_t>(kPanelBytes / (static_cast<size_t>(k) * dtype_size(a))) / 64 * 64;
+  return std::min(n, std::max<int64_t>(64, rows));
+}
+
+const void* GemmEngine::dequantize_panel(const Tensor& w, int64_t n0, int64_t nb, DType to) {
+  const int64_t k = w.cols();
+  const size_t out_row = static_cast<size_t>(k) * dtype_size(to), in_row = w.row_bytes();
+  const size_t bytes = static_cast<size_t>(nb) * out_row;
+  if (impl_->panel.size() < bytes) impl_->panel.resize(bytes);
+  char* dst = impl_->panel.data();
+  const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(n0) * in_row;
+  const auto type = static_cast<GgmlType>(w.quant);
+#pragma omp parallel for if (nb * k > 65536)
+  for (int64_t r = 0; r < nb; ++r)
+    ggml_dequantize_row(type, src + static_cast<size_t>(r) * in_row, k, to, dst + static_cast<size_t>(r) * out_row);
+  return dst;
+}
+
+void GemmEngine::prepare(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized) {
+  if (!quantized) {
+    impl_->get(Key{m, n, k, k, n, a, a, c, false, false});
+    return;
+  }
+  const int64_t np = panel_rows(n, k, a);
+  impl_->get(Key{m, np, k, k, n, a, a, c, false, false});
+  if (n % np != 0) impl_->get(Key{m, n % np, k, k, n, a, a, c, false, false});
+  const size_t bytes = static_cast<size_t>(np * k) * dtype_size(a);
+  if (impl_->panel.size() < bytes) impl_->panel.resize(bytes);
 }
 
 void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
@@ -139,23 +181,35 @@ void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& 
   TESSERA_CHECK(w.cols() == k, "gather_gemm: inner dimensions differ");
   TESSERA_CHECK(c.rows() == n_rows && c.cols() == n, "gather_gemm: output shape mismatch");
   TESSERA_CHECK(a.dtype == w.dtype, "gather_gemm (cpu): activation and weight dtypes must match");
-  const size_t es = dtype_size(a.dtype);
+  if (n_rows == 0) return;
+  const size_t es = dtype_size(a.dtype), cs = dtype_size(c.dtype);
   const size_t tile_bytes = static_cast<size_t>(kGatherTile * k) * es;
   if (impl_->tile.size() < tile_bytes) impl_->tile.resize(tile_bytes);
   const auto* idx = rows.as<const int32_t>();
   const auto* src = static_cast<const char*>(a.data);
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kGatherTile) {
-    const int64_t tr = std::min(kGatherTile, n_rows - r0);
-    char* t = impl_->tile.data();
+  char* t = impl_->tile.data();
+  auto gather = [&](int64_t r0, int64_t tr) {
 #pragma omp parallel for if (tr * k > 65536)
     for (int64_t i = 0; i < tr; ++i) {
       const int64_t r = idx[r0 + i];
       std::memcpy(t + static_cast<size_t>(i * k) * es, src + static_cast<size_t>(r * k) * es,
                   static_cast<size_t>(k) * es);
     }
-    const Key key{tr, n, k, k, a.dtype, w.dtype, c.dtype, false, false};
-    impl_->run(key, t, w.data, nullptr,
-               static_cast<char*>(c.data) + static_cast<size_t>(r0 * n) * dtype_size(c.dtype));
+  };
+  // Plain weights: one GEMM per tile over all of w. Quantized weights: panels of w dequantized once
+  // each (the larger gather panels: the tiles of selected rows are re-gathered once per panel).
+  const int64_t np = w.quantized() ? std::min(n, std::max(panel_rows(n, k, a.dtype), kGatherPanelRows)) : n;
+  int64_t gathered = -1;  // first row of the tile now in the buffer
+  for (int64_t n0 = 0; n0 < n; n0 += np) {
+    const int64_t nb = std::min(np, n - n0);
+    const void* wp = w.quantized() ? dequantize_panel(w, n0, nb, a.dtype) : w.data;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kGatherTile) {
+      const int64_t tr = std::min(kGatherTile, n_rows - r0);
+      if (gathered != r0) gather(r0, tr);
+      gathered = r0;
+      const Key key{tr, nb, k, k, n, a.dtype, a.dtype, c.dtype, false, false};
+      impl_->run(key, t, wp, nullptr, static_cast<char*>(c.data) + static_cast<size_t>(r0 * n + n0) * cs);
+    }
   }
 }
 

@@ -15,17 +15,26 @@ class GemmEngine {
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
 
-  // c[M,N] (=|+=) a[M,K] * w[N,K]^T (+ bias[N] f32). a and w share one dtype (f32 or bf16).
+  // c[M,N] (=|+=) a[M,K] * w[N,K]^T (+ bias[N] f32). a and w share one dtype (f32 or bf16). A
+  // quantized w (Tensor::quant) is dequantized to a's dtype panel by panel (kPanelBytes of rows at a
+  // time, into one per-engine buffer) and each panel multiplied as a plain weight: the result is that
+  // of the dequantized weight, while the weight stays quantized in memory.
   void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate);
   // c[i,:] = a[rows[i],:] * w^T. Rows are read by index in bounded tiles of kGatherTile rows that
   // are packed into a fixed per-engine tile buffer (cache-sized), never a copy of all selected rows.
   void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c);
   static constexpr int64_t kGatherTile = 256;
-  // Creates (and caches) the primitive of c[m,n] = a[m,k] w[n,k]^T ahead of use, so that a later
+  static constexpr size_t kPanelBytes = size_t{4} << 20;
+  static constexpr int64_t kGatherPanelRows = 2048;  // quantized gather_gemm: few panels, few re-gathers
+  // Creates (and caches) the primitive(s) of c[m,n] = a[m,k] w[n,k]^T ahead of use, so that a later
   // gemm() of that shape allocates nothing (the MoE FFN warms every row-count bucket it may use).
-  void prepare(int64_t m, int64_t n, int64_t k, DType a, DType c);
+  void prepare(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized = false);
 
  private:
+  // Rows of w per dequantized panel for a GEMM of n x k weights computed in dtype a.
+  static int64_t panel_rows(int64_t n, int64_t k, DType a);
+  // Rows [n0, n0 + nb) of the quantized w converted to `to` in the panel buffer.
+  const void* dequantize_panel(const Tensor& w, int64_t n0, int64_t nb, DType to);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -333,15 +333,17 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
   }
   // The primitives of every bucket, created once (after that a call allocates nothing).
   for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
-    gemm.prepare(t, I, H, e.dtype, e.dtype);
-    gemm.prepare(t, H, I, e.dtype, DType::F32);
+    for (const int16_t q : {e.quant[0], e.quant[1]}) gemm.prepare(t, I, H, e.dtype, e.dtype, q >= 0);
+    gemm.prepare(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
   }
   // gate and up per expert, then (after one swiglu over all pairs) down.
   const void* const* table = e.table;
   for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
     const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
-    const Tensor wg(const_cast<void*>(table[ex]), e.dtype, {I, H});
-    const Tensor wu(const_cast<void*>(table[E + ex]), e.dtype, {I, H});
+    Tensor wg(const_cast<void*>(table[ex]), e.dtype, {I, H});
+    Tensor wu(const_cast<void*>(table[E + ex]), e.dtype, {I, H});
+    wg.quant = e.quant[0];
+    wu.quant = e.quant[1];
     Tensor g = rows_of(l.gate, e.dtype, r0, n, I), u = rows_of(l.up, e.dtype, r0, n, I);
     gemm.gemm(a, wg, nullptr, g, false);
     gemm.gemm(a, wu, nullptr, u, false);
@@ -350,7 +352,8 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
   swiglu(g_all, u_all, g_all);
   for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
     const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
-    const Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});
+    Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});
+    wd.quant = e.quant[2];
     Tensor y = rows_of(reinterpret_cast<char*>(l.y), DType::F32, r0, n, H);
     gemm.gemm(a, wd, nullptr, y, false);
   });

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
 
   void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
+    TESSERA_CHECK(!table.quantized(), "embed (cuda): quantized tables are dequantized at load on CUDA");
     cuda::embed(tokens, table, out, stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
@@ -102,6 +103,7 @@ class CudaBackend final : public Backend {
     TESSERA_CHECK(w.cols() == a.cols(), "gather_gemm: inner dimensions differ");
     TESSERA_CHECK(c.rows() == rows.numel() && c.cols() == w.rows(), "gather_gemm: output shape mismatch");
     TESSERA_CHECK(a.dtype == w.dtype, "gather_gemm (cuda): activation and weight dtypes must match");
+    TESSERA_CHECK(!w.quantized(), "gather_gemm (cuda): quantized weights are dequantized at load on CUDA");
     TESSERA_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16, "gather_gemm: output must be f32 or bf16");
     cuda::MmaProblem p;
     p.a = a.data;
@@ -146,6 +148,8 @@ class CudaBackend final : public Backend {
   }
   void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
                Tensor& scratch, Tensor& out) override {
+    TESSERA_CHECK(e.quant[0] < 0 && e.quant[1] < 0 && e.quant[2] < 0,
+                  "moe_ffn (cuda): quantized experts are dequantized at load on CUDA");
     cuda::moe_ffn(x, ids, weights, e, scratch, out, stream_);
   }
   int64_t device_free_bytes() const override {
@@ -222,6 +226,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Ten
   TESSERA_CHECK(w.cols() == k, "gemm: inner dimensions differ");
   TESSERA_CHECK(c.rows() == m && c.cols() == n, "gemm: output shape mismatch");
   TESSERA_CHECK(a.dtype == w.dtype, "gemm (cuda): activation and weight dtypes must match");
+  TESSERA_CHECK(!w.quantized(), "gemm (cuda): quantized (GGUF) weights are dequantized at load on CUDA");
   TESSERA_CHECK(!acc || c.dtype == DType::F32, "gemm: accumulate needs an f32 output");
   if (m == 0) return;
   const Key key{m,

@@ -8,11 +8,20 @@
 // in 22 bits. Hence a compiler fusing d * q - m into an FMA (GCC does under -march=native) cannot
 // change a result, and ggml's separately rounded arithmetic (its CPU-generic build has no FMA) is
 // matched. The products that can round (q6_K's (d * sc) * q) feed no addition.
-#include "io/gguf_quant.h"
+#include "core/ggml_quant.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
+#include <vector>
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define TESSERA_DQ_AVX512 1
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the conversion intrinsics as
+// "may be used uninitialized" (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -281,6 +290,132 @@ void block_iq4_xs(const uint8_t* b, float* y) {
   }
 }
 
+#ifdef TESSERA_DQ_AVX512
+// AVX-512 row converters: the f32 arithmetic of the block_* functions above in the same order (so
+// bit-identical; GgufQuant.RowConvertersMatchScalar checks), stored as f32 or rounded to bf16 as
+// f32_to_bf16 rounds (nearest even, NaN kept quiet).
+template <bool kBf16>
+inline void store16(void* dst, int64_t at, __m512 x) {
+  if constexpr (kBf16) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + at), _mm512_cvtepi32_epi16(r));
+  } else {
+    _mm512_storeu_ps(static_cast<float*>(dst) + at, x);
+  }
+}
+inline __m512 u8_ps(__m128i v) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+inline __m512 i8_ps(__m128i v) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+}
+inline __m128i load16(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+inline __m128i low_nibbles(__m128i v) {
+  return _mm_and_si128(v, _mm_set1_epi8(15));
+}
+inline __m128i high_nibbles(__m128i v) {
+  return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
+}
+
+template <bool kBf16>
+void row_q8_0(const uint8_t* s, int64_t nb, void* dst) {
+  for (int64_t i = 0; i < nb; ++i, s += 34) {
+    const __m512 d = _mm512_set1_ps(half_at(s));
+    store16<kBf16>(dst, 32 * i, _mm512_mul_ps(i8_ps(load16(s + 2)), d));
+    store16<kBf16>(dst, 32 * i + 16, _mm512_mul_ps(i8_ps(load16(s + 18)), d));
+  }
+}
+
+template <bool kBf16>
+void row_q4_0(const uint8_t* s, int64_t nb, void* dst) {
+  const __m128i eight = _mm_set1_epi8(8);
+  for (int64_t i = 0; i < nb; ++i, s += 18) {
+    const __m512 d = _mm512_set1_ps(half_at(s));
+    const __m128i q = load16(s + 2);
+    store16<kBf16>(dst, 32 * i, _mm512_mul_ps(i8_ps(_mm_sub_epi8(low_nibbles(q), eight)), d));
+    store16<kBf16>(dst, 32 * i + 16, _mm512_mul_ps(i8_ps(_mm_sub_epi8(high_nibbles(q), eight)), d));
+  }
+}
+
+template <bool kFive, bool kBf16>
+void row_q45_K(const uint8_t* b, int64_t nb, void* dst) {
+  for (int64_t i = 0; i < nb; ++i, b += kFive ? 176 : 144) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + (kFive ? 48 : 16);
+    int64_t at = 256 * i;
+    for (int c = 0; c < 4; ++c, qs += 32) {
+      for (int k = 0; k < 2; ++k, at += 32) {
+        int sc, m;
+        scale_min_k4(2 * c + k, b + 4, sc, m);
+        const __m512 dl = _mm512_set1_ps(d * static_cast<float>(sc));
+        const __m512 ml = _mm512_set1_ps(dmin * static_cast<float>(m));
+        for (int h = 0; h < 2; ++h) {
+          const __m128i raw = load16(qs + 16 * h);
+          __m128i q = k == 0 ? low_nibbles(raw) : high_nibbles(raw);
+          if constexpr (kFive) {  // bit 2c + k of qh[l] is the fifth bit (16)
+            const __m128i bit = _mm_set1_epi8(static_cast<char>(1 << (2 * c + k)));
+            const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(load16(qh + 16 * h), bit), bit);
+            q = _mm_or_si128(q, _mm_and_si128(set, _mm_set1_epi8(16)));
+          }
+          store16<kBf16>(dst, at + 16 * h, _mm512_sub_ps(_mm512_mul_ps(dl, u8_ps(q)), ml));
+        }
+      }
+    }
+  }
+}
+
+template <bool kBf16>
+void row_q6_K(const uint8_t* b, int64_t nb, void* dst) {
+  const __m128i three = _mm_set1_epi8(3), off = _mm_set1_epi8(32);
+  for (int64_t i = 0; i < nb; ++i, b += 210) {
+    const float d = half_at(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h);
+      const int64_t at = 256 * i + 128 * h;
+      for (int l = 0; l < 32; l += 16) {
+        const __m128i a = load16(ql + l), c = load16(ql + l + 32), hi = load16(qh + l);
+        const __m128i low[4] = {low_nibbles(a), low_nibbles(c), high_nibbles(a), high_nibbles(c)};
+        for (int j = 0; j < 4; ++j) {
+          const __m128i top = _mm_and_si128(_mm_srli_epi16(hi, 2 * j), three);
+          const __m128i q = _mm_sub_epi8(_mm_or_si128(low[j], _mm_slli_epi16(top, 4)), off);
+          const __m512 s = _mm512_set1_ps(d * static_cast<float>(sc[l / 16 + 2 * j]));
+          store16<kBf16>(dst, at + l + 32 * j, _mm512_mul_ps(s, i8_ps(q)));
+        }
+      }
+    }
+  }
+}
+
+using RowFn = void (*)(const uint8_t*, int64_t, void*);
+
+template <bool kBf16>
+RowFn row_fn(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return row_q8_0<kBf16>;
+    case GgmlType::Q4_0:
+      return row_q4_0<kBf16>;
+    case GgmlType::Q4_K:
+      return row_q45_K<false, kBf16>;
+    case GgmlType::Q5_K:
+      return row_q45_K<true, kBf16>;
+    case GgmlType::Q6_K:
+      return row_q6_K<kBf16>;
+    default:
+      return nullptr;
+  }
+}
+#endif
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_fn(GgmlType t) {
@@ -364,6 +499,34 @@ void ggml_dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
   }
   const BlockFn fn = block_fn(t);
   for (int64_t i = 0, nb = n / info->block; i < nb; ++i) fn(s + i * info->block_bytes, dst + i * info->block);
+}
+
+void ggml_dequantize_row(GgmlType t, const void* src, int64_t n, DType to, void* dst, bool simd) {
+  TESSERA_CHECK(to == DType::F32 || to == DType::BF16, "ggml_dequantize_row: converts to f32 or bf16");
+  const auto* info = ggml_type_info(t);
+  if (!info || !info->dequantizable) fail_unsupported(t);
+  ggml_bytes(t, n);  // checks n
+#ifdef TESSERA_DQ_AVX512
+  if (simd) {
+    if (const RowFn fn = to == DType::BF16 ? row_fn<true>(t) : row_fn<false>(t)) {
+      fn(static_cast<const uint8_t*>(src), n / info->block, dst);
+      return;
+    }
+  }
+#endif
+  if (to == DType::F32) {
+    ggml_dequantize(t, src, static_cast<float*>(dst), n);
+    return;
+  }
+  // Through an f32 buffer of at most 4096 values (a multiple of every block size).
+  constexpr int64_t kStep = 4096;
+  thread_local std::vector<float> f(kStep);
+  const size_t step_bytes = ggml_bytes(t, kStep);
+  for (int64_t i = 0; i < n; i += kStep) {
+    const int64_t k = std::min(kStep, n - i);
+    ggml_dequantize(t, static_cast<const char*>(src) + static_cast<size_t>(i / kStep) * step_bytes, f.data(), k);
+    convert_from_f32(f.data(), static_cast<uint16_t*>(dst) + i, DType::BF16, static_cast<size_t>(k));
+  }
 }
 
 }  // namespace tessera
