@@ -302,7 +302,8 @@ inline void store16(void* dst, int64_t at, __m512 x) {
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + at), _mm512_cvtepi32_epi16(r));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + at),
+                        _mm512_cvtepi32_epi16(r));
   } else {
     _mm512_storeu_ps(static_cast<float*>(dst) + at, x);
   }
@@ -524,7 +525,8 @@ void ggml_dequantize_row(GgmlType t, const void* src, int64_t n, DType to, void*
   const size_t step_bytes = ggml_bytes(t, kStep);
   for (int64_t i = 0; i < n; i += kStep) {
     const int64_t k = std::min(kStep, n - i);
-    ggml_dequantize(t, static_cast<const char*>(src) + static_cast<size_t>(i / kStep) * step_bytes, f.data(), k);
+    ggml_dequantize(t, static_cast<const char*>(src) + static_cast<size_t>(i / kStep) * step_bytes, f.data(),
+                    k);
     convert_from_f32(f.data(), static_cast<uint16_t*>(dst) + i, DType::BF16, static_cast<size_t>(k));
   }
 }

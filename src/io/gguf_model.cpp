@@ -252,7 +252,8 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
       return st;
     }
     if (keep_quantized) {
-      if (!ggml_type_info(t.type)->dequantizable) ggml_dequantize(t.type, t.data, nullptr, 1);  // throws naming it
+      if (!ggml_type_info(t.type)->dequantizable)
+        ggml_dequantize(t.type, t.data, nullptr, 1);  // throws naming it
       st.dtype = DType::BF16;
       st.quant = static_cast<int16_t>(t.type);
       st.data = t.data;

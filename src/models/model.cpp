@@ -134,8 +134,8 @@ Tensor Model::bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int
   const size_t out_row = static_cast<size_t>(cols) * dtype_size(t.dtype);
   std::vector<char> conv(static_cast<size_t>(rows) * out_row);
   for (int64_t r = 0; r < rows; ++r)
-    ggml_dequantize_row(type, static_cast<const char*>(src) + static_cast<size_t>(r) * row_bytes, cols, t.dtype,
-                        conv.data() + static_cast<size_t>(r) * out_row);
+    ggml_dequantize_row(type, static_cast<const char*>(src) + static_cast<size_t>(r) * row_bytes, cols,
+                        t.dtype, conv.data() + static_cast<size_t>(r) * out_row);
   t.data = backend_->alloc_weights(conv.size());
   owned_.push_back(t.data);
   backend_->copy_to_device(t.data, conv.data(), conv.size());
@@ -160,8 +160,8 @@ Tensor Model::bind_bias_slice(const std::string& name, int64_t total, int64_t at
     ggml_dequantize(static_cast<GgmlType>(st.quant), st.data, all.data(), total);
     std::copy_n(all.begin() + at, n, f.begin());
   } else {
-    convert_to_f32(static_cast<const char*>(st.data) + static_cast<size_t>(at) * dtype_size(st.dtype), st.dtype,
-                   f.data(), f.size());
+    convert_to_f32(static_cast<const char*>(st.data) + static_cast<size_t>(at) * dtype_size(st.dtype),
+                   st.dtype, f.data(), f.size());
   }
   void* dst = backend_->alloc_weights(f.size() * 4);
   owned_.push_back(dst);
@@ -185,7 +185,10 @@ MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const ch
     ex.quant[p] = t[p * static_cast<size_t>(n_experts)].quant;
     for (int64_t e = 1; e < n_experts; ++e) {
       TESSERA_CHECK(t[p * static_cast<size_t>(n_experts) + static_cast<size_t>(e)].quant == ex.quant[p],
-                    "bind: the experts of " + name(e, p == 0 ? "gate_proj" : p == 1 ? "up_proj" : "down_proj") +
+                    "bind: the experts of " +
+                        name(e, p == 0   ? "gate_proj"
+                                : p == 1 ? "up_proj"
+                                         : "down_proj") +
                         " mix storage types");
     }
   }

@@ -179,7 +179,8 @@ void quantize_block(GgmlType t, const float* x, uint8_t* out) {
   out[0] = static_cast<uint8_t>(h & 0xff);
   out[1] = static_cast<uint8_t>(h >> 8);
   if (t == GgmlType::Q8_0) {
-    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * id)));
+    for (int j = 0; j < 32; ++j)
+      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * id)));
     return;
   }
   for (int j = 0; j < 16; ++j) {
@@ -203,7 +204,8 @@ void requantize(const fs::path& src, const fs::path& dst) {
       ggml_dequantize(t.type, t.data, f.data(), t.numel());
       w.data.assign(ggml_bytes(w.type, t.numel()), 0);
       for (int64_t b = 0; b < t.numel() / 32; ++b)
-        quantize_block(w.type, f.data() + 32 * b, w.data.data() + static_cast<size_t>(b) * ggml_type_info(w.type)->block_bytes);
+        quantize_block(w.type, f.data() + 32 * b,
+                       w.data.data() + static_cast<size_t>(b) * ggml_type_info(w.type)->block_bytes);
     }
     out.push_back(std::move(w));
   }
@@ -237,20 +239,23 @@ TEST(GgufModels, QuantizedWeightsStayQuantizedOnTheCpu) {
         bytes[dq] = e->model().weight_bytes();
       }
       const double err = test::rel_error(logits[0].data(), logits[1].data(), logits[1].size());
-      std::printf("%-24s %s: kept quantized vs converted at load: relative error %.1e, weights %zu vs %zu bytes\n",
-                  path.filename().c_str(), p == Precision::F32 ? "f32" : "bf16", err, bytes[0], bytes[1]);
+      std::printf(
+          "%-24s %s: kept quantized vs converted at load: relative error %.1e, weights %zu vs %zu bytes\n",
+          path.filename().c_str(), p == Precision::F32 ? "f32" : "bf16", err, bytes[0], bytes[1]);
       // f32: the same weights, the same GEMMs. bf16: converting at load also rounds the embedding table
       // to bf16, while the kept table's rows are dequantized to f32 (as llama.cpp's get_rows does).
       EXPECT_LE(err, p == Precision::F32 ? 1e-6 : 1e-2) << file;
       EXPECT_LT(bytes[0] * (p == Precision::F32 ? 4 : 2), bytes[1] * 3 / 2) << file;
     }
     if (path == moe_q) {  // the requantized MoE stays close to the bf16 model it came from
-      const auto q = engine_logits(moe_q, tokens, Precision::F32), b = engine_logits(fixtures() / file, tokens, Precision::F32);
+      const auto q = engine_logits(moe_q, tokens, Precision::F32),
+                 b = engine_logits(fixtures() / file, tokens, Precision::F32);
       EXPECT_LE(test::rel_error(q.data(), b.data(), b.size()), 0.05);
     }
   }
   // --dequantize on the command line: the same text.
-  const std::string flags = " -p 'a b c' --gen-length 16 --steps 16 --block-length 8 --raw --json 2>/dev/null";
+  const std::string flags =
+      " -p 'a b c' --gen-length 16 --steps 16 --block-length 8 --raw --json 2>/dev/null";
   std::string a, b;
   const std::string cmd = std::string(TESSERA_BINARY) + " generate -m " + moe_q.string() + flags;
   ASSERT_EQ(test::run_command(cmd, &a), 0) << a;

@@ -2,8 +2,6 @@
 // quantized (tests/data/gguf/quant_vectors.bin, written by tools/gguf/make_quant_vectors.py from the
 // real libggml-base), blocks built by hand with values computed by hand, the f32/f16/bf16 pass-through,
 // the type table against ggml's, and the errors.
-#include "core/ggml_quant.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/ggml_quant.h"
 #include "test_util.h"
 
 namespace tessera {

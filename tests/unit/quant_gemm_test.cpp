@@ -4,12 +4,14 @@
 // dequantized weight. Outputs are poisoned with NaN before each call.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm.h"
 #include "core/error.h"
 #include "core/ggml_quant.h"
 #include "test_util.h"
@@ -63,7 +65,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint6
 }
 
 // The whole tensor dequantized (the scalar path) to f32, and rounded to `to`.
-std::vector<uint8_t> dequantized(GgmlType t, const std::vector<uint8_t>& q, int64_t rows, int64_t cols, DType to) {
+std::vector<uint8_t> dequantized(GgmlType t, const std::vector<uint8_t>& q, int64_t rows, int64_t cols,
+                                 DType to) {
   std::vector<float> f(static_cast<size_t>(rows * cols));
   ggml_dequantize(t, q.data(), f.data(), rows * cols);
   std::vector<uint8_t> out(f.size() * dtype_size(to));
@@ -83,9 +86,9 @@ Tensor quant_tensor(std::vector<uint8_t>& q, GgmlType t, DType as, int64_t rows,
   return w;
 }
 
-const GgmlType kAllQuantized[] = {GgmlType::Q4_0,  GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
-                                  GgmlType::Q8_0,  GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
-                                  GgmlType::Q5_K,  GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+const GgmlType kAllQuantized[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
+                                  GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
+                                  GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
                                   GgmlType::MXFP4};
 
 TEST(GgufQuant, RowConvertersMatchScalar) {
@@ -121,27 +124,38 @@ TEST(GgufQuant, RowConvertersMatchScalar) {
 // summation order oneDNN picks for each panel width: 1e-5).
 TEST(CpuQuantGemm, MatchesTheDequantizedWeight) {
   auto be = make_cpu_backend();
-  const int64_t m = 37, k = 512;
-  const int64_t n = 4096 + 77;  // k = 512 in bf16: 4 MiB panels of 4096 rows, then 77 more
-  const auto bias = random_floats(static_cast<size_t>(n), 3);
-  Tensor tb(const_cast<float*>(bias.data()), DType::F32, {n});
-  for (GgmlType t : kAllQuantized) {
-    const char* name = ggml_type_info(t)->name;
-    auto q = random_blocks(t, n, k, 100 + static_cast<uint64_t>(t));
+  const int64_t m = 37;
+  // Every type on one panel; q4_K and q6_K also with k = 4096 on a full panel plus 77 rows.
+  const int64_t big_n = static_cast<int64_t>(cpu::GemmEngine::kPanelBytes / (4096 * 2)) + 77;
+  struct Case {
+    GgmlType t;
+    int64_t n, k;
+  };
+  std::vector<Case> cases;
+  for (GgmlType t : kAllQuantized) cases.push_back({t, 300, 512});
+  cases.push_back({GgmlType::Q4_K, big_n, 4096});
+  cases.push_back({GgmlType::Q6_K, big_n, 4096});
+  for (const Case& c : cases) {
+    const int64_t n = c.n, k = c.k;
+    const char* name = ggml_type_info(c.t)->name;
+    const auto bias = random_floats(static_cast<size_t>(n), 3);
+    Tensor tb(const_cast<float*>(bias.data()), DType::F32, {n});
+    auto q = random_blocks(c.t, n, k, 100 + static_cast<uint64_t>(c.t));
     for (DType act : {DType::BF16, DType::F32}) {
-      auto wd = dequantized(t, q, n, k, act);
+      auto wd = dequantized(c.t, q, n, k, act);
       auto a = in_dtype(random_floats(static_cast<size_t>(m * k), 5), act);
       const Tensor ta(a.data(), act, {m, k}), plain(wd.data(), act, {n, k});
-      const Tensor quant = quant_tensor(q, t, act, n, k);
+      const Tensor quant = quant_tensor(q, c.t, act, n, k);
       std::vector<float> want(static_cast<size_t>(m * n)), got(want.size(), NAN);
       Tensor tw(want.data(), DType::F32, {m, n}), tg(got.data(), DType::F32, {m, n});
       be->gemm(ta, plain, &tb, tw, false);
       be->gemm(ta, quant, &tb, tg, false);
-      EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5) << name << " " << dtype_name(act);
+      EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5)
+          << name << " " << dtype_name(act) << " n=" << n;
       be->gemm(ta, plain, nullptr, tw, true);  // accumulate
       be->gemm(ta, quant, nullptr, tg, true);
-      EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5) << name << " accumulate";
-      if (act == DType::BF16 && t == GgmlType::Q4_K) {  // bf16 output
+      EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5) << name << " accumulate n=" << n;
+      if (act == DType::BF16 && c.t == GgmlType::Q4_K) {  // bf16 output
         std::vector<uint16_t> wb(want.size()), gb(want.size(), 0xffff);
         Tensor twb(wb.data(), DType::BF16, {m, n}), tgb(gb.data(), DType::BF16, {m, n});
         be->gemm(ta, plain, nullptr, twb, false);
@@ -159,7 +173,10 @@ TEST(CpuQuantGemm, MatchesTheDequantizedWeight) {
 // against several dequantized panels (re-gathered per panel), against the plain head.
 TEST(CpuQuantGemm, GatherGemmMatchesTheDequantizedWeight) {
   auto be = make_cpu_backend();
-  const int64_t rows = 700, k = 2048, n = 2048 + 100;  // two panels of at most 2048 rows
+  const int64_t rows = 700, k = 2048;
+  const int64_t n = std::max(static_cast<int64_t>(cpu::GemmEngine::kPanelBytes / (k * 2)),
+                             cpu::GemmEngine::kGatherPanelRows) +
+                    100;  // two panels
   for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q8_0}) {
     auto q = random_blocks(t, n, k, 31);
     auto wd = dequantized(t, q, n, k, DType::BF16);
@@ -231,7 +248,8 @@ TEST(CpuQuantGemm, MoeExpertsMatchTheDequantizedExperts) {
   std::vector<int32_t> ids(static_cast<size_t>(M * top_k));
   for (int64_t r = 0; r < M; ++r) {
     ids[static_cast<size_t>(2 * r)] = static_cast<int32_t>(r % E);
-    ids[static_cast<size_t>(2 * r + 1)] = static_cast<int32_t>((r % E + 1 + (r / E) % (E - 1)) % E);  // != first
+    ids[static_cast<size_t>(2 * r + 1)] =
+        static_cast<int32_t>((r % E + 1 + (r / E) % (E - 1)) % E);  // != first
   }
   const auto w = random_floats(static_cast<size_t>(M * top_k), 62, 0.5f);
   std::vector<char> scratch(moe_scratch_bytes(M, top_k, eq));

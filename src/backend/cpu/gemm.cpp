@@ -160,7 +160,8 @@ const void* GemmEngine::dequantize_panel(const Tensor& w, int64_t n0, int64_t nb
   const auto type = static_cast<GgmlType>(w.quant);
 #pragma omp parallel for if (nb * k > 65536)
   for (int64_t r = 0; r < nb; ++r)
-    ggml_dequantize_row(type, src + static_cast<size_t>(r) * in_row, k, to, dst + static_cast<size_t>(r) * out_row);
+    ggml_dequantize_row(type, src + static_cast<size_t>(r) * in_row, k, to,
+                        dst + static_cast<size_t>(r) * out_row);
   return dst;
 }
 
@@ -198,7 +199,10 @@ void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& 
   };
   // Plain weights: one GEMM per tile over all of w. Quantized weights: panels of w dequantized once
   // each (the larger gather panels: the tiles of selected rows are re-gathered once per panel).
-  const int64_t np = w.quantized() ? std::min(n, std::max(panel_rows(n, k, a.dtype), kGatherPanelRows)) : n;
+  const int64_t np = !w.quantized() ? n
+                     : n_rows <= kGatherTile
+                         ? panel_rows(n, k, a.dtype)
+                         : std::min(n, std::max(panel_rows(n, k, a.dtype), kGatherPanelRows));
   int64_t gathered = -1;  // first row of the tile now in the buffer
   for (int64_t n0 = 0; n0 < n; n0 += np) {
     const int64_t nb = std::min(np, n - n0);
