@@ -37,16 +37,9 @@ void print_moe(const ModelConfig& c) {
               static_cast<double>(m.routed_scale));
 }
 
-struct WeightSummary {
-  size_t bytes = 0, tensors = 0;  // as loaded
-  DType act = DType::BF16;        // the compute dtype --precision auto picks
-  size_t file_bytes = 0;          // GGUF: the tensor bytes in the file, and their types
-  std::string file_types;
-  size_t dequantized_bytes = 0;  // GGUF with quantized tensors: the bytes with them converted to `act`
-};
+}  // namespace
 
-// GGUF files are summarised from their directory (quantized tensors are not converted for this).
-// Their weight bytes are those of the CPU backend, which keeps quantized tensors quantized.
+// Weight bytes of a GGUF are those of the CPU backend, which keeps quantized tensors quantized.
 WeightSummary summarize_weights(const std::string& path) {
   WeightSummary w;
   if (is_gguf_file(path)) {
@@ -74,8 +67,6 @@ WeightSummary summarize_weights(const std::string& path) {
   w.tensors = ck.tensors().size();
   return w;
 }
-
-}  // namespace
 
 void add_inspect(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("inspect", "Describe a model (directory or GGUF file)");

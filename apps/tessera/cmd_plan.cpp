@@ -16,6 +16,7 @@
 #include "apps/tessera/session.h"
 #include "core/error.h"
 #include "io/config.h"
+#include "io/gguf.h"
 #include "memory/chunk_optimizer.h"
 #include "models/model.h"
 
@@ -214,11 +215,18 @@ int run_plan(const PlanArgs& a) {
   ModelConfig c;
   DType act = DType::BF16;
   std::string name = a.geometry;
+  size_t gguf_weights = 0;  // a GGUF file: its tensors as the CPU keeps them (quantized ones quantized)
   if (!a.model.empty()) {
-    c = load_config(a.model);  // config.json only: no weights are read
-    std::ifstream f(a.model + "/config.json");
-    const json j = json::parse(f, nullptr, false);
-    if (j.is_object() && j.value("torch_dtype", std::string()) == "float32") act = DType::F32;
+    c = load_config(a.model);  // config.json only (a GGUF: its directory): no weights are read
+    if (is_gguf_file(a.model)) {
+      const WeightSummary ws = summarize_weights(a.model);
+      act = ws.act;
+      gguf_weights = ws.bytes;
+    } else {
+      std::ifstream f(a.model + "/config.json");
+      const json j = json::parse(f, nullptr, false);
+      if (j.is_object() && j.value("torch_dtype", std::string()) == "float32") act = DType::F32;
+    }
     name = a.model;
   } else {
     c = named_geometry(a.geometry);
@@ -226,7 +234,8 @@ int run_plan(const PlanArgs& a) {
   if (a.context < 1) fail("--context must be at least 1 token");
   const graph::GraphTemplate g =
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act), OutputMode::Sample);
-  const size_t weights = static_cast<size_t>(c.param_count()) * dtype_size(act);
+  const size_t weights =
+      gguf_weights > 0 ? gguf_weights : static_cast<size_t>(c.param_count()) * dtype_size(act);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const size_t per_token =
       a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
@@ -289,10 +298,12 @@ int run_plan(const PlanArgs& a) {
     return 0;
   }
   const auto hb = [](double b) { return human_bytes(b); };
-  std::printf("%s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (parameters x %zu bytes)\n",
-              name.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
+  const std::string how = gguf_weights > 0 ? std::string("the GGUF's tensors, quantized ones kept on the CPU")
+                                           : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
+  std::printf("%s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),
+              static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
               static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
-              hb(static_cast<double>(weights)).c_str(), dtype_size(act));
+              hb(static_cast<double>(weights)).c_str(), how.c_str());
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));
   if (a.cache) {

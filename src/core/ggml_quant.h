@@ -71,7 +71,7 @@ void ggml_dequantize(GgmlType t, const void* src, float* dst, int64_t n);
 
 // Converts one row of n values of type t to `to` (F32, or BF16: the f32 values rounded to nearest
 // even as f32_to_bf16 does); the f32 values are exactly ggml_dequantize's. With `simd` (the default),
-// builds with AVX-512 take a vector path for q8_0, q4_0, q4_K, q5_K and q6_K (about 10x the scalar
+// builds with AVX-512 take a vector path for q8_0, q4_0, q4_K, q5_K and q6_K (1.6x to 5x the scalar
 // rate); `simd = false` forces the scalar path (tests compare the two).
 void ggml_dequantize_row(GgmlType t, const void* src, int64_t n, DType to, void* dst, bool simd = true);
 

@@ -149,6 +149,15 @@ TEST(GgufModels, CliGeneratesAsFromTheCheckpoint) {
       0)
       << out;
   EXPECT_NE(out.find("tensor types f32 x 3, q4_K x 9"), std::string::npos) << out;
+  EXPECT_NE(out.find("weights      339.4 KiB"), std::string::npos) << out;  // kept quantized on the CPU
+  EXPECT_NE(out.find("1.2 MiB as bf16 with --dequantize"), std::string::npos) << out;
+  // plan counts the weights as the CPU keeps them (its budget arithmetic uses that figure)
+  ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + " plan -m " +
+                                  (fixtures() / "llada-w256-q4_k.gguf").string() + " --context 512",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("weights 339.4 KiB (the GGUF's tensors"), std::string::npos) << out;
   // Bad files: a clear error, non-zero exit.
   const fs::path bad = test::temp_dir("gguf_cli") / "cut.gguf";
   {
