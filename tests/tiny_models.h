@@ -70,6 +70,11 @@ void check_logits_against_reference(const std::string& family, const std::string
 std::vector<int32_t> llada2_prompt(int64_t vocab);
 std::vector<GenerateOptions> llada2_generate_cases(int32_t eos_id);
 
+// `src` (a GGUF) written again with its matrices (2-D and stacked 3-D float tensors whose rows are
+// whole blocks of 32) quantized by ggml's reference quantizers: q4_0 for the down projections, q8_0
+// for the others; the metadata and the 1-D tensors as they are.
+void requantize_gguf(const std::filesystem::path& src, const std::filesystem::path& dst);
+
 }  // namespace tessera::test
 
 #define TESSERA_TINY_OR_SKIP(var, family, args)                                \

@@ -14,7 +14,6 @@
 #include <array>
 #include <cstring>
 #include <string>
-#include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define TESSERA_DQ_AVX512 1
@@ -519,15 +518,14 @@ void ggml_dequantize_row(GgmlType t, const void* src, int64_t n, DType to, void*
     ggml_dequantize(t, src, static_cast<float*>(dst), n);
     return;
   }
-  // Through an f32 buffer of at most 4096 values (a multiple of every block size).
-  constexpr int64_t kStep = 4096;
-  thread_local std::vector<float> f(kStep);
+  // Through an f32 buffer on the stack (1024 values: a multiple of every block size; no allocation).
+  constexpr int64_t kStep = 1024;
+  float f[kStep];
   const size_t step_bytes = ggml_bytes(t, kStep);
   for (int64_t i = 0; i < n; i += kStep) {
     const int64_t k = std::min(kStep, n - i);
-    ggml_dequantize(t, static_cast<const char*>(src) + static_cast<size_t>(i / kStep) * step_bytes, f.data(),
-                    k);
-    convert_from_f32(f.data(), static_cast<uint16_t*>(dst) + i, DType::BF16, static_cast<size_t>(k));
+    ggml_dequantize(t, static_cast<const char*>(src) + static_cast<size_t>(i / kStep) * step_bytes, f, k);
+    convert_from_f32(f, static_cast<uint16_t*>(dst) + i, DType::BF16, static_cast<size_t>(k));
   }
 }
 

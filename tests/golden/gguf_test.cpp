@@ -174,58 +174,11 @@ TEST(GgufModels, CliGeneratesAsFromTheCheckpoint) {
       "is neither a model directory nor a GGUF file");
 }
 
-// ggml's reference quantizers (quantize_row_q8_0_ref / quantize_row_q4_0_ref) for one block of 32.
-void quantize_block(GgmlType t, const float* x, uint8_t* out) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j) {
-    if (std::fabs(x[j]) > amax) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  }
-  const float d = t == GgmlType::Q8_0 ? amax / 127 : max / -8, id = d != 0 ? 1 / d : 0;
-  const uint16_t h = f32_to_f16(d);
-  out[0] = static_cast<uint8_t>(h & 0xff);
-  out[1] = static_cast<uint8_t>(h >> 8);
-  if (t == GgmlType::Q8_0) {
-    for (int j = 0; j < 32; ++j)
-      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * id)));
-    return;
-  }
-  for (int j = 0; j < 16; ++j) {
-    const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
-    const int hi = std::min(15, static_cast<int>(static_cast<int8_t>(x[j + 16] * id + 8.5f)));
-    out[2 + j] = static_cast<uint8_t>(lo | hi << 4);
-  }
-}
-
-// `src` written again with its matrices (2-D and stacked 3-D float tensors) quantized: q4_0 for
-// the down projections, q8_0 for the others; the metadata and the 1-D tensors as they are.
-void requantize(const fs::path& src, const fs::path& dst) {
-  const auto g = GgufFile::open(src);
-  std::vector<std::pair<std::string, GgufValue>> kv(g->metadata().begin(), g->metadata().end());
-  std::vector<GgufWriteTensor> out;
-  for (const GgufTensor& t : g->tensors()) {
-    GgufWriteTensor w{t.name, t.ne, t.type, {t.data, t.data + t.bytes}};
-    if (t.ne.size() >= 2 && t.ne[0] % 32 == 0 && ggml_type_info(t.type)->block == 1) {
-      w.type = t.name.find("ffn_down") != std::string::npos ? GgmlType::Q4_0 : GgmlType::Q8_0;
-      std::vector<float> f(static_cast<size_t>(t.numel()));
-      ggml_dequantize(t.type, t.data, f.data(), t.numel());
-      w.data.assign(ggml_bytes(w.type, t.numel()), 0);
-      for (int64_t b = 0; b < t.numel() / 32; ++b)
-        quantize_block(w.type, f.data() + 32 * b,
-                       w.data.data() + static_cast<size_t>(b) * ggml_type_info(w.type)->block_bytes);
-    }
-    out.push_back(std::move(w));
-  }
-  write_gguf(dst, kv, out);
-}
-
 // On the CPU quantized tensors stay in their blocks (GEMM weights, the LM head, the embedding table and
 // MoE experts) and compute what the dequantized model computes, in a fraction of its memory.
 TEST(GgufModels, QuantizedWeightsStayQuantizedOnTheCpu) {
   const fs::path moe_q = test::temp_dir("gguf_quant") / "llada-moe-q8_0.gguf";
-  requantize(fixtures() / "llada-moe-bf16.gguf", moe_q);
+  test::requantize_gguf(fixtures() / "llada-moe-bf16.gguf", moe_q);
   for (const json& m : manifest()["models"]) {
     const std::string file = m["file"];
     if (file != "llada-w256-q4_k.gguf" && file != "llada-moe-bf16.gguf") continue;

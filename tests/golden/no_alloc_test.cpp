@@ -15,6 +15,7 @@
 #include <new>
 
 #include "engine/engine.h"
+#include "test_util.h"
 #include "tiny_models.h"
 
 #if !defined(__SANITIZE_ADDRESS__)
@@ -104,8 +105,22 @@ namespace tessera {
 namespace {
 
 TEST(NoAllocation, ForwardStepAfterWarmupAllocatesNothing) {
-  for (const char* fam : {"llada", "dream", "llada_moe"}) {
-    TESSERA_TINY_OR_SKIP(dir, fam, "--seed 8");
+  // The tiny checkpoints of three families, and two GGUF files whose weights stay quantized (a q4_K
+  // LLaDA; the LLaDA-MoE fixture re-quantized to q8_0 / q4_0 experts): the dequantized panels reuse one
+  // buffer sized at warm-up.
+  const std::filesystem::path gguf = test::source_dir() / "tests/data/gguf";
+  const std::filesystem::path moe_q = test::temp_dir("no_alloc_gguf") / "llada-moe-q8_0.gguf";
+  test::requantize_gguf(gguf / "llada-moe-bf16.gguf", moe_q);
+  for (const char* fam : {"llada", "dream", "llada_moe", "gguf-q4_k", "gguf-moe-q8_0"}) {
+    std::filesystem::path dir;
+    if (std::string(fam) == "gguf-q4_k") {
+      dir = gguf / "llada-w256-q4_k.gguf";
+    } else if (std::string(fam) == "gguf-moe-q8_0") {
+      dir = moe_q;
+    } else {
+      TESSERA_TINY_OR_SKIP(tiny, fam, "--seed 8");
+      dir = tiny;
+    }
     for (Precision prec : {Precision::BF16, Precision::F32}) {
       EngineOptions o;
       o.precision = prec;

@@ -79,34 +79,12 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   const bool masked = p.mask != MaskKind::None;
   const int64_t bs = p.sparse_block;
   const uint8_t* bm = p.block_mask != nullptr ? p.block_mask + hq * c.n_qb * c.n_kb : nullptr;
-  // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
-  // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
-  // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
-  thread_local std::vector<std::pair<int64_t, int>> tiles;
-  tiles.clear();
-  if (bm == nullptr) {
-    for (int64_t k0 = ka; k0 < kb; k0 += kBK)
-      tiles.emplace_back(k0, static_cast<int>(std::min<int64_t>(kBK, kb - k0)));
-  } else {
-    const int64_t qb0 = (qa - c.q_start) / bs, qb1 = (qb - 1 - c.q_start) / bs;
-    int64_t run = -1;                        // first key of the current run of kept blocks
-    for (int64_t j = 0; j <= c.n_kb; ++j) {  // j == n_kb closes the last run
-      bool keep = false;
-      for (int64_t r = qb0; r <= qb1 && j < c.n_kb; ++r) keep = keep || bm[r * c.n_kb + j] != 0;
-      if (keep && run < 0) run = ka + j * bs;
-      if (!keep && run >= 0) {
-        const int64_t end = std::min(ka + j * bs, kb);
-        for (int64_t k0 = run; k0 < end; k0 += kBK)
-          tiles.emplace_back(k0, static_cast<int>(std::min<int64_t>(kBK, end - k0)));
-        run = -1;
-      }
-    }
-  }
-  for (const auto& [k0, nk] : tiles) {
+  // One key tile [k0, k0 + nk) of the online softmax.
+  auto visit = [&](int64_t k0, int nk) {
     if (masked) {  // skip tiles that no query of this tile can see
       int32_t kmin = std::numeric_limits<int32_t>::max();
       for (int j = 0; j < nk; ++j) kmin = std::min(kmin, p.k_pos[k0 + j]);
-      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
+      if (!visible(p.mask, p.block_size, qmax, kmin)) return;
     }
     for (int j = 0; j < nk; ++j) {
       const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
@@ -159,6 +137,28 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
         const float* vj = c.v + (k0 + j) * c.kv_stride + hk * d;
 #pragma omp simd
         for (int t = 0; t < d; ++t) ai[t] += pj * vj[t];
+      }
+    }
+  };
+  // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
+  // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
+  // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
+  // Visited as they are found: no buffer (a thread-local list grew on a thread's first long range,
+  // an allocation inside a step).
+  if (bm == nullptr) {
+    for (int64_t k0 = ka; k0 < kb; k0 += kBK) visit(k0, static_cast<int>(std::min<int64_t>(kBK, kb - k0)));
+  } else {
+    const int64_t qb0 = (qa - c.q_start) / bs, qb1 = (qb - 1 - c.q_start) / bs;
+    int64_t run = -1;                        // first key of the current run of kept blocks
+    for (int64_t j = 0; j <= c.n_kb; ++j) {  // j == n_kb closes the last run
+      bool keep = false;
+      for (int64_t r = qb0; r <= qb1 && j < c.n_kb; ++r) keep = keep || bm[r * c.n_kb + j] != 0;
+      if (keep && run < 0) run = ka + j * bs;
+      if (!keep && run >= 0) {
+        const int64_t end = std::min(ka + j * bs, kb);
+        for (int64_t k0 = run; k0 < end; k0 += kBK)
+          visit(k0, static_cast<int>(std::min<int64_t>(kBK, end - k0)));
+        run = -1;
       }
     }
   }

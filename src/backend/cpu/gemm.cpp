@@ -158,10 +158,16 @@ const void* GemmEngine::dequantize_panel(const Tensor& w, int64_t n0, int64_t nb
   char* dst = impl_->panel.data();
   const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(n0) * in_row;
   const auto type = static_cast<GgmlType>(w.quant);
-#pragma omp parallel for if (nb * k > 65536)
-  for (int64_t r = 0; r < nb; ++r)
+  auto row = [&](int64_t r) {
     ggml_dequantize_row(type, src + static_cast<size_t>(r) * in_row, k, to,
                         dst + static_cast<size_t>(r) * out_row);
+  };
+  if (nb * k > 65536) {
+#pragma omp parallel for
+    for (int64_t r = 0; r < nb; ++r) row(r);
+  } else {  // small panels (MoE experts): no parallel region (libgomp allocates a team even for one thread)
+    for (int64_t r = 0; r < nb; ++r) row(r);
+  }
   return dst;
 }
 
