@@ -79,12 +79,44 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   const bool masked = p.mask != MaskKind::None;
   const int64_t bs = p.sparse_block;
   const uint8_t* bm = p.block_mask != nullptr ? p.block_mask + hq * c.n_qb * c.n_kb : nullptr;
-  // One key tile [k0, k0 + nk) of the online softmax.
-  auto visit = [&](int64_t k0, int nk) {
+  // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
+  // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
+  // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
+  // The tiles are generated one by one (a list of them, thread-local, allocated when a thread first
+  // met a long key range after warm-up: an allocation inside a step).
+  const int64_t qb0 = bm != nullptr ? (qa - c.q_start) / bs : 0,
+                qb1 = bm != nullptr ? (qb - 1 - c.q_start) / bs : 0;
+  auto kept = [&](int64_t j) {
+    for (int64_t r = qb0; r <= qb1; ++r)
+      if (bm[r * c.n_kb + j] != 0) return true;
+    return false;
+  };
+  int64_t run_k = bm == nullptr ? ka : 0,
+          run_end = bm == nullptr ? kb : 0;  // the current run [run_k, run_end)
+  int64_t next_block = 0;                    // block-sparse: next block to scan
+  auto next_tile = [&](int64_t& k0, int& nk) {
+    while (run_k >= run_end) {  // block-sparse: the next run of kept blocks
+      if (bm == nullptr) return false;
+      while (next_block < c.n_kb && !kept(next_block)) ++next_block;
+      if (next_block >= c.n_kb) return false;
+      int64_t j1 = next_block;
+      while (j1 < c.n_kb && kept(j1)) ++j1;
+      run_k = ka + next_block * bs;
+      run_end = std::min(ka + j1 * bs, kb);
+      next_block = j1;
+    }
+    k0 = run_k;
+    nk = static_cast<int>(std::min<int64_t>(kBK, run_end - run_k));
+    run_k += nk;
+    return true;
+  };
+  int64_t k0 = 0;
+  int nk = 0;
+  while (next_tile(k0, nk)) {
     if (masked) {  // skip tiles that no query of this tile can see
       int32_t kmin = std::numeric_limits<int32_t>::max();
       for (int j = 0; j < nk; ++j) kmin = std::min(kmin, p.k_pos[k0 + j]);
-      if (!visible(p.mask, p.block_size, qmax, kmin)) return;
+      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
     }
     for (int j = 0; j < nk; ++j) {
       const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
@@ -137,28 +169,6 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
         const float* vj = c.v + (k0 + j) * c.kv_stride + hk * d;
 #pragma omp simd
         for (int t = 0; t < d; ++t) ai[t] += pj * vj[t];
-      }
-    }
-  };
-  // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
-  // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
-  // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
-  // Visited as they are found: no buffer (a thread-local list grew on a thread's first long range,
-  // an allocation inside a step).
-  if (bm == nullptr) {
-    for (int64_t k0 = ka; k0 < kb; k0 += kBK) visit(k0, static_cast<int>(std::min<int64_t>(kBK, kb - k0)));
-  } else {
-    const int64_t qb0 = (qa - c.q_start) / bs, qb1 = (qb - 1 - c.q_start) / bs;
-    int64_t run = -1;                        // first key of the current run of kept blocks
-    for (int64_t j = 0; j <= c.n_kb; ++j) {  // j == n_kb closes the last run
-      bool keep = false;
-      for (int64_t r = qb0; r <= qb1 && j < c.n_kb; ++r) keep = keep || bm[r * c.n_kb + j] != 0;
-      if (keep && run < 0) run = ka + j * bs;
-      if (!keep && run >= 0) {
-        const int64_t end = std::min(ka + j * bs, kb);
-        for (int64_t k0 = run; k0 < end; k0 += kBK)
-          visit(k0, static_cast<int>(std::min<int64_t>(kBK, end - k0)));
-        run = -1;
       }
     }
   }
