@@ -53,7 +53,8 @@ WeightSummary summarize_weights(const std::string& path) {
     }
     w.act = auto_compute_dtype(f32, gguf_loaded_bytes(*g, DType::BF16) - f32);  // as Model::load decides
     w.bytes = w.file_bytes;  // on the CPU quantized tensors stay quantized
-    if (gguf_loaded_bytes(*g, w.act) != w.file_bytes) w.dequantized_bytes = gguf_loaded_bytes(*g, w.act);
+    if (const size_t converted = gguf_loaded_bytes(*g, w.act); converted != w.file_bytes)
+      w.dequantized_bytes = converted;
     w.tensors = g->tensors().size();
     for (const auto& [name, n] : types)
       w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);

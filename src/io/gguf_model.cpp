@@ -89,26 +89,20 @@ bool is_plain(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
 
-// Converts `n` values of a quantized tensor to `to` (f32 or bf16), in parallel over block rows.
+// Converts a quantized tensor (of a type tessera reads) to `to` (f32 or bf16), in parallel over rows.
 void dequantize_into(const GgufTensor& t, void* dst, DType to) {
-  const GgmlTypeInfo* ti = ggml_type_info(t.type);
-  if (!ti->dequantizable) ggml_dequantize(t.type, t.data, nullptr, ti->block);  // throws naming the type
   const int64_t row = t.ne[0], rows = t.numel() / row;
   const size_t row_bytes = ggml_bytes(t.type, row);
   const size_t out_row = static_cast<size_t>(row) * dtype_size(to);
   std::string err;
-#pragma omp parallel
-  {
-    std::vector<float> f(static_cast<size_t>(row));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      try {
-        ggml_dequantize(t.type, t.data + static_cast<size_t>(r) * row_bytes, f.data(), row);
-        convert_from_f32(f.data(), static_cast<char*>(dst) + static_cast<size_t>(r) * out_row, to, f.size());
-      } catch (const std::exception& e) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    try {
+      ggml_dequantize_row(t.type, t.data + static_cast<size_t>(r) * row_bytes, row, to,
+                          static_cast<char*>(dst) + static_cast<size_t>(r) * out_row);
+    } catch (const std::exception& e) {
 #pragma omp critical
-        err = e.what();
-      }
+      err = e.what();
     }
   }
   if (!err.empty()) fail(err);
@@ -251,9 +245,9 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
       st.bytes = t.bytes;
       return st;
     }
+    const GgmlTypeInfo* ti = ggml_type_info(t.type);
+    if (!ti->dequantizable) ggml_dequantize(t.type, t.data, nullptr, ti->block);  // throws naming the type
     if (keep_quantized) {
-      if (!ggml_type_info(t.type)->dequantizable)
-        ggml_dequantize(t.type, t.data, nullptr, 1);  // throws naming it
       st.dtype = DType::BF16;
       st.quant = static_cast<int16_t>(t.type);
       st.data = t.data;
