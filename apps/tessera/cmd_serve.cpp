@@ -25,10 +25,10 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <thread>
 
 #include "apps/tessera/commands.h"
+#include "apps/tessera/serve_request.h"
 #include "apps/tessera/session.h"
 #include "core/error.h"
 
@@ -45,43 +45,8 @@ struct ServeArgs {
   std::string model_id;  // default: the model directory's name
 };
 
-// A request the server refuses: HTTP status, OpenAI error type, message.
-struct BadRequest {
-  int status;
-  std::string type, message;
-};
-
-[[noreturn]] void bad(const std::string& msg, int status = 400,
-                      const std::string& type = "invalid_request_error") {
-  throw BadRequest{status, type, msg};
-}
-
-json error_body(const BadRequest& b) {
-  return {{"error", {{"message", b.message}, {"type", b.type}, {"param", nullptr}, {"code", nullptr}}}};
-}
-
 // The stopped-by-client signal of a stream: thrown from the step callback to end generate().
 struct ClientGone {};
-
-// Typed fields of the request body: a wrong JSON type is a 400 naming the field.
-int64_t int_field(const json& body, const char* key) {
-  const json& v = body.at(key);
-  if (!v.is_number_integer()) bad(std::string("'") + key + "' must be an integer");
-  return v.get<int64_t>();
-}
-double num_field(const json& body, const char* key) {
-  const json& v = body.at(key);
-  if (!v.is_number()) bad(std::string("'") + key + "' must be a number");
-  return v.get<double>();
-}
-std::string str_field(const json& body, const char* key) {
-  const json& v = body.at(key);
-  if (!v.is_string()) bad(std::string("'") + key + "' must be a string");
-  return v.get<std::string>();
-}
-bool given(const json& body, const char* key) {
-  return body.contains(key) && !body[key].is_null();
-}
 
 // Every generation runs on this one thread, whichever connection thread asked for it: requests are
 // served one at a time, and OpenMP keeps one team (a team per calling thread made steps 2x slower:
@@ -141,7 +106,6 @@ class Server {
       if (!p.has_filename()) p = p.parent_path();
       model_id_ = p.filename().string();
     }
-    block_causal_ = session_.engine().attention_block() > 0;
   }
 
   int run() {
@@ -173,7 +137,7 @@ class Server {
       const BadRequest b{res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
                          res.status == 404 ? "no route " + req.method + " " + req.path
                                            : "HTTP " + std::to_string(res.status)};
-      res.set_content(error_body(b).dump(), "application/json");
+      res.set_content(error_body(b), "application/json");
     });
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string msg = "internal error";
@@ -184,7 +148,7 @@ class Server {
       } catch (...) {
       }
       res.status = 500;
-      res.set_content(error_body({500, "server_error", msg}).dump(), "application/json");
+      res.set_content(error_body({500, "server_error", msg}), "application/json");
     });
     const int port = args_.port == 0 ? svr.bind_to_any_port(args_.host)
                                      : (svr.bind_to_port(args_.host, args_.port) ? args_.port : -1);
@@ -200,168 +164,6 @@ class Server {
   }
 
  private:
-  // Generation options of a request: the session's defaults, then the request's fields.
-  GenerateOptions options(const json& body) const {
-    static const std::set<std::string> known = {"model",
-                                                "prompt",
-                                                "messages",
-                                                "max_tokens",
-                                                "max_completion_tokens",
-                                                "temperature",
-                                                "top_p",
-                                                "top_k",
-                                                "seed",
-                                                "stream",
-                                                "stream_options",
-                                                "n",
-                                                "stop",
-                                                "user",
-                                                "logprobs",
-                                                "top_logprobs",
-                                                "echo",
-                                                "presence_penalty",
-                                                "frequency_penalty",
-                                                "steps",
-                                                "block_length",
-                                                "alg",
-                                                "threshold",
-                                                "cache",
-                                                "sparse",
-                                                "sparse_block",
-                                                "sparse_rho",
-                                                "sparse_skip",
-                                                "des",
-                                                "des_k",
-                                                "des_beta",
-                                                "des_scope",
-                                                "window",
-                                                "window_ex",
-                                                "window_in",
-                                                "window_refresh",
-                                                "window_early_stop",
-                                                "cfg"};
-    for (const auto& [k, v] : body.items()) {
-      if (!known.count(k)) bad("unknown field '" + k + "'");
-    }
-    if (given(body, "model")) {
-      const std::string m = str_field(body, "model");
-      if (m != model_id_ && m != "tessera") {
-        bad("model '" + m + "' is not served here; this server serves '" + model_id_ + "'", 404,
-            "not_found_error");
-      }
-    }
-    if (given(body, "n") && int_field(body, "n") != 1) bad("only n = 1 is supported");
-    if (given(body, "stop")) bad("'stop' sequences are not supported");
-    for (const char* k : {"logprobs", "echo"}) {
-      if (given(body, k) && body[k] != false) bad(std::string("'") + k + "' is not supported");
-    }
-    if (given(body, "top_logprobs")) bad("'top_logprobs' is not supported");
-    for (const char* k : {"presence_penalty", "frequency_penalty"}) {
-      if (given(body, k) && num_field(body, k) != 0.0)
-        bad(std::string("'") + k + "' is not supported (only 0)");
-    }
-    GenerateOptions o = session_.options();
-    const int64_t ctx = session_.config().max_positions;
-    const char* len_key = given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (given(body, len_key)) {
-      const int64_t n = int_field(body, len_key);
-      if (n <= 0 || n > ctx)
-        bad(std::string("'") + len_key + "' must be in [1, " + std::to_string(ctx) + "], got " +
-            std::to_string(n));
-      o.gen_length = static_cast<int>(n);
-      // Re-derive what followed the length: blocks that no longer divide it, one token per step.
-      if (!block_causal_) {
-        if (o.block_length > o.gen_length || o.gen_length % o.block_length != 0)
-          o.block_length = o.gen_length;
-        o.steps = o.gen_length;
-      }
-    }
-    auto small_int = [&](const char* k) {
-      const int64_t v = int_field(body, k);
-      if (v < 0 || v > ctx) bad(std::string("'") + k + "' must be in [0, " + std::to_string(ctx) + "]");
-      return static_cast<int>(v);
-    };
-    if (given(body, "temperature")) o.temperature = static_cast<float>(num_field(body, "temperature"));
-    if (given(body, "top_p")) o.top_p = static_cast<float>(num_field(body, "top_p"));
-    if (given(body, "top_k")) o.top_k = small_int("top_k");
-    if (given(body, "seed")) {
-      const int64_t seed = int_field(body, "seed");
-      if (seed < 0) bad("'seed' must be >= 0");
-      o.seed = static_cast<uint64_t>(seed);
-    }
-    if (given(body, "steps")) o.steps = small_int("steps");
-    if (given(body, "block_length")) o.block_length = small_int("block_length");
-    if (given(body, "alg")) o.alg = str_field(body, "alg");
-    if (given(body, "threshold")) o.threshold = static_cast<float>(num_field(body, "threshold"));
-    if (given(body, "cache")) o.cache = str_field(body, "cache");
-    auto flag = [&](const char* k) {
-      if (!body[k].is_boolean()) bad(std::string("'") + k + "' must be true or false");
-      return body[k].get<bool>();
-    };
-    if (given(body, "sparse")) o.sparse = flag("sparse");
-    if (given(body, "sparse_block")) {
-      o.sparse_block = small_int("sparse_block");
-      o.sparse = true;
-    }
-    for (auto [k, dst] :
-         {std::pair<const char*, float*>{"sparse_rho", &o.sparse_rho}, {"sparse_skip", &o.sparse_skip}}) {
-      if (!given(body, k)) continue;
-      *dst = static_cast<float>(num_field(body, k));
-      o.sparse = true;
-    }
-    if (given(body, "des_k")) o.des_k = small_int("des_k");
-    if (given(body, "des_beta")) o.des_beta = static_cast<float>(num_field(body, "des_beta"));
-    if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
-    if (given(body, "window")) o.window = flag("window");
-    if (given(body, "window_early_stop")) o.window_early_stop = flag("window_early_stop");
-    if (o.window_early_stop) o.window = true;
-    for (auto [k, dst] : {std::pair<const char*, int*>{"window_ex", &o.window_ex},
-                          {"window_in", &o.window_in},
-                          {"window_refresh", &o.window_refresh}}) {
-      if (!given(body, k)) continue;
-      *dst = small_int(k);
-      o.window = true;
-    }
-    if (given(body, "cfg")) o.cfg_scale = static_cast<float>(num_field(body, "cfg"));
-    try {
-      o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
-                          given(body, "des_k"), given(body, "des_beta"), o.des);
-      validate_generate_options(o, session_.config().vocab, block_causal_);
-      // What only the model can tell (an MoE model, k <= top_k) fails here, before a stream starts.
-      if (o.des != "off") session_.engine().check_des(des_config(o));
-    } catch (const Error& e) {
-      bad(e.what());
-    }
-    return o;
-  }
-
-  std::vector<int32_t> prompt(const json& body, bool chat, const GenerateOptions& o) const {
-    std::vector<ChatMessage> msgs;
-    bool use_chat = chat && session_.has_chat_template();
-    if (chat) {
-      if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-        bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
-      for (const auto& m : body["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-            !m["content"].is_string())
-          bad("every message needs a string 'role' and a string 'content'");
-        const auto role = m["role"].get<std::string>();
-        if (role != "system" && role != "user" && role != "assistant")
-          bad("message role must be system, user or assistant, got '" + role + "'");
-        msgs.push_back({role, m["content"].get<std::string>()});
-      }
-    } else {
-      if (!body.contains("prompt")) bad("'prompt' is required");
-      msgs.push_back({"user", str_field(body, "prompt")});
-      use_chat = false;
-    }
-    try {
-      return session_.prompt_ids(msgs, use_chat, o);
-    } catch (const Error& e) {
-      bad(e.what());
-    }
-  }
-
   json envelope(bool chat, bool chunk) const {
     return {{"id", id_},
             {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
@@ -370,30 +172,15 @@ class Server {
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
-    json body;
+    ParsedRequest r;
     try {
-      body = json::parse(req.body);
-      if (!body.is_object()) bad("the request body must be a JSON object");
-    } catch (const json::parse_error& e) {
-      return reply_error(
-          res, {400, "invalid_request_error", std::string("the body is not valid JSON: ") + e.what()});
+      r = parse_request(req.body, chat, session_, model_id_);
     } catch (const BadRequest& b) {
       return reply_error(res, b);
     }
-    GenerateOptions o;
-    std::vector<int32_t> ids;
-    bool stream = false;
-    try {
-      o = options(body);
-      ids = prompt(body, chat, o);
-      if (given(body, "stream")) {
-        if (!body["stream"].is_boolean()) bad("'stream' must be a boolean");
-        stream = body["stream"].get<bool>();
-      }
-    } catch (const BadRequest& b) {
-      return reply_error(res, b);
-    }
-    if (!stream) {
+    const GenerateOptions& o = r.options;
+    const std::vector<int32_t>& ids = r.prompt;
+    if (!r.stream) {
       Session::Output out;
       json j;
       try {
@@ -424,8 +211,7 @@ class Server {
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }
-    const bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
-                               body["stream_options"].value("include_usage", false);
+    const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [this, chat, o, ids, include_usage](size_t, httplib::DataSink& sink) {
@@ -490,7 +276,7 @@ class Server {
       return false;  // the client went away: generation stopped at that step
     } catch (const Error& e) {
       const std::string ev =
-          "data: " + error_body({400, "invalid_request_error", e.what()}).dump() + "\n\ndata: [DONE]\n\n";
+          "data: " + error_body({400, "invalid_request_error", e.what()}) + "\n\ndata: [DONE]\n\n";
       sink.write(ev.data(), ev.size());
     }
     sink.done();
@@ -525,13 +311,12 @@ class Server {
 
   static void reply_error(httplib::Response& res, const BadRequest& b) {
     res.status = b.status;
-    res.set_content(error_body(b).dump(), "application/json");
+    res.set_content(error_body(b), "application/json");
   }
 
   ServeArgs args_;
   Session session_;
   std::string model_id_;
-  bool block_causal_ = false;
   int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   int64_t now_ = 0;
   std::string id_;

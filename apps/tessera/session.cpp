@@ -246,6 +246,13 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
   if (ids.empty()) {
     fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
   }
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= engine_->config().vocab) {
+      fail(dir_ + ": the tokenizer gave token " + std::to_string(id) + " (\"" + tok_->token_text(id) +
+           "\"), outside the model's vocabulary of " + std::to_string(engine_->config().vocab) +
+           " tokens: the tokenizer does not belong to this model");
+    }
+  }
   return ids;
 }
 

@@ -1,5 +1,6 @@
 #include "io/config.h"
 
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,11 +33,16 @@ struct Reader {
   std::string where;
   bool absent(const char* key) const { return !j.contains(key) || j[key].is_null(); }
   [[noreturn]] void bad(const char* key, const std::string& want) const {
-    fail(where + ": field '" + key + "' " + want + ", got " + j[key].dump());
+    // A default can be what is wrong (partial_rotary_factor's with an odd head_dim): j[key] of a const
+    // json is undefined for an absent key.
+    fail(where + ": field '" + key + "' " + want + ", got " +
+         (absent(key) ? "none (the default)" : j.at(key).dump()));
   }
   int64_t integer(const char* key) const {
     if (absent(key)) fail(where + ": missing field '" + key + "'");
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0) bad(key, "must be a positive integer");
+    // Below 2^31: sizes are multiplied together and some are stored as int.
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0 || j[key].get<int64_t>() > INT32_MAX)
+      bad(key, "must be a positive integer (below 2^31)");
     return j[key].get<int64_t>();
   }
   int64_t integer_or(const char* key, int64_t def) const { return absent(key) ? def : integer(key); }
@@ -48,7 +54,8 @@ struct Reader {
   }
   float number_or(const char* key, float def) const {
     if (absent(key)) return def;
-    if (!j[key].is_number() || j[key].get<double>() <= 0) bad(key, "must be a positive number");
+    if (!j[key].is_number() || !(j[key].get<double>() > 0) || j[key].get<double>() > 3.4e38)
+      bad(key, "must be a positive number");
     return j[key].get<float>();
   }
   bool boolean_or(const char* key, bool def) const {
@@ -59,7 +66,8 @@ struct Reader {
   int32_t token_or(const char* key, int32_t def) const {
     if (absent(key)) return def;
     const json& v = j[key].is_array() && !j[key].empty() ? j[key][0] : j[key];
-    if (!v.is_number_integer()) fail(where + ": field '" + std::string(key) + "' must be a token id");
+    if (!v.is_number_integer() || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX)
+      fail(where + ": field '" + std::string(key) + "' must be a token id, got " + v.dump());
     return v.get<int32_t>();
   }
   // A string field that, when present, must be one of the values tessera implements.
@@ -258,6 +266,10 @@ void read_llada2(const Reader& r, ModelConfig& c) {
 // LLaDA2MoeConfig defaults the factor to 0.5; a "rotary_dim" field (Ling-2.0 configs carry one), when
 // present, must agree.
 int64_t rotary_dim_of(const Reader& r, int64_t head_dim, float default_factor) {
+  if (r.absent("partial_rotary_factor") && r.absent("rotary_dim") && default_factor == 1.0f &&
+      head_dim % 2 != 0)
+    fail(r.where + ": the head dimension " + std::to_string(head_dim) +
+         " is odd; RoPE rotates pairs of dimensions (hidden size / heads, or head_dim, must be even)");
   const double f = r.number_or("partial_rotary_factor", default_factor);
   const double dims = f * static_cast<double>(head_dim);
   const auto rot = static_cast<int64_t>(std::llround(dims));

@@ -15,6 +15,33 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint64_t kMaxDims = 4;  // GGML_MAX_DIMS
 
+// `s` with control characters and bytes that are not UTF-8 written as \xNN: the names a corrupt file
+// holds are quoted in messages.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80                   ? 0
+                     : (c >= 0xC2 && c <= 0xDF) ? 1
+                     : (c & 0xF0) == 0xE0       ? 2
+                     : (c >= 0xF0 && c <= 0xF4) ? 3
+                                                : 9;
+    bool ok = n < 9 && i + n < s.size();
+    for (size_t k = 1; ok && k <= n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && (c >= 0x20 && c != 0x7F)) {
+      out.append(s, i, n + 1);
+      i += n + 1;
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+      ++i;
+    }
+  }
+  return out;
+}
+
 // Bounds-checked cursor over the mapped bytes; every read names the file on failure.
 class Reader {
  public:
@@ -22,7 +49,7 @@ class Reader {
   size_t pos() const { return at_; }
   size_t size() const { return n_; }
   [[noreturn]] void bad(const std::string& what) const {
-    fail(file_ + ": not a valid GGUF file: " + what + " (at byte " + std::to_string(at_) + " of " +
+    fail(file_ + ": not a valid GGUF file: " + printable(what) + " (at byte " + std::to_string(at_) + " of " +
          std::to_string(n_) + ")");
   }
   void need(uint64_t bytes, const char* what) const {

@@ -26,31 +26,32 @@ Family family_of(const GgufFile& g, const std::string& arch) {
 
 // Hugging Face name of a GGUF tensor name's per-layer suffix (after "blk.N."), by family; "" if the
 // family has no such tensor. Experts (ffn_*_exps) are split separately.
+struct SuffixMap {
+  const char *gguf, *llada, *hf;  // hf: the Llama-style names of Dream and LLaDA-MoE
+};
+constexpr SuffixMap kSuffixes[] = {
+    {"attn_norm.weight", "attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "q_proj.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "k_proj.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "v_proj.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "q_proj.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "k_proj.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "v_proj.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "attn_out.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "", "self_attn.k_norm.weight"},
+    {"ffn_norm.weight", "ff_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "ff_proj.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "up_proj.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "ff_out.weight", "mlp.down_proj.weight"},
+    {"ffn_gate_inp.weight", "", "mlp.gate.weight"},
+    {"ffn_gate_shexp.weight", "", "shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "", "shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", "", "shared_expert.down_proj.weight"},
+};
+
 std::string hf_layer_suffix(Family f, const std::string& s) {
-  struct Map {
-    const char *gguf, *llada, *hf;  // hf: the Llama-style names of Dream and LLaDA-MoE
-  };
-  static constexpr Map kMap[] = {
-      {"attn_norm.weight", "attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "q_proj.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "k_proj.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "v_proj.weight", "self_attn.v_proj.weight"},
-      {"attn_q.bias", "q_proj.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "k_proj.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "v_proj.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "attn_out.weight", "self_attn.o_proj.weight"},
-      {"attn_q_norm.weight", "", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "", "self_attn.k_norm.weight"},
-      {"ffn_norm.weight", "ff_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "ff_proj.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "up_proj.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "ff_out.weight", "mlp.down_proj.weight"},
-      {"ffn_gate_inp.weight", "", "mlp.gate.weight"},
-      {"ffn_gate_shexp.weight", "", "shared_expert.gate_proj.weight"},
-      {"ffn_up_shexp.weight", "", "shared_expert.up_proj.weight"},
-      {"ffn_down_shexp.weight", "", "shared_expert.down_proj.weight"},
-  };
-  for (const Map& m : kMap)
+  for (const SuffixMap& m : kSuffixes)
     if (s == m.gguf) return f == Family::LLaDA ? m.llada : m.hf;
   return "";
 }
@@ -80,6 +81,29 @@ std::string hf_global(Family f, const std::string& name) {
 
 std::string hf_layer_prefix(Family f, int64_t l) {
   return (f == Family::LLaDA ? "model.transformer.blocks." : "model.layers.") + std::to_string(l) + ".";
+}
+
+// The GGUF name of a tensor tessera names `hf` (the inverse of the mapping above), for messages;
+// "" when there is none.
+std::string gguf_name_of(Family f, const std::string& hf) {
+  for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"})
+    if (hf_global(f, g) == hf) return g;
+  const std::string prefix = hf_layer_prefix(f, 0);
+  const std::string stem = prefix.substr(0, prefix.size() - 2);  // "model.layers."
+  if (hf.rfind(stem, 0) != 0) return "";
+  size_t at = stem.size();
+  const size_t dot = hf.find('.', at);
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(at, dot - at), rest = hf.substr(dot + 1);
+  if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.E.gate_proj.weight
+    const size_t e_end = rest.find('.', 12);
+    if (e_end == std::string::npos) return "";
+    const std::string proj = rest.substr(e_end + 1, rest.find('_', e_end + 1) - e_end - 1);
+    return "blk." + layer + ".ffn_" + proj + "_exps.weight (expert " + rest.substr(12, e_end - 12) + ")";
+  }
+  for (const SuffixMap& m : kSuffixes)
+    if (rest == (f == Family::LLaDA ? m.llada : m.hf)) return "blk." + layer + "." + m.gguf;
+  return "";
 }
 
 DType plain_dtype(GgmlType t) {
@@ -233,6 +257,7 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
   const fs::path& path = g->path();
   Checkpoint ck;
   ck.set_source(path);
+  ck.set_source_names([f = c.family](const std::string& hf) { return gguf_name_of(f, hf); });
   ck.keep(g);
   const std::string file = path.filename().string();
   // The bytes of `t` as tessera reads them: a view (plain types) or a converted copy (quantized).

@@ -23,36 +23,46 @@ void convert_llama2c(const fs::path& model_bin, const fs::path& tokenizer_bin, c
   const bool shared = h[5] > 0;
   const int64_t vocab = shared ? h[5] : -int64_t{h[5]};
   if (dim <= 0 || hidden <= 0 || layers <= 0 || heads <= 0 || kv_heads <= 0 || vocab <= 0 || seq_len <= 0 ||
-      dim % heads != 0 || heads % kv_heads != 0) {
-    fail(model_bin.string() + ": implausible llama2.c header (dim " + std::to_string(dim) + ", heads " +
-         std::to_string(heads) + ")");
+      dim % heads != 0 || heads % kv_heads != 0 || (dim / heads) % 2 != 0) {
+    fail(model_bin.string() + ": implausible llama2.c header (dim " + std::to_string(dim) + ", hidden " +
+         std::to_string(hidden) + ", layers " + std::to_string(layers) + ", heads " + std::to_string(heads) +
+         ", kv heads " + std::to_string(kv_heads) + ", vocab " + std::to_string(h[5]) + ", seq_len " +
+         std::to_string(seq_len) +
+         "): every size must be positive, dim a multiple of heads with an even "
+         "head size, heads a multiple of kv heads");
   }
   const int64_t hd = dim / heads, kvd = kv_heads * hd;
   const std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<float> all(raw.size() / 4);
-  std::memcpy(all.data(), raw.data(), all.size() * 4);
+  if (!all.empty()) std::memcpy(all.data(), raw.data(), all.size() * 4);
   size_t at = 0;
-  auto take = [&](int64_t n, const char* what) {
-    if (at + static_cast<size_t>(n) > all.size()) {
+  // The tensor of the product of `dims` floats; the product is checked (a corrupt header can give
+  // sizes whose product overflows).
+  auto take = [&](std::initializer_list<int64_t> dims, const char* what) {
+    int64_t n = 1;
+    for (const int64_t d : dims) {
+      if (__builtin_mul_overflow(n, d, &n)) n = INT64_MAX;
+    }
+    if (static_cast<uint64_t>(n) > all.size() - at) {
       fail(model_bin.string() + ": file ends inside " + std::string(what) + " (truncated?)");
     }
     const float* p = all.data() + at;
     at += static_cast<size_t>(n);
     return p;
   };
-  const float* emb = take(vocab * dim, "token_embedding_table");
-  const float* rms_att = take(layers * dim, "rms_att_weight");
-  const float* wq = take(layers * dim * dim, "wq");
-  const float* wk = take(layers * dim * kvd, "wk");
-  const float* wv = take(layers * dim * kvd, "wv");
-  const float* wo = take(layers * dim * dim, "wo");
-  const float* rms_ffn = take(layers * dim, "rms_ffn_weight");
-  const float* w1 = take(layers * dim * hidden, "w1");
-  const float* w2 = take(layers * hidden * dim, "w2");
-  const float* w3 = take(layers * dim * hidden, "w3");
-  const float* rms_final = take(dim, "rms_final_weight");
-  take(seq_len * hd, "freq_cis");  // real + imag halves, unused (RoPE is recomputed)
-  const float* wcls = shared ? emb : take(vocab * dim, "wcls");
+  const float* emb = take({vocab, dim}, "token_embedding_table");
+  const float* rms_att = take({layers, dim}, "rms_att_weight");
+  const float* wq = take({layers, dim, dim}, "wq");
+  const float* wk = take({layers, dim, kvd}, "wk");
+  const float* wv = take({layers, dim, kvd}, "wv");
+  const float* wo = take({layers, dim, dim}, "wo");
+  const float* rms_ffn = take({layers, dim}, "rms_ffn_weight");
+  const float* w1 = take({layers, dim, hidden}, "w1");
+  const float* w2 = take({layers, hidden, dim}, "w2");
+  const float* w3 = take({layers, dim, hidden}, "w3");
+  const float* rms_final = take({dim}, "rms_final_weight");
+  take({seq_len, hd}, "freq_cis");  // real + imag halves, unused (RoPE is recomputed)
+  const float* wcls = shared ? emb : take({vocab, dim}, "wcls");
 
   fs::create_directories(out_dir);
   std::vector<StWrite> t;

@@ -163,11 +163,16 @@ const StTensor* Checkpoint::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+std::string Checkpoint::quoted(const std::string& name) const {
+  const std::string src = source_name_ ? source_name_(name) : std::string();
+  return src.empty() || src == name ? "'" + name + "'" : "'" + src + "' (" + name + ")";
+}
+
 const StTensor& Checkpoint::get(const std::string& name, const std::vector<int64_t>& shape) const {
   const StTensor* t = find(name);
-  if (t == nullptr) fail("checkpoint " + dir_.string() + ": tensor '" + name + "' is missing");
+  if (t == nullptr) fail("checkpoint " + dir_.string() + ": tensor " + quoted(name) + " is missing");
   if (t->shape != shape) {
-    fail(t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) +
+    fail(t->file + ": tensor " + quoted(name) + " has shape " + shape_str(t->shape) +
          " but the model's config implies " + shape_str(shape));
   }
   return *t;

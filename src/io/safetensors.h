@@ -2,6 +2,7 @@
 // Every header is validated: dtype known, offsets inside the file and consistent with the shape.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,9 @@ class Checkpoint {
   // Keeps `owner` (a mapped file, converted bytes) alive as long as the checkpoint.
   void keep(std::shared_ptr<const void> owner) { owners_.push_back(std::move(owner)); }
   void set_source(const std::filesystem::path& p) { dir_ = p; }
+  // How the source names a tensor that tessera names `name` (GGUF: "blk.0.attn_q.weight" for
+  // "model.layers.0.self_attn.q_proj.weight"), for error messages; "" = the same name.
+  void set_source_names(std::function<std::string(const std::string&)> f) { source_name_ = std::move(f); }
 
  private:
   void add_file(const std::filesystem::path& p);
@@ -64,6 +68,8 @@ class Checkpoint {
   std::vector<std::shared_ptr<const void>> owners_;
   std::map<std::string, StTensor> tensors_;
   std::filesystem::path dir_;
+  std::function<std::string(const std::string&)> source_name_;
+  std::string quoted(const std::string& name) const;
 };
 
 // Writes a single safetensors file (used by the converter and the tests).

@@ -98,7 +98,23 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
                      {"invert", false}},
                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   j["decoder"] = {{"type", "ByteLevel"}};
-  return from_json(j.dump(), where);
+  std::string text;
+  try {
+    text = j.dump();
+  } catch (const json::type_error&) {  // a string that is not UTF-8: name the first one
+    for (const auto* list : {tokens, merges}) {
+      for (size_t i = 0; i < list->strs.size(); ++i) {
+        try {
+          (void)json(list->strs[i]).dump();
+        } catch (const json::type_error&) {
+          fail(where + ": " + (list == tokens ? "tokenizer.ggml.tokens" : "tokenizer.ggml.merges") + "[" +
+               std::to_string(i) + "] is not valid UTF-8");
+        }
+      }
+    }
+    fail(where + ": the vocabulary holds a string that is not valid UTF-8");
+  }
+  return from_json(text, where);
 }
 
 }  // namespace tessera

@@ -167,6 +167,13 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "window": true, "cache": "dual"})", "Window-Diffusion keeps its own phase cache"},
       {R"({"prompt": 7})", "'prompt' must be a string"},
       {R"({"messages": []})", "'messages' must be a non-empty array"},
+      // Found by the fuzzer (tests/fuzz): these were 500s or wrapped numbers.
+      {"{\"prompt\": \xff}", "not valid JSON"},  // the parser quotes the byte that is not UTF-8
+      {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": "yes"}})",
+       "'include_usage' must be true or false"},
+      {R"({"prompt": "x", "stream_options": 3})", "'stream_options' must be an object"},
+      {R"({"prompt": "x", "temperature": 1e300})", "'temperature' is out of range"},
+      {R"({"prompt": "x", "max_tokens": 18446744073709551615})", "'max_tokens' must be an integer"},
   };
   for (const auto& [body, msg] : bad) {
     const bool chat_route = body.find("messages") != std::string::npos;

@@ -39,10 +39,11 @@ struct TileCtx {
 };
 
 // exp(x) for x <= 0 (and -inf -> 0), vectorisable: 2^(x log2 e) with a degree-6 polynomial for
-// the fraction (relative error < 2e-7 on the range attention uses).
+// the fraction (relative error < 2e-7 on the range attention uses). NaN (a score of NaN or inf
+// weights) stays NaN; the clamp keeps it out of the integer conversion, where it would be undefined.
 inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f;
+  const float xc = x > -87.0f ? x : -87.0f;  // NaN -> -87
+  const float t = xc * 1.44269504088896341f;
   const float fl = std::floor(t);
   const float f = t - fl;  // [0, 1)
   float p = 1.5353362e-4f;
@@ -56,7 +57,7 @@ inline float exp_neg(float x) {
   uint32_t bits = static_cast<uint32_t>(e < 1 ? 0 : e) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  return x == x ? p * scale : x;
 }
 
 // One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb). K tiles are

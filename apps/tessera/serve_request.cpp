@@ -1,0 +1,242 @@
+#include "apps/tessera/serve_request.h"
+
+#include <cfloat>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+
+namespace tessera::cli {
+using json = nlohmann::json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg, int status = 400,
+                      const std::string& type = "invalid_request_error") {
+  throw BadRequest{status, type, msg};
+}
+
+bool given(const json& body, const char* key) {
+  return body.contains(key) && !body[key].is_null();
+}
+
+// Typed fields of the request body: a wrong JSON type or a value out of range is a 400 naming the field.
+int64_t int_field(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+    bad(std::string("'") + key + "' must be an integer");
+  return v.get<int64_t>();
+}
+double num_field(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_number()) bad(std::string("'") + key + "' must be a number");
+  return v.get<double>();
+}
+float float_field(const json& body, const char* key) {
+  const double v = num_field(body, key);
+  if (!(v >= -FLT_MAX && v <= FLT_MAX)) bad(std::string("'") + key + "' is out of range");
+  return static_cast<float>(v);
+}
+std::string str_field(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_string()) bad(std::string("'") + key + "' must be a string");
+  return v.get<std::string>();
+}
+bool bool_field(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_boolean()) bad(std::string("'") + key + "' must be true or false");
+  return v.get<bool>();
+}
+
+const std::set<std::string, std::less<>> kKnown = {"model",
+                                                   "prompt",
+                                                   "messages",
+                                                   "max_tokens",
+                                                   "max_completion_tokens",
+                                                   "temperature",
+                                                   "top_p",
+                                                   "top_k",
+                                                   "seed",
+                                                   "stream",
+                                                   "stream_options",
+                                                   "n",
+                                                   "stop",
+                                                   "user",
+                                                   "logprobs",
+                                                   "top_logprobs",
+                                                   "echo",
+                                                   "presence_penalty",
+                                                   "frequency_penalty",
+                                                   "steps",
+                                                   "block_length",
+                                                   "alg",
+                                                   "threshold",
+                                                   "cache",
+                                                   "sparse",
+                                                   "sparse_block",
+                                                   "sparse_rho",
+                                                   "sparse_skip",
+                                                   "des",
+                                                   "des_k",
+                                                   "des_beta",
+                                                   "des_scope",
+                                                   "window",
+                                                   "window_ex",
+                                                   "window_in",
+                                                   "window_refresh",
+                                                   "window_early_stop",
+                                                   "cfg"};
+
+// Generation options of a request: the session's defaults, then the request's fields.
+GenerateOptions options(const json& body, const Session& session, const std::string& model_id) {
+  for (const auto& [k, v] : body.items()) {
+    if (!kKnown.count(k)) bad("unknown field '" + k + "'");
+  }
+  if (given(body, "model")) {
+    const std::string m = str_field(body, "model");
+    if (m != model_id && m != "tessera") {
+      bad("model '" + m + "' is not served here; this server serves '" + model_id + "'", 404,
+          "not_found_error");
+    }
+  }
+  if (given(body, "n") && int_field(body, "n") != 1) bad("only n = 1 is supported");
+  if (given(body, "stop")) bad("'stop' sequences are not supported");
+  for (const char* k : {"logprobs", "echo"}) {
+    if (given(body, k) && body[k] != false) bad(std::string("'") + k + "' is not supported");
+  }
+  if (given(body, "top_logprobs")) bad("'top_logprobs' is not supported");
+  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
+    if (given(body, k) && num_field(body, k) != 0.0)
+      bad(std::string("'") + k + "' is not supported (only 0)");
+  }
+  const bool block_causal = session.engine().attention_block() > 0;
+  GenerateOptions o = session.options();
+  const int64_t ctx = session.config().max_positions;
+  const char* len_key = given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (given(body, len_key)) {
+    const int64_t n = int_field(body, len_key);
+    if (n <= 0 || n > ctx)
+      bad(std::string("'") + len_key + "' must be in [1, " + std::to_string(ctx) + "], got " +
+          std::to_string(n));
+    o.gen_length = static_cast<int>(n);
+    // Re-derive what followed the length: blocks that no longer divide it, one token per step.
+    if (!block_causal) {
+      if (o.block_length > o.gen_length || o.gen_length % o.block_length != 0) o.block_length = o.gen_length;
+      o.steps = o.gen_length;
+    }
+  }
+  auto small_int = [&](const char* k) {
+    const int64_t v = int_field(body, k);
+    if (v < 0 || v > ctx) bad(std::string("'") + k + "' must be in [0, " + std::to_string(ctx) + "]");
+    return static_cast<int>(v);
+  };
+  if (given(body, "temperature")) o.temperature = float_field(body, "temperature");
+  if (given(body, "top_p")) o.top_p = float_field(body, "top_p");
+  if (given(body, "top_k")) o.top_k = small_int("top_k");
+  if (given(body, "seed")) {
+    const int64_t seed = int_field(body, "seed");
+    if (seed < 0) bad("'seed' must be >= 0");
+    o.seed = static_cast<uint64_t>(seed);
+  }
+  if (given(body, "steps")) o.steps = small_int("steps");
+  if (given(body, "block_length")) o.block_length = small_int("block_length");
+  if (given(body, "alg")) o.alg = str_field(body, "alg");
+  if (given(body, "threshold")) o.threshold = float_field(body, "threshold");
+  if (given(body, "cache")) o.cache = str_field(body, "cache");
+  if (given(body, "sparse")) o.sparse = bool_field(body, "sparse");
+  if (given(body, "sparse_block")) {
+    o.sparse_block = small_int("sparse_block");
+    o.sparse = true;
+  }
+  for (auto [k, dst] :
+       {std::pair<const char*, float*>{"sparse_rho", &o.sparse_rho}, {"sparse_skip", &o.sparse_skip}}) {
+    if (!given(body, k)) continue;
+    *dst = float_field(body, k);
+    o.sparse = true;
+  }
+  if (given(body, "des_k")) o.des_k = small_int("des_k");
+  if (given(body, "des_beta")) o.des_beta = float_field(body, "des_beta");
+  if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
+  if (given(body, "window")) o.window = bool_field(body, "window");
+  if (given(body, "window_early_stop")) o.window_early_stop = bool_field(body, "window_early_stop");
+  if (o.window_early_stop) o.window = true;
+  for (auto [k, dst] : {std::pair<const char*, int*>{"window_ex", &o.window_ex},
+                        {"window_in", &o.window_in},
+                        {"window_refresh", &o.window_refresh}}) {
+    if (!given(body, k)) continue;
+    *dst = small_int(k);
+    o.window = true;
+  }
+  if (given(body, "cfg")) o.cfg_scale = float_field(body, "cfg");
+  try {
+    o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
+                        given(body, "des_k"), given(body, "des_beta"), o.des);
+    validate_generate_options(o, session.config().vocab, block_causal);
+    // What only the model can tell (an MoE model, k <= top_k) fails here, before a stream starts.
+    if (o.des != "off") session.engine().check_des(des_config(o));
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+  return o;
+}
+
+std::vector<int32_t> prompt(const json& body, bool chat, const Session& session, const GenerateOptions& o) {
+  std::vector<ChatMessage> msgs;
+  bool use_chat = chat && session.has_chat_template();
+  if (chat) {
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+      bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
+    for (const auto& m : body["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+          !m["content"].is_string())
+        bad("every message needs a string 'role' and a string 'content'");
+      const auto role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant")
+        bad("message role must be system, user or assistant, got '" + role + "'");
+      msgs.push_back({role, m["content"].get<std::string>()});
+    }
+  } else {
+    if (!body.contains("prompt")) bad("'prompt' is required");
+    msgs.push_back({"user", str_field(body, "prompt")});
+    use_chat = false;
+  }
+  try {
+    return session.prompt_ids(msgs, use_chat, o);
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+}
+
+}  // namespace
+
+std::string error_body(const BadRequest& b) {
+  const json j = {
+      {"error", {{"message", b.message}, {"type", b.type}, {"param", nullptr}, {"code", nullptr}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
+                            const std::string& model_id) {
+  ParsedRequest r;
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    bad(std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) bad("the request body must be a JSON object");
+  r.options = options(body, session, model_id);
+  r.prompt = prompt(body, chat, session, r.options);
+  if (given(body, "stream")) r.stream = bool_field(body, "stream");
+  if (given(body, "stream_options")) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) bad("'stream_options' must be an object");
+    for (const auto& [k, v] : so.items()) {
+      if (k != "include_usage") bad("unknown field 'stream_options." + k + "'");
+    }
+    if (given(so, "include_usage")) r.include_usage = bool_field(so, "include_usage");
+  }
+  return r;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,36 @@
+// The request side of `tessera serve`: a POST body (JSON text) of /v1/completions or
+// /v1/chat/completions turned into generation options and prompt token ids, or refused with the HTTP
+// status and the OpenAI error object. Kept apart from the HTTP server so that it can be tested and
+// fuzzed on its own (tests/fuzz: the `request` target).
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "apps/tessera/session.h"
+#include "decode/generate.h"
+
+namespace tessera::cli {
+
+// A request the server refuses: HTTP status, OpenAI error type, message.
+struct BadRequest {
+  int status;
+  std::string type, message;
+};
+
+// {"error": {"message", "type", "param", "code"}} as text (bytes of the message that are not UTF-8,
+// from an invalid body quoted by the JSON parser, are replaced).
+std::string error_body(const BadRequest& b);
+
+struct ParsedRequest {
+  GenerateOptions options;      // the session's defaults, then the request's fields; validated
+  std::vector<int32_t> prompt;  // token ids, chat template applied for chat requests
+  bool stream = false, include_usage = false;
+};
+
+// Parses and checks a request for the model of `session`, served under the name `model_id`; throws
+// BadRequest (400, or 404 for another model) with a message naming the field.
+ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
+                            const std::string& model_id);
+
+}  // namespace tessera::cli
