@@ -131,6 +131,34 @@ TEST(CpuAttention, PackedSequencesStayApart) {
   check_attention(c, 5);
 }
 
+// Masked keys weigh exactly 0: V rows of 1e36 behind the causal mask leave the rows that cannot see
+// them as the reference computes them (a weight of exp(-87) ~ 1e-38 per masked key, as the kernel's
+// exp once gave -inf, would add about 0.02 per key here).
+TEST(CpuAttention, MaskedKeysWeighExactlyNothing) {
+  auto be = make_cpu_backend();
+  AttnCase c{2, 1, 16, {0, 150}, {0, 150}, iota(150), iota(150), MaskKind::Causal};
+  const int64_t n = 150, cut = 100;
+  auto q = random_floats(static_cast<size_t>(n * c.hq * c.d), 7);
+  auto k = random_floats(static_cast<size_t>(n * c.hkv * c.d), 8);
+  auto v = random_floats(static_cast<size_t>(n * c.hkv * c.d), 9);
+  std::fill(v.begin() + cut * c.hkv * c.d, v.end(), 1e36f);
+  std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  Tensor tq(q.data(), DType::F32, {n, c.hq * c.d}), tk(k.data(), DType::F32, {n, c.hkv * c.d}),
+      tv(v.data(), DType::F32, {n, c.hkv * c.d}), to(out.data(), DType::F32, {n, c.hq * c.d});
+  AttnParams p;
+  p.mask = c.mask;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  p.n_seqs = 1;
+  p.cu_q = c.cu_q.data();
+  p.cu_k = c.cu_k.data();
+  p.q_pos = c.q_pos.data();
+  p.k_pos = c.k_pos.data();
+  be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, p);
+  const auto ref = naive_attention(c, q, k, v);
+  const size_t rows = static_cast<size_t>(cut * c.hq * c.d);  // the rows that see no 1e36
+  EXPECT_LT(rel_error(out.data(), ref.data(), rows), 1e-5);
+}
+
 // Block-sparse patterns: tiles smaller than, equal to and larger than the kernel's 32-row / 128-key
 // tiles, partial last blocks, a query block that keeps no key (output 0), with causal masks too.
 TEST(CpuAttention, BlockSparseSkipsExactlyTheDroppedTiles) {

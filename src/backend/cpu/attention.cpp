@@ -38,12 +38,14 @@ struct TileCtx {
   int64_t q_start, n_qb, n_kb;  // block-sparse pattern geometry (AttnParams::block_mask)
 };
 
-// exp(x) for x <= 0 (and -inf -> 0), vectorisable: 2^(x log2 e) with a degree-6 polynomial for
-// the fraction (relative error < 2e-7 on the range attention uses). NaN (a score of NaN or inf
-// weights) stays NaN; the clamp keeps it out of the integer conversion, where it would be undefined.
+// exp(x) for x <= 0, vectorisable: 2^(x log2 e) with a degree-6 polynomial for the fraction
+// (relative error < 2e-7 on the range attention uses). Below about -87.3 (2^-126, the smallest
+// normal float) it is exactly 0: masked scores (-inf) add nothing. The clamp is written
+// max(-100, x) so that NaN (a NaN score, from NaN weights) becomes -100 too: converting NaN to int
+// would be undefined, and the NaN reaches the outputs through the other ops anyway.
 inline float exp_neg(float x) {
-  const float xc = x > -87.0f ? x : -87.0f;  // NaN -> -87
-  const float t = xc * 1.44269504088896341f;
+  x = std::max(-100.0f, x);
+  const float t = x * 1.44269504088896341f;
   const float fl = std::floor(t);
   const float f = t - fl;  // [0, 1)
   float p = 1.5353362e-4f;
@@ -57,7 +59,7 @@ inline float exp_neg(float x) {
   uint32_t bits = static_cast<uint32_t>(e < 1 ? 0 : e) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return x == x ? p * scale : x;
+  return p * scale;
 }
 
 // One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb). K tiles are
@@ -149,7 +151,9 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
       float rowmax = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : rowmax)
       for (int j = 0; j < nk; ++j) rowmax = std::max(rowmax, s[j]);
-      if (rowmax == -std::numeric_limits<float>::infinity()) continue;
+      // Every key of the tile masked. (An OpenMP max reduction may start from lowest() rather than
+      // -inf: clang's does.)
+      if (rowmax <= std::numeric_limits<float>::lowest()) continue;
       const float mnew = std::max(m[i], rowmax);
       const float alpha = m[i] == -std::numeric_limits<float>::infinity() ? 0.0f : exp_neg(m[i] - mnew);
       float sum = 0.0f;
