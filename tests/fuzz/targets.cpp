@@ -35,6 +35,8 @@ constexpr std::string_view kFileTag = "#tessera-fuzz-file ";
 const char* const kHfFiles[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                                 "generation_config.json"};
 
+int64_t g_variants_run = 0;
+
 // One scratch directory per process, emptied before each input.
 const fs::path& scratch() {
   static const fs::path dir = [] {
@@ -80,8 +82,17 @@ std::string guarded(const char* target, F&& body) {
   }
 }
 
+void check_output(const cli::Session& s, const cli::Session::Output& out, int gen_length) {
+  if (static_cast<int>(out.result.tokens.size()) > gen_length)
+    throw Finding("model: more than gen_length tokens came back");
+  for (const int32_t t : out.result.tokens) {
+    if (t < 0 || t >= s.config().vocab) throw Finding("model: a token outside the vocabulary came back");
+  }
+}
+
 // Loads the model at `path` as `tessera generate` does and generates 4 tokens, raw and (when the model
-// has a chat template) with it.
+// has a chat template) with it; then 8 tokens with each approximation the model takes (KV cache,
+// SparseD, Window-Diffusion, DES on MoE models), where the options validate for it.
 void load_and_generate(const fs::path& path) {
   cli::SessionArgs a;
   a.model = path.string();
@@ -89,14 +100,50 @@ void load_and_generate(const fs::path& path) {
   a.steps = 4;
   a.no_progress = true;
   cli::Session s(a);
+  std::vector<int32_t> raw;
   for (const bool chat : {false, true}) {
     if (chat && !s.has_chat_template()) continue;
     const auto ids = s.prompt_ids({{"user", "Hello there"}}, chat);
-    const cli::Session::Output out = s.run(ids, nullptr);
-    if (out.result.tokens.size() > 4) throw Finding("model: more than gen_length tokens came back");
-    for (const int32_t t : out.result.tokens) {
-      if (t < 0 || t >= s.config().vocab) throw Finding("model: a token outside the vocabulary came back");
+    check_output(s, s.run(ids, nullptr), 4);
+    if (!chat) raw = ids;
+  }
+  const bool block_causal = s.engine().attention_block() > 0;
+  std::vector<GenerateOptions> variants;
+  GenerateOptions o = s.options();
+  o.gen_length = 8;
+  o.steps = 8;
+  o.block_length = block_causal ? o.block_length : 4;
+  o.cache = "dual";
+  variants.push_back(o);
+  o.cache = "none";
+  o.sparse = true;
+  o.sparse_block = 2;
+  o.sparse_skip = 0.25f;
+  variants.push_back(o);
+  o.sparse = false;
+  o.window = true;
+  o.window_ex = 4;
+  o.window_in = 2;
+  o.window_refresh = 2;
+  o.block_length = o.gen_length;
+  variants.push_back(o);
+  o.window = false;
+  if (s.engine().supports_expert_sharing()) {
+    o.des = "vote";
+    o.des_beta = 0.5f;
+    variants.push_back(o);
+  }
+  for (const GenerateOptions& v : variants) {
+    try {
+      validate_generate_options(v, s.config().vocab, block_causal);
+      if (v.des != "off") s.engine().check_des(des_config(v));
+      if (s.canvas_length(static_cast<int64_t>(raw.size()), v) > s.config().max_positions) continue;
+    } catch (const Error& e) {
+      if (std::getenv("TESSERA_FUZZ_VERBOSE")) std::fprintf(stderr, "variant skipped: %s\n", e.what());
+      continue;  // not an option set this model takes
     }
+    check_output(s, s.run(raw, v, {}), v.gen_length);
+    ++g_variants_run;
   }
 }
 
@@ -155,6 +202,10 @@ std::string model(std::span<const uint8_t> data) {
     }
   }
   return guarded("model", [&] { load_and_generate(path); });
+}
+
+int64_t model_variants_run() {
+  return g_variants_run;
 }
 
 std::string tokenize(std::span<const uint8_t> data) {

@@ -24,8 +24,12 @@ struct Finding : std::logic_error {
 // "GGUF"; otherwise a Hugging Face directory packed as, for each file, a line "#tessera-fuzz-file NAME"
 // and then its bytes (NAME: config.json, model.safetensors, tokenizer.json, tokenizer_config.json or
 // generation_config.json; others are ignored; tests/fuzz/make_seeds.py writes them). The model is loaded as
-// the CLI loads it (Session: engine, tokenizer, chat template, generation defaults) and generates 4 tokens.
+// the CLI loads it (Session: engine, tokenizer, chat template, generation defaults) and generates 4 tokens,
+// then 8 with each approximation the model takes (KV cache, SparseD, Window-Diffusion, DES on MoE).
 std::string model(std::span<const uint8_t> data);
+
+// How many approximation variants `model` has generated with in this process (for the tests).
+int64_t model_variants_run();
 
 // tokenize: the bytes are text. Encoded with tessera-tiny's tokenizer (byte-level BPE, no normalizer)
 // and, where ../shared is present, the Qwen2 tokenizer (NFC normalizer): decoding the ids gives the
