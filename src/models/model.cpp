@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -36,6 +37,25 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
         (t.dtype == DType::F32 ? f32 : other) += t.bytes;
     }
     act = auto_compute_dtype(f32, other);
+  }
+  // A layer count beyond the checkpoint's layers fails here, before per-layer tables are sized by it
+  // (a corrupt config of 10^9 layers would otherwise allocate for them).
+  int64_t last_layer = -1;
+  for (const auto& [name, t] : m->ckpt_.tensors()) {
+    for (const char* stem : {"model.layers.", "model.transformer.blocks."}) {
+      if (name.rfind(stem, 0) != 0) continue;
+      int64_t l = 0;
+      size_t i = std::strlen(stem);
+      for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && l < (int64_t{1} << 40); ++i)
+        l = l * 10 + (name[i] - '0');
+      if (i < name.size() && name[i] == '.') last_layer = std::max(last_layer, l);
+    }
+  }
+  if (c.n_layers - 1 > last_layer) {
+    fail(dir.string() + ": the configuration (block_count, num_hidden_layers or n_layers) gives " +
+         std::to_string(c.n_layers) + " layers but the checkpoint " +
+         (last_layer < 0 ? std::string("has no layer tensors")
+                         : "has tensors of layers 0.." + std::to_string(last_layer) + " only"));
   }
   m->opts_ = graph_options(c, act);
   m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;

@@ -29,6 +29,8 @@ const std::map<std::string, std::string> kMessages = {
     {"model/regress-gguf-missing-tensor.gguf",
      "tensor 'blk.0.attn_output.weight' (model.layers.0.self_attn.o_proj.weight) is missing"},
     {"model/regress-gguf-missing-expert.gguf", "tensor 'blk.0.ffn_down_exps.weight (expert 0)'"},
+    {"model/regress-gguf-billion-layers.gguf",
+     "gives 150994945 layers but the checkpoint has tensors of layers 0..0"},
     {"model/regress-tokenizer-larger-than-model.hf", "the tokenizer does not belong to this model"},
     {"model/regress-gguf-control-bytes-in-key.gguf", "\\x"},
     {"llama2c/regress-odd-head-size", "with an even head size"},
