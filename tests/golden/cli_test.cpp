@@ -122,11 +122,12 @@ TEST(Cli, BadInputsGiveClearErrors) {
     f.close();
     expect_error("generate -m " + d.string() + " -p hi", "dtype I8X6");
   }
-  {  // missing tensor: drop a shard from the directory and the index
+  {  // missing tensors: drop a shard (the second layer's tensors) from the directory and the index
     const auto d = broken("missing");
     std::filesystem::remove(d / "model.safetensors.index.json");
     std::filesystem::remove(d / "model-00002-of-00002.safetensors");
-    expect_error("generate -m " + d.string() + " -p hi", "is missing");
+    expect_error("generate -m " + d.string() + " -p hi",
+                 "gives 2 layers but the checkpoint has tensors of layers 0..0");
   }
   {  // wrong shape: config says a larger hidden size
     const auto d = broken("shape");
