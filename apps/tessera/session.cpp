@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -174,20 +176,41 @@ Session::Session(const SessionArgs& a) {
   if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
   add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
   // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
-  const json gc = read_json_or_empty(fs::path(dir_) / "generation_config.json");
-  const int gen_len = a.gen_length.value_or(gc.value("gen_length", 128));
+  const fs::path gc_path = fs::path(dir_) / "generation_config.json";
+  const json gc = read_json_or_empty(gc_path);
+  // Typed reads of its tessera keys: a wrong type or range names the file and the key.
+  auto gc_int = [&](const char* key, int dflt) {
+    if (!gc.contains(key)) return dflt;
+    const json& v = gc[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      fail(gc_path.string() + ": '" + key + "' must be a non-negative integer");
+    return v.get<int>();
+  };
+  auto gc_float = [&](const char* key, float dflt) {
+    if (!gc.contains(key)) return dflt;
+    const json& v = gc[key];
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 3.4e38))
+      fail(gc_path.string() + ": '" + key + "' must be a number");
+    return v.get<float>();
+  };
+  auto gc_string = [&](const char* key, const std::string& dflt) {
+    if (!gc.contains(key)) return dflt;
+    if (!gc[key].is_string()) fail(gc_path.string() + ": '" + key + "' must be a string");
+    return gc[key].get<std::string>();
+  };
+  const int gen_len = a.gen_length.value_or(gc_int("gen_length", 128));
   gen_.gen_length = gen_len;
   // Block-causal models (LLaDA2MoeModelLM.generate): block_length 32 (the model's default attention
   // block), steps per block = block_length, threshold 0.95.
   const int model_block = engine_->attention_block();
   gen_.block_length =
-      a.block_length.value_or(gc.value("block_length", model_block > 0 ? model_block : gen_len));
-  gen_.steps = a.steps.value_or(gc.value("steps", model_block > 0 ? gen_.block_length : gen_len));
-  gen_.threshold = a.threshold.value_or(gc.value("threshold", model_block > 0 ? 0.95f : 0.0f));
+      a.block_length.value_or(gc_int("block_length", model_block > 0 ? model_block : gen_len));
+  gen_.steps = a.steps.value_or(gc_int("steps", model_block > 0 ? gen_.block_length : gen_len));
+  gen_.threshold = a.threshold.value_or(gc_float("threshold", model_block > 0 ? 0.95f : 0.0f));
   gen_.alg = a.alg.value_or(
-      gc.value("alg", std::string(engine_->config().family == Family::Dream && !engine_->config().causal
-                                      ? "entropy"
-                                      : "low_confidence")));
+      gc_string("alg", std::string(engine_->config().family == Family::Dream && !engine_->config().causal
+                                       ? "entropy"
+                                       : "low_confidence")));
   gen_.temperature = a.temperature;
   gen_.cfg_scale = a.cfg;
   gen_.top_k = a.top_k;

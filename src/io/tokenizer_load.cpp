@@ -1,5 +1,6 @@
 // tokenizer.json -> tok::Impl. Every unsupported type is an error naming the type and the file.
 #include <algorithm>
+#include <climits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -31,7 +32,11 @@ bool bool_or(const json& j, const char* key, bool dflt) {
 }
 int int_or(const json& j, const char* key, int dflt) {
   auto it = j.find(key);
-  return it != j.end() && it->is_number_integer() ? it->get<int>() : dflt;
+  if (it == j.end() || !it->is_number_integer()) return dflt;
+  if (it->get<int64_t>() < INT32_MIN || it->get<int64_t>() > INT32_MAX ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > INT32_MAX))
+    fail(std::string("tokenizer: '") + key + "' is out of range");
+  return it->get<int>();
 }
 
 // {"String": s} or {"Regex": r}: returns the text and whether it is a regex.
@@ -156,8 +161,10 @@ void load_model(const json& m, const Ctx& c, Bpe& bpe) {
   if (!vocab.is_object()) c.bad("model.vocab is not an object");
   bpe.vocab.reserve(vocab.size() * 2);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    auto id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 30)) c.bad("vocab id " + std::to_string(id) + " out of range");
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() > (1 << 30))
+      c.bad("the vocab id of '" + it.key() + "' is not an integer in [0, 2^30]");
+    const int64_t id = it.value().get<int64_t>();
     if (static_cast<size_t>(id) >= bpe.pieces.size()) bpe.pieces.resize(static_cast<size_t>(id) + 1);
     bpe.pieces[static_cast<size_t>(id)] = it.key();
     bpe.vocab.emplace(it.key(), static_cast<int32_t>(id));
@@ -231,8 +238,10 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, const std::string& s
     if (j.contains("decoder")) load_decoder(j["decoder"], c, im->decoder);
     if (j.contains("added_tokens")) {
       for (const auto& a : j["added_tokens"]) {
-        AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
-                     bool_or(a, "special", false)};
+        const json& id = a.at("id");
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 30))
+          c.bad("the id of an added token is not an integer in [0, 2^30]");
+        AddedToken t{a.at("content").get<std::string>(), id.get<int32_t>(), bool_or(a, "special", false)};
         if (t.content.empty() || t.id < 0) c.bad("an added token is empty or has a negative id");
         auto [it, fresh] = im->added_index.emplace(t.id, static_cast<int32_t>(im->added.size()));
         if (!fresh) continue;

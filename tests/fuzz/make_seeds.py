@@ -75,6 +75,12 @@ def main():
         for name, args in models.items():
             d = os.path.join(tmp, name)
             run(make, "--out", d, *args)
+            if name == "llada":  # tessera's generation defaults (Session reads them)
+                gp = os.path.join(d, "generation_config.json")
+                g = json.load(open(gp))
+                g.update({"gen_length": 16, "steps": 16, "block_length": 16, "alg": "low_confidence",
+                          "threshold": 0.0})
+                json.dump(g, open(gp, "w"))
             if name != "llada32":
                 open(os.path.join(a.out, "model", f"seed-{name}.hf"), "wb").write(pack(d))
         for name, outtype in ggufs:
