@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "memory/chunk_optimizer.h"
 
 namespace tessera::cli {
@@ -141,17 +142,10 @@ CLI::Validator size_validator() {
 
 void check_utf8(const std::string& s, const char* what) {
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80                   ? 0
-                  : (c >= 0xC2 && c <= 0xDF) ? 1
-                  : (c & 0xF0) == 0xE0       ? 2
-                  : (c >= 0xF0 && c <= 0xF4) ? 3
-                                             : -1;
-    bool ok = n >= 0 && i + static_cast<size_t>(n) < s.size();
-    for (int k = 1; ok && k <= n; ++k)
-      ok = (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0xC0) == 0x80;
-    if (!ok) fail(std::string(what) + " is not valid UTF-8 (bad byte at offset " + std::to_string(i) + ")");
-    i += static_cast<size_t>(n) + 1;
+    const size_t n = utf8_char_length(s, i);
+    if (n == 0)
+      fail(std::string(what) + " is not valid UTF-8 (bad byte at offset " + std::to_string(i) + ")");
+    i += n;
   }
 }
 

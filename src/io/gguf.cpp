@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
@@ -20,17 +21,11 @@ constexpr uint64_t kMaxDims = 4;  // GGML_MAX_DIMS
 std::string printable(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_char_length(s, i);
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80                   ? 0
-                     : (c >= 0xC2 && c <= 0xDF) ? 1
-                     : (c & 0xF0) == 0xE0       ? 2
-                     : (c >= 0xF0 && c <= 0xF4) ? 3
-                                                : 9;
-    bool ok = n < 9 && i + n < s.size();
-    for (size_t k = 1; ok && k <= n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && (c >= 0x20 && c != 0x7F)) {
-      out.append(s, i, n + 1);
-      i += n + 1;
+    if (n > 0 && c >= 0x20 && c != 0x7F) {
+      out.append(s, i, n);
+      i += n;
     } else {
       static const char* hex = "0123456789abcdef";
       out += "\\x";
