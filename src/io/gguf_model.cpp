@@ -6,6 +6,19 @@
 #include "core/error.h"
 
 namespace tessera {
+
+bool split_layer(const std::string& name, std::string_view stem, int64_t& layer, std::string& rest) {
+  if (name.size() <= stem.size() || name.compare(0, stem.size(), stem) != 0) return false;
+  const size_t dot = name.find('.', stem.size());
+  if (dot == std::string::npos || dot == stem.size()) return false;
+  layer = 0;
+  for (size_t i = stem.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || layer > 1000000) return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  rest = name.substr(dot + 1);
+  return true;
+}
 namespace fs = std::filesystem;
 
 namespace {
@@ -56,20 +69,6 @@ std::string hf_layer_suffix(Family f, const std::string& s) {
   return "";
 }
 
-// "blk.N.rest" -> N and rest; false for other names.
-bool split_layer(const std::string& name, int64_t& layer, std::string& rest) {
-  if (name.rfind("blk.", 0) != 0) return false;
-  const size_t dot = name.find('.', 4);
-  if (dot == std::string::npos || dot == 4) return false;
-  layer = 0;
-  for (size_t i = 4; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9' || layer > 1000000) return false;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  rest = name.substr(dot + 1);
-  return true;
-}
-
 std::string hf_global(Family f, const std::string& name) {
   const bool llada = f == Family::LLaDA;
   if (name == "token_embd.weight")
@@ -89,12 +88,10 @@ std::string gguf_name_of(Family f, const std::string& hf) {
   for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"})
     if (hf_global(f, g) == hf) return g;
   const std::string prefix = hf_layer_prefix(f, 0);
-  const std::string stem = prefix.substr(0, prefix.size() - 2);  // "model.layers."
-  if (hf.rfind(stem, 0) != 0) return "";
-  size_t at = stem.size();
-  const size_t dot = hf.find('.', at);
-  if (dot == std::string::npos) return "";
-  const std::string layer = hf.substr(at, dot - at), rest = hf.substr(dot + 1);
+  int64_t l = 0;
+  std::string rest;
+  if (!split_layer(hf, std::string_view(prefix).substr(0, prefix.size() - 2), l, rest)) return "";
+  const std::string layer = std::to_string(l);
   if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.E.gate_proj.weight
     const size_t e_end = rest.find('.', 12);
     if (e_end == std::string::npos) return "";
@@ -298,7 +295,7 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
     std::string rest;
     if (const std::string global = hf_global(c.family, t.name); !global.empty()) {
       add(global, t);
-    } else if (split_layer(t.name, l, rest) && l < c.n_layers) {
+    } else if (split_layer(t.name, "blk.", l, rest) && l < c.n_layers) {
       const std::string b = hf_layer_prefix(c.family, l);
       if (rest == "ffn_gate_exps.weight" || rest == "ffn_up_exps.weight" || rest == "ffn_down_exps.weight") {
         // Stacked experts [E, rows, cols]: expert e is the e-th contiguous [rows, cols] slice.

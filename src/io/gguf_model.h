@@ -10,6 +10,8 @@
 //     adjacent pairs (ModelConfig::rope_interleaved), which gives the same attention.
 #pragma once
 #include <filesystem>
+#include <string>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "io/config.h"
@@ -17,6 +19,10 @@
 #include "io/safetensors.h"
 
 namespace tessera {
+
+// A per-layer tensor name `stem` N "." rest ("blk.3.attn_q.weight", "model.layers.3.mlp.gate.weight"):
+// N (at most 10^6) and rest; false for other names.
+bool split_layer(const std::string& name, std::string_view stem, int64_t& layer, std::string& rest);
 
 // The config of a GGUF model. Errors name the file and the missing or unsupported key.
 ModelConfig gguf_config(const GgufFile& g);

@@ -131,12 +131,11 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
     }
     std::map<std::string, std::vector<std::string>> by_file;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      const json& file = it.value();
       // Shards are files of the directory: a name with a path (absolute, "..") is refused.
-      if (!file.is_string() || file.get<std::string>().empty() ||
-          file.get<std::string>().find('/') != std::string::npos || file.get<std::string>() == "..")
+      const std::string file = it.value().is_string() ? it.value().get<std::string>() : "";
+      if (file.empty() || file.find('/') != std::string::npos || file == "..")
         fail(index.string() + ": the shard of tensor '" + it.key() + "' is not a file name of the directory");
-      by_file[file.get<std::string>()].push_back(it.key());
+      by_file[file].push_back(it.key());
     }
     for (const auto& [file, names] : by_file) {
       if (!fs::exists(dir / file)) fail(index.string() + " lists shard " + file + ", which is missing");

@@ -1,7 +1,6 @@
 #include "models/model.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -40,15 +39,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   }
   // A layer count beyond the checkpoint's layers fails here, before per-layer tables are sized by it
   // (a corrupt config of 10^9 layers would otherwise allocate for them).
-  int64_t last_layer = -1;
+  int64_t last_layer = -1, l = 0;
+  std::string rest;
   for (const auto& [name, t] : m->ckpt_.tensors()) {
     for (const char* stem : {"model.layers.", "model.transformer.blocks."}) {
-      if (name.rfind(stem, 0) != 0) continue;
-      int64_t l = 0;
-      size_t i = std::strlen(stem);
-      for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && l < (int64_t{1} << 40); ++i)
-        l = l * 10 + (name[i] - '0');
-      if (i < name.size() && name[i] == '.') last_layer = std::max(last_layer, l);
+      if (split_layer(name, stem, l, rest)) last_layer = std::max(last_layer, l);
     }
   }
   if (c.n_layers - 1 > last_layer) {

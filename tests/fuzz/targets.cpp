@@ -82,11 +82,13 @@ std::string guarded(const char* target, F&& body) {
   }
 }
 
-void check_output(const cli::Session& s, const cli::Session::Output& out, int gen_length) {
+void check_output(const char* target, const cli::Session& s, const cli::Session::Output& out,
+                  int gen_length) {
   if (static_cast<int>(out.result.tokens.size()) > gen_length)
-    throw Finding("model: more than gen_length tokens came back");
+    throw Finding(std::string(target) + ": more than gen_length tokens came back");
   for (const int32_t t : out.result.tokens) {
-    if (t < 0 || t >= s.config().vocab) throw Finding("model: a token outside the vocabulary came back");
+    if (t < 0 || t >= s.config().vocab)
+      throw Finding(std::string(target) + ": a token outside the vocabulary came back");
   }
 }
 
@@ -104,7 +106,7 @@ void load_and_generate(const fs::path& path) {
   for (const bool chat : {false, true}) {
     if (chat && !s.has_chat_template()) continue;
     const auto ids = s.prompt_ids({{"user", "Hello there"}}, chat);
-    check_output(s, s.run(ids, nullptr), 4);
+    check_output("model", s, s.run(ids, nullptr), 4);
     if (!chat) raw = ids;
   }
   const bool block_causal = s.engine().attention_block() > 0;
@@ -143,7 +145,7 @@ void load_and_generate(const fs::path& path) {
       continue;  // not an option set this model takes
     }
     try {
-      check_output(s, s.run(raw, v, {}), v.gen_length);
+      check_output("model", s, s.run(raw, v, {}), v.gen_length);
     } catch (const Error& e) {  // refused when it starts (e.g. sparse attention on a causal model)
       if (std::getenv("TESSERA_FUZZ_VERBOSE")) std::fprintf(stderr, "variant refused: %s\n", e.what());
       continue;
@@ -252,8 +254,7 @@ std::string request(std::span<const uint8_t> data) {
   }
   cli::Session& s = *sessions[which];
   std::optional<cli::ParsedRequest> r;
-  std::string refused;
-  refused = guarded("request", [&] {
+  const std::string refused = guarded("request", [&] {
     try {
       r = cli::parse_request(as_text(data.subspan(1)), chat, s, "tessera-tiny");
     } catch (const cli::BadRequest& b) {
@@ -266,11 +267,7 @@ std::string request(std::span<const uint8_t> data) {
   if (!refused.empty() || !r) return refused;
   const GenerateOptions& o = r->options;
   if (o.gen_length > 16 || o.steps > 16) return "";
-  return guarded("request", [&] {
-    const cli::Session::Output out = s.run(r->prompt, o, {});
-    if (static_cast<int>(out.result.tokens.size()) > o.gen_length)
-      throw Finding("request: more than gen_length tokens came back");
-  });
+  return guarded("request", [&] { check_output("request", s, s.run(r->prompt, o, {}), o.gen_length); });
 }
 
 std::string run(std::string_view name, std::span<const uint8_t> data) {
