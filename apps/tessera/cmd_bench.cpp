@@ -1,6 +1,7 @@
 // tessera bench: generation speed of engine options side by side, in one run, on one prompt.
 //   tessera bench [-m DIR | --geometry NAME] [--prompt-len 512 | -p TEXT] [--gen-length 128]
-//                 [--block-length 32] [--steps N] [--threshold X] [--cache C] [--compare SPEC]... [--json F]
+//                 [--block-length 32] [--steps N] [--threshold X] [--cache C] [--compare SPEC]... [--batch N]
+//                 [--json F]
 // The baseline is the options given; each --compare SPEC (the keys of tessera eval) changes some of
 // them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
 // speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows)
@@ -9,17 +10,22 @@
 // the baseline's; for MoE models the mean unique experts per MoE layer and forward, and with --profile
 // the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so
 // every row produces the same number of tokens (window-early-stop fills the tail after the EOS with it).
+// --batch N adds a throughput comparison: N requests with the baseline's options (N prompts of the same
+// length) one after another, then all at once through the Batcher (packed forwards), with the share of
+// requests whose tokens are identical in both.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
 #include "apps/tessera/session.h"
 #include "core/error.h"
+#include "engine/batcher.h"
 #include "io/tokenizer.h"
 #include "memory/chunk_optimizer.h"
 
@@ -32,7 +38,7 @@ namespace {
 struct BenchArgs {
   std::string model, geometry, prompt, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
   std::string cache = "none";
-  int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1;
+  int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1, batch = 0;
   float threshold = 0.0f;
   bool dequantize = false;
   bool profile = false;
@@ -95,6 +101,51 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
   return r;
 }
 
+struct BatchRow {
+  double sequential = 0, batched = 0;  // seconds (best of reps)
+  BatchStats stats;
+  int identical = 0;  // requests whose batched tokens equal their sequential tokens
+};
+
+// N requests one after another, then concurrently through a Batcher of N.
+BatchRow measure_batch(Engine& e, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o,
+                       int reps) {
+  const size_t n = prompts.size();
+  std::vector<std::vector<int32_t>> seq(n), bat(n);
+  BatchRow r;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) seq[i] = generate(e, prompts[i], o).tokens;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep == 0 || s < r.sequential) r.sequential = s;
+  }
+  for (int rep = 0; rep < reps; ++rep) {
+    Batcher b(e, static_cast<int>(n));
+    std::vector<std::thread> th;
+    std::vector<std::exception_ptr> err(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      th.emplace_back([&, i] {
+        try {
+          bat[i] = b.generate(prompts[i], o).tokens;
+        } catch (...) {
+          err[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : th) t.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& x : err)
+      if (x) std::rethrow_exception(x);
+    if (rep == 0 || s < r.batched) {
+      r.batched = s;
+      r.stats = b.stats();
+    }
+  }
+  for (size_t i = 0; i < n; ++i) r.identical += seq[i] == bat[i] ? 1 : 0;
+  return r;
+}
+
 int run_bench(const BenchArgs& a) {
   TESSERA_CHECK(a.model.empty() || a.geometry.empty(), "give -m DIR or --geometry NAME, not both");
   TESSERA_CHECK(a.reps >= 1, "--reps must be >= 1");
@@ -105,16 +156,25 @@ int run_bench(const BenchArgs& a) {
   eng.profile_ops = a.profile;
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
-  std::vector<int32_t> prompt;
-  if (!a.prompt.empty()) {
-    TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
-    const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-    prompt = load_model_tokenizer(dir).encode(a.prompt);
-  } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
-    for (int i = 0; i < a.prompt_len; ++i)
-      prompt.push_back(static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 77) %
-                                            static_cast<uint64_t>(std::max<int64_t>(cfg.vocab / 2, 1))));
+  TESSERA_CHECK(a.batch == 0 || a.batch >= 2, "--batch needs at least 2 requests");
+  // --batch: prompt r of the batch (r = 0 is the benchmark's prompt).
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(std::max(a.batch, 1)));
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    if (!a.prompt.empty()) {
+      TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
+      const std::string dir = a.model.empty() ? default_model_dir() : a.model;
+      if (r == 0)
+        prompts[r] = load_model_tokenizer(dir).encode(a.prompt);
+      else
+        prompts[r] = prompts[0];
+    } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
+      for (int i = 0; i < a.prompt_len; ++i)
+        prompts[r].push_back(
+            static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 77 + 1000003 * r) %
+                                 static_cast<uint64_t>(std::max<int64_t>(cfg.vocab / 2, 1))));
+    }
   }
+  const std::vector<int32_t>& prompt = prompts[0];
   GenerateOptions base;
   base.gen_length = a.gen_length;
   base.block_length = a.block_length;
@@ -204,6 +264,33 @@ int run_bench(const BenchArgs& a) {
                            {"experts_per_moe_layer", r.experts},
                            {"moe_seconds", r.moe_seconds}});
   }
+  json batch_json = nullptr;
+  if (a.batch >= 2) {
+    TESSERA_CHECK(Batcher::batchable(base),
+                  "--batch: the baseline's options hold engine state across forwards (a KV cache); "
+                  "requests with them run one at a time");
+    base.moe_stats = false;  // DES state is per engine: not batchable
+    const BatchRow br = measure_batch(*base_engine, prompts, base, a.reps);
+    const double tokens = static_cast<double>(a.batch) * a.gen_length;
+    const double mean = br.stats.forwards > 0
+                            ? static_cast<double>(br.stats.sequences) / static_cast<double>(br.stats.forwards)
+                            : 0.0;
+    std::printf("\n%d requests (the baseline's options, prompts of %zu tokens):\n", a.batch, prompt.size());
+    std::printf("%-28s %9s %9s %8s %9s %10s\n", "", "seconds", "tokens/s", "speed-up", "forwards",
+                "identical");
+    std::printf("%-28s %9.3f %9.1f %7.2fx %9s %10s\n", "one after another", br.sequential,
+                tokens / br.sequential, 1.0, "", "");
+    std::printf("%-28s %9.3f %9.1f %7.2fx %9lld %7d/%d   (mean batch %.2f)\n", "batched", br.batched,
+                tokens / br.batched, br.sequential / br.batched, static_cast<long long>(br.stats.forwards),
+                br.identical, a.batch, mean);
+    batch_json = {{"requests", a.batch},
+                  {"sequential_seconds", br.sequential},
+                  {"batched_seconds", br.batched},
+                  {"speedup", br.sequential / br.batched},
+                  {"forwards", br.stats.forwards},
+                  {"mean_batch", mean},
+                  {"identical_requests", br.identical}};
+  }
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
     if (!f) fail("cannot write " + a.json_path);
@@ -217,7 +304,8 @@ int run_bench(const BenchArgs& a) {
               {"threshold", base.threshold},
               {"cache", base.cache},
               {"reps", a.reps},
-              {"rows", comparisons}}
+              {"rows", comparisons},
+              {"batch", batch_json}}
              .dump(1)
       << "\n";
   }
@@ -259,6 +347,10 @@ void add_bench(CLI::App& app, Registry& reg) {
       "--compare", a->compare,
       "options to compare with the baseline, e.g. \"cache=dual\" or \"threshold=0.9,cache=prefix\" "
       "(repeatable; keys as in tessera eval)");
+  sub->add_option("--batch", a->batch,
+                  "also time N requests with the baseline's options one after another and batched (packed "
+                  "forwards)")
+      ->check(CLI::Range(2, 256));
   sub->add_option("--json", a->json_path, "write the results as JSON");
   sub->add_flag("--profile", a->profile,
                 "time every op (synchronising the device after each) and report the MoE router + expert FFN "

@@ -1,8 +1,12 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
-//   GET  /health, /v1/models
+//   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...}
-// Requests run one at a time (one engine; later requests wait). Besides OpenAI's fields a request may
+// Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
+// thread and shares packed forwards with the others on the one engine thread, up to --batch sequences
+// per forward; a request's result is the same as alone. Requests with a KV cache, SparseD or DES hold
+// engine state across forwards and run one at a time, as every request does with --batch 1. Besides
+// OpenAI's fields a request may
 // set tessera's generation options: steps, block_length, alg, threshold, cache, cfg, top_k, sparse*,
 // des*, window, window_ex, window_in, window_refresh, window_early_stop. A field
 // the server does not know, a value it cannot honour (n > 1, stop, logprobs, penalties), a prompt that
@@ -43,63 +47,21 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string model_id;  // default: the model directory's name
+  int batch = 8;         // sequences per packed forward (1: requests one at a time)
+};
+
+// A response's id and creation time.
+struct Tag {
+  std::string id;
+  int64_t created = 0;
 };
 
 // The stopped-by-client signal of a stream: thrown from the step callback to end generate().
 struct ClientGone {};
 
-// Every generation runs on this one thread, whichever connection thread asked for it: requests are
-// served one at a time, and OpenMP keeps one team (a team per calling thread made steps 2x slower:
-// 580 ms vs 290 ms for 64 tokens of tessera-tiny when httplib's workers took turns).
-class EngineThread {
- public:
-  EngineThread() : thread_([this] { loop(); }) {}
-  ~EngineThread() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  EngineThread(const EngineThread&) = delete;
-  EngineThread& operator=(const EngineThread&) = delete;
-  // Runs `job` there and waits; its exception, if any, is rethrown here.
-  void run(const std::function<void()>& job) {
-    std::packaged_task<void()> task(job);
-    std::future<void> done = task.get_future();
-    {
-      std::lock_guard<std::mutex> l(m_);
-      jobs_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-    done.get();
-  }
-
- private:
-  void loop() {
-    while (true) {
-      std::packaged_task<void()> job;
-      {
-        std::unique_lock<std::mutex> l(m_);
-        cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 class Server {
  public:
-  explicit Server(const ServeArgs& a) : args_(a), session_(a.session) {
+  explicit Server(const ServeArgs& a) : args_(a), session_(a.session), batcher_(session_.engine(), a.batch) {
     model_id_ = a.model_id;
     if (model_id_.empty()) {
       fs::path p = fs::absolute(session_.model_dir()).lexically_normal();
@@ -117,8 +79,15 @@ class Server {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     });
     svr.set_payload_max_length(size_t{16} << 20);
-    svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const BatchStats b = batcher_.stats();
+      const json j = {{"status", "ok"},
+                      {"batch",
+                       {{"max", batcher_.max_batch()},
+                        {"forwards", b.forwards},
+                        {"sequences", b.sequences},
+                        {"largest", b.largest}}}};
+      res.set_content(j.dump(), "application/json");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const json j = {
@@ -164,10 +133,10 @@ class Server {
   }
 
  private:
-  json envelope(bool chat, bool chunk) const {
-    return {{"id", id_},
+  json envelope(const Tag& t, bool chat, bool chunk) const {
+    return {{"id", t.id},
             {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
-            {"created", now_},
+            {"created", t.created},
             {"model", model_id_}};
   }
 
@@ -182,16 +151,13 @@ class Server {
     const std::vector<int32_t>& ids = r.prompt;
     if (!r.stream) {
       Session::Output out;
-      json j;
+      const Tag tag = next_tag();
       try {
-        engine_.run([&] {
-          begin_request();
-          out = session_.run(ids, o, {});
-          j = envelope(chat, false);
-        });
+        out = session_.run(batcher_, ids, o, {});
       } catch (const Error& e) {
         return reply_error(res, {400, "invalid_request_error", e.what()});
       }
+      json j = envelope(tag, chat, false);
       const std::string reason = finish_reason(out, o);
       if (chat) {
         j["choices"] = json::array({{{"index", 0},
@@ -213,24 +179,23 @@ class Server {
     }
     const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, chat, o, ids, include_usage](size_t, httplib::DataSink& sink) {
-          bool ok = true;
-          engine_.run([&] { ok = stream_events(chat, o, ids, include_usage, sink); });
-          return ok;
-        });
+    res.set_chunked_content_provider("text/event-stream",
+                                     [this, chat, o, ids, include_usage](size_t, httplib::DataSink& sink) {
+                                       return stream_events(chat, o, ids, include_usage, sink);
+                                     });
   }
 
-  // One streamed request, on the engine thread; false when the client went away.
+  // One streamed request (its events are written from the thread that runs its unmasking loop); false
+  // when the client went away.
   bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, bool include_usage,
                      httplib::DataSink& sink) {
-    begin_request();
+    const Tag tag = next_tag();
     auto send = [&](const json& j) {
       const std::string ev = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
       if (!sink.write(ev.data(), ev.size())) throw ClientGone{};
     };
     auto delta_event = [&](const std::string& text, const json& reason) {
-      json j = envelope(chat, true);
+      json j = envelope(tag, chat, true);
       if (chat) {
         json d = json::object();
         if (!text.empty()) d["content"] = text;
@@ -242,7 +207,7 @@ class Server {
     };
     try {
       if (chat) {
-        json first = envelope(true, true);
+        json first = envelope(tag, true, true);
         first["choices"] = json::array({{{"index", 0},
                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                                          {"finish_reason", nullptr}}});
@@ -252,7 +217,7 @@ class Server {
       const size_t P = ids.size();
       std::vector<int32_t> prefix;
       const int32_t mask = session_.engine().mask_token();
-      const Session::Output out = session_.run(ids, o, [&](const StepEvent& ev) {
+      const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
         prefix.clear();  // the generation's decided prefix, up to the first mask or EOS
         for (size_t i = P; i < ev.canvas.size() && ev.canvas[i] != mask; ++i) {
           if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
@@ -304,9 +269,8 @@ class Server {
             {"total_tokens", prompt_tokens + completion_tokens}};
   }
 
-  void begin_request() {
-    now_ = static_cast<int64_t>(std::time(nullptr));
-    id_ = "cmpl-tessera-" + std::to_string(++count_);
+  Tag next_tag() {
+    return {"cmpl-tessera-" + std::to_string(++count_), static_cast<int64_t>(std::time(nullptr))};
   }
 
   static void reply_error(httplib::Response& res, const BadRequest& b) {
@@ -318,10 +282,8 @@ class Server {
   Session session_;
   std::string model_id_;
   int64_t created_ = static_cast<int64_t>(std::time(nullptr));
-  int64_t now_ = 0;
-  std::string id_;
   std::atomic<int64_t> count_{0};
-  EngineThread engine_;  // last member: its thread stops first
+  Batcher batcher_;  // last member: its engine thread stops first
 };
 
 }  // namespace
@@ -335,6 +297,9 @@ void add_serve(CLI::App& app, Registry& reg) {
   sub->add_option("--port", a->port, "port (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535));
   sub->add_option("--model-id", a->model_id, "the model's name in the API (default: the directory's name)");
+  sub->add_option("--batch", a->batch,
+                  "most concurrent requests packed into one forward (default 8; 1: one request at a time)")
+      ->check(CLI::Range(1, 256));
   reg.handlers.emplace_back(sub, [a] {
     Server s(*a);
     return s.run();

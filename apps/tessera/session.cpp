@@ -357,14 +357,34 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   if (g.sparse)
     engine_->sparse_begin(canvas,
                           SparseConfig{g.sparse_block, g.sparse_rho, static_cast<int64_t>(prompt.size())});
-  if (engine_->activation_budget() > 0) {
-    if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
-    engine_->check_memory(
-        canvas, engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
-        g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
-  }
+  check_budget(static_cast<int64_t>(prompt.size()), g);
   const auto t0 = std::chrono::steady_clock::now();
   o.result = generate(*engine_, prompt, g, on_step);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.text = tok_->decode(o.result.tokens, true);
+  return o;
+}
+
+void Session::check_budget(int64_t prompt_len, const GenerateOptions& g) {
+  if (engine_->activation_budget() == 0) return;
+  if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
+  engine_->check_memory(
+      canvas_length(prompt_len, g),
+      engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
+      g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
+}
+
+Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                             const std::function<void(const StepEvent&)>& on_step) {
+  Output o;
+  if (b.max_batch() == 1 || !Batcher::batchable(g)) {
+    b.run([&] { o = run(prompt, g, on_step); }, true);
+    return o;
+  }
+  if (engine_->options().memory_budget > 0)
+    b.run([&] { check_budget(static_cast<int64_t>(prompt.size()), g); }, false);
+  const auto t0 = std::chrono::steady_clock::now();
+  o.result = b.generate(prompt, g, on_step);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.text = tok_->decode(o.result.tokens, true);
   return o;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "decode/generate.h"
+#include "engine/batcher.h"
 #include "engine/engine.h"
 #include "io/chat_template.h"
 #include "io/model_files.h"
@@ -65,6 +66,12 @@ class Session {
   // Generates with the options `o` (validated by the caller), calling on_step after every step.
   Output run(const std::vector<int32_t>& prompt, const GenerateOptions& o,
              const std::function<void(const StepEvent&)>& on_step);
+  // The same through a Batcher over this session's engine, from any thread: a batchable request shares
+  // forwards with the others running at the same time (its unmasking loop and on_step run on the calling
+  // thread); any other request, or every request when the batch size is 1, runs alone on the engine
+  // thread (one at a time).
+  Output run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+             const std::function<void(const StepEvent&)>& on_step);
   const Tokenizer& tokenizer() const { return *tok_; }
   Engine& engine() { return *engine_; }
   const Engine& engine() const { return *engine_; }
@@ -76,6 +83,8 @@ class Session {
   int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o) const;
 
  private:
+  // With a memory budget: fails unless the request's largest step fits (run on the engine's thread).
+  void check_budget(int64_t prompt_len, const GenerateOptions& g);
   std::string dir_;
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;

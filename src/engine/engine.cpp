@@ -69,6 +69,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
   keys_.clear();
   targets_.clear();
   cu_q_.push_back(0);
+  seq_rows_.assign(1, 0);
   for (const SeqInput& s : seqs) {
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) fail("forward: an empty sequence");
@@ -94,6 +95,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
       if (mode == OutputMode::LogProb) targets_.push_back(s.targets[j]);
     }
     cu_q_.push_back(static_cast<int32_t>(tokens_.size()));
+    seq_rows_.push_back(static_cast<int64_t>(rows_.size()));
   }
   k_pos_.assign(q_pos_.begin(), q_pos_.end());
   cu_k_.assign(cu_q_.begin(), cu_q_.end());
@@ -116,6 +118,10 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   ctx.backend = backend_.get();
   ctx.base = static_cast<char*>(ws_->base());
   ctx.sample = sp;
+  if (!seq_sp_.empty() && !kv_cache) {
+    ctx.sample_seqs = seq_sp_;
+    ctx.sample_rows = seq_rows_;
+  }
   ctx.dump_dir = opt_.dump_dir;
   if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
   if (kv_cache) {  // State tensors: consecutive slices of the cache buffer, kv_capacity_ rows each
@@ -183,6 +189,14 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
 }
 
 const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shape, bool kv_cache) {
+  size_t floor = 0;
+  const graph::Program* p = try_program(mode, shape, kv_cache, floor);
+  if (p == nullptr) fail_budget(mode, shape, floor);
+  return *p;
+}
+
+const graph::Program* Engine::try_program(OutputMode mode, graph::StepShape shape, bool kv_cache,
+                                          size_t& floor) {
   const PlanKey key{static_cast<int>(mode) + (kv_cache ? 3 : 0), shape.n_query, shape.n_kv, shape.n_logits,
                     shape.n_seqs};
   auto it = plans_.find(key);
@@ -194,7 +208,10 @@ const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shap
     shape.k_logits = opt_.k_logits;
     if (opt_.memory_budget > 0) {  // lazy chunking: the smallest chunk counts whose plan fits
       const memory::ChunkChoice choice = memory::choose_chunks(g, shape, activation_budget(), opt_.fit);
-      if (!choice.fits) fail_budget(mode, shape, choice.floor);
+      if (!choice.fits) {
+        floor = choice.floor;
+        return nullptr;
+      }
       shape.k_ffn = choice.k_ffn;
       shape.k_logits = choice.k_logits;
       c.search_ms = choice.search_ms;
@@ -213,7 +230,20 @@ const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shap
   last_.search_ms = c.search_ms;
   last_.search_plans = c.search_plans;
   max_peak_ = std::max(max_peak_, c.prog.peak);
-  return c.prog;
+  return &c.prog;
+}
+
+bool Engine::packed_step_fits(OutputMode mode, std::span<const SeqInput> seqs) {
+  if (opt_.memory_budget == 0) return true;
+  graph::StepShape s;
+  for (const SeqInput& q : seqs) {
+    s.n_query += static_cast<int64_t>(q.tokens.size());
+    s.n_logits += static_cast<int64_t>(q.positions.size());
+  }
+  s.n_kv = s.n_query;
+  s.n_seqs = static_cast<int64_t>(seqs.size());
+  size_t floor = 0;
+  return try_program(mode, s, false, floor) != nullptr;
 }
 
 ProcessMemory process_memory() {
@@ -320,6 +350,19 @@ void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& 
   const graph::Program& p = run(OutputMode::Sample, seqs, &sp);
   read_output(p, io(OutputMode::Sample).out[0], tokens.data(), tokens.size_bytes());
   read_output(p, io(OutputMode::Sample).out[1], conf.data(), conf.size_bytes());
+}
+
+void Engine::forward_sample(std::span<const SeqInput> seqs, std::span<const SampleParams> sps,
+                            std::span<int32_t> tokens, std::span<float> conf) {
+  if (sps.size() != seqs.size()) fail("forward_sample: one SampleParams per sequence expected");
+  seq_sp_ = sps;
+  try {
+    forward_sample(seqs, sps.empty() ? SampleParams{} : sps[0], tokens, conf);
+  } catch (...) {
+    seq_sp_ = {};
+    throw;
+  }
+  seq_sp_ = {};
 }
 
 void Engine::forward_logits(std::span<const SeqInput> seqs, std::span<float> logits) {

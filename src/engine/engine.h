@@ -92,6 +92,7 @@ class Engine final : public Denoiser {
   ~Engine() override;
 
   const ModelConfig& config() const { return model_->config(); }
+  const EngineOptions& options() const { return opt_; }
   Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
   const Workspace& workspace() const { return *ws_; }
@@ -111,7 +112,12 @@ class Engine final : public Denoiser {
   // positions: n = total positions (tokens/conf/logprob), n * vocab (logits).
   void forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf);
+  // The same with the SampleParams of each sequence (packed requests): sps[s] samples sequence s's rows.
+  void forward_sample(std::span<const SeqInput> seqs, std::span<const SampleParams> sps,
+                      std::span<int32_t> tokens, std::span<float> conf);
   void forward_logits(std::span<const SeqInput> seqs, std::span<float> logits);
+  // Whether the packed forward of `seqs` fits the memory budget (always without one); plans it if so.
+  bool packed_step_fits(OutputMode mode, std::span<const SeqInput> seqs);
   void forward_logprob(std::span<const SeqInput> seqs, std::span<float> logprob);
 
   // Denoiser
@@ -182,6 +188,9 @@ class Engine final : public Denoiser {
   // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
   // come from the lazy chunking optimizer, else from the options. Fills last_.
   const graph::Program& program_for(OutputMode mode, graph::StepShape shape, bool kv_cache = false);
+  // program_for without the failure: nullptr (and the activation floor in `floor`) when even the
+  // fully chunked plan exceeds the budget.
+  const graph::Program* try_program(OutputMode mode, graph::StepShape shape, bool kv_cache, size_t& floor);
   // The hidden row whose logits predict position pos (Dream's shift: pos - 1, row 0 for pos 0).
   int32_t logit_row(int32_t pos) const { return model_->config().logit_shift ? std::max(pos - 1, 0) : pos; }
   // Throws Error for a token id outside the vocabulary.
@@ -219,6 +228,8 @@ class Engine final : public Denoiser {
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_;
+  std::vector<int64_t> seq_rows_;         // the first logit row of each sequence of the step, and the end
+  std::span<const SampleParams> seq_sp_;  // per-sequence sampling of the current forward_sample, if any
   std::vector<int32_t> req_rows_;  // a KV-cache step's requested rows (range_rows); q_pos_: the computed ones
   // KV cache: one backend buffer with every State tensor at kv_capacity_ rows; kv_written_ marks
   // the canvas rows whose K / V it holds for the current request.

@@ -47,6 +47,14 @@ Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const
 
 namespace {
 
+// Rows [lo, hi) of a 2-D view (tensor_view's views are all 2-D).
+Tensor row_range(const Tensor& t, int64_t lo, int64_t hi) {
+  Tensor v = t;
+  v.data = static_cast<char*>(t.data) + static_cast<size_t>(lo) * t.row_bytes();
+  v.shape[0] = hi - lo;
+  return v;
+}
+
 void dump(const graph::GraphTemplate& g, const ExecContext& c, int id, const Tensor& t, int64_t chunk) {
   std::vector<char> host(t.nbytes());
   c.backend->copy_to_host(host.data(), t.data, host.size());
@@ -146,9 +154,25 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       break;
     }
     case OpKind::SampleRows: {
-      TESSERA_CHECK(c.sample != nullptr, "execute: sample_rows needs SampleParams");
-      Tensor tok = out(0), conf = out(1);
-      b.sample_rows(in(0), in(1), *c.sample, tok, conf);
+      Tensor logits = in(0), keys = in(1), tok = out(0), conf = out(1);
+      if (c.sample_seqs.empty()) {
+        TESSERA_CHECK(c.sample != nullptr, "execute: sample_rows needs SampleParams");
+        b.sample_rows(logits, keys, *c.sample, tok, conf);
+        break;
+      }
+      TESSERA_CHECK(c.sample_rows.size() == c.sample_seqs.size() + 1,
+                    "execute: one row range per sequence's SampleParams expected");
+      // This call's logit rows [row0, row0 + n), split at the sequences' boundaries.
+      const int64_t row0 = op.loop >= 0 ? chunk * p.loops[static_cast<size_t>(op.loop)].chunk_rows : 0;
+      const int64_t n = logits.rows();
+      for (size_t s = 0; s < c.sample_seqs.size(); ++s) {
+        const int64_t lo = std::max(c.sample_rows[s], row0) - row0;
+        const int64_t hi = std::min(c.sample_rows[s + 1], row0 + n) - row0;
+        if (lo >= hi) continue;
+        Tensor l = row_range(logits, lo, hi), k = row_range(keys, lo, hi), t = row_range(tok, lo, hi),
+               f = row_range(conf, lo, hi);
+        b.sample_rows(l, k, c.sample_seqs[s], t, f);
+      }
       break;
     }
     case OpKind::TokenLogprob: {

@@ -1,6 +1,7 @@
 // Runs an instantiated, planned program on a backend: every tensor at base + its planned offset,
 // chunk loops executed K times on consecutive row ranges.
 #pragma once
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,11 @@ struct ExecContext {
   Backend* backend = nullptr;
   char* base = nullptr;                  // workspace base (device pointer)
   const SampleParams* sample = nullptr;  // for SampleRows
-  std::string dump_dir;                  // non-empty: dump every op output (debug)
+  // Packed requests that sample with their own parameters: logit rows [sample_rows[s], sample_rows[s + 1])
+  // sample with sample_seqs[s]. Empty: every row samples with `sample`.
+  std::span<const SampleParams> sample_seqs;
+  std::span<const int64_t> sample_rows;
+  std::string dump_dir;  // non-empty: dump every op output (debug)
   // State tensors (KV cache): the device pointer of each, indexed by tensor id (others null).
   const std::vector<char*>* state = nullptr;
   const SparseExec* sparse = nullptr;  // SparseD; null = dense attention

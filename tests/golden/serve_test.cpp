@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -201,6 +202,62 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
             0);
   EXPECT_NE(second.find("cannot listen on 127.0.0.1:" + std::to_string(server.port())), std::string::npos)
       << second;
+}
+
+// Concurrent requests share packed forwards (--batch) and each gets what it gets alone: completions
+// and streams with their own prompts, seeds and samplers, and a KV-cache request (which runs alone).
+TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
+  const auto tmp = test::temp_dir("serve-batch");
+  ServerProcess server("-m " + dir.string() + " --batch 4", tmp);
+  ASSERT_GT(server.port(), 0);
+  std::vector<json> reqs;
+  for (int i = 0; i < 6; ++i) {
+    json r = {{"prompt", "story " + std::to_string(i)}, {"max_tokens", 32}, {"block_length", 8}, {"seed", i}};
+    if (i % 2 == 1) r["temperature"] = 0.8;
+    if (i == 2) r["alg"] = "entropy", r["top_p"] = 0.9;
+    if (i == 3) r["stream"] = true;
+    if (i == 4) r["cache"] = "dual";
+    reqs.push_back(r);
+  }
+  // The text of one request's response (a stream's deltas concatenated).
+  auto text_of = [&](const json& r) {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(60, 0);
+    auto res = c.Post("/v1/completions", r.dump(), "application/json");
+    if (!res || res->status != 200) return std::string("no 200 response: ") + (res ? res->body : "none");
+    if (!r.contains("stream")) return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    std::string t;
+    const auto ev = events(res->body);
+    for (size_t i = 0; i + 1 < ev.size(); ++i)
+      t += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
+    return t;
+  };
+  std::vector<std::string> alone;
+  for (const json& r : reqs) alone.push_back(text_of(r));
+  std::vector<std::string> together(reqs.size());
+  std::vector<std::thread> th;
+  std::atomic<int> ready{0};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    th.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < static_cast<int>(reqs.size())) std::this_thread::yield();
+      together[i] = text_of(reqs[i]);
+    });
+  }
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(together[i], alone[i]) << reqs[i].dump();
+    EXPECT_EQ(alone[i].find("no 200"), std::string::npos) << alone[i];
+  }
+  httplib::Client c("127.0.0.1", server.port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  const json b = json::parse(h->body)["batch"];
+  EXPECT_EQ(b["max"], 4);
+  EXPECT_GT(b["largest"].get<int>(), 1) << h->body;
+  EXPECT_LE(b["largest"].get<int>(), 4) << h->body;
+  EXPECT_GT(b["sequences"].get<int>(), b["forwards"].get<int>()) << h->body;
 }
 
 }  // namespace

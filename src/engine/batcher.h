@@ -1,0 +1,101 @@
+// Batching of concurrent requests. Each request's unmasking loop (generate()) runs on the thread that
+// asked for it, against a proxy Denoiser; the proxies' forwards are gathered by one engine thread,
+// which owns the Engine, and run as packed forwards: one sequence per request, each sampled with its
+// own SampleParams (Engine::forward_sample). Every op of a forward is row-wise or per sequence, so a
+// request's tokens do not depend on what it was packed with (tests/golden/batch_test.cpp checks this
+// against generate() alone).
+//
+// When a forward runs: as soon as every admitted request is waiting for one, or max_batch of them
+// are, or the oldest waiting call has waited `grace` (counted from the end of the last forward at the
+// earliest): a request whose host code is slow, or whose client reads its stream slowly, joins a
+// later forward instead of holding the others. Calls are taken first come, first served. A packed forward
+// that exceeds the memory budget is split in halves.
+//
+// Requests that hold engine state across forwards (a KV cache, Window-Diffusion's phase cache,
+// SparseD patterns, DES) cannot share forwards: they run as exclusive jobs on the engine thread,
+// when no batched request is admitted; requests that arrive meanwhile wait for their admission.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "decode/generate.h"
+#include "engine/engine.h"
+
+namespace tessera {
+
+struct BatchStats {
+  int64_t forwards = 0;   // packed forwards run
+  int64_t sequences = 0;  // sequences in them (sequences / forwards = the mean batch)
+  int64_t largest = 0;    // the most sequences in one forward
+  int64_t splits = 0;     // packed forwards split to fit the memory budget
+};
+
+class Batcher {
+ public:
+  // max_batch >= 1 sequences per forward; grace: how long a waiting call waits for the others.
+  Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace = std::chrono::milliseconds(2));
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Whether a request's forwards can be packed with others' (it holds no engine state across them).
+  static bool batchable(const GenerateOptions& o);
+
+  // generate(prompt, o, on_step) with its forwards packed with those of the other requests running at
+  // the same time (o must be batchable). The unmasking loop and on_step run on the calling thread.
+  // Safe to call from any number of threads.
+  GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& o,
+                          const std::function<void(const StepEvent&)>& on_step = {});
+
+  // Runs `job` on the engine thread and waits (its exception is rethrown here). exclusive: while no
+  // batched request is admitted (requests that hold engine state: their whole generation); otherwise
+  // between two forwards (a memory check before a request is admitted).
+  void run(const std::function<void()>& job, bool exclusive);
+
+  BatchStats stats() const;
+  int max_batch() const { return max_batch_; }
+
+ private:
+  class Proxy;
+  struct Call;
+  struct Job;
+  void loop();
+  bool ready(std::chrono::steady_clock::time_point now) const;
+  // When the oldest pending call stops waiting for others: `grace` after it was posted or after the
+  // last forward ended, whichever is later (the requests that forward served post their next calls
+  // within it, so that requests stay in step instead of alternating in two halves).
+  std::chrono::steady_clock::time_point deadline() const;
+  void run_calls(std::deque<Call*>& calls);
+  void run_group(std::span<Call* const> calls, bool logits);
+  void run_packed(std::span<Call* const> calls, bool logits);
+
+  Engine& engine_;
+  const int max_batch_;
+  const std::chrono::microseconds grace_;
+  const int64_t vocab_;
+  const int32_t mask_;
+  const int initial_block_;  // the engine's attention block at construction (0: not block-causal)
+
+  mutable std::mutex m_;
+  std::condition_variable engine_cv_;   // the engine thread waits here
+  std::condition_variable request_cv_;  // request threads wait here (results, admission, jobs)
+  std::deque<Call*> pending_;           // calls waiting for a forward, oldest first
+  std::deque<Job*> light_, exclusive_;  // jobs waiting for the engine thread
+  int admitted_ = 0;                    // batched requests between admission and their end
+  bool exclusive_running_ = false, stop_ = false;
+  std::chrono::steady_clock::time_point last_forward_end_{};
+  BatchStats stats_;
+  std::vector<int32_t> tokens_;  // the engine thread's output staging
+  std::vector<float> conf_;
+  std::thread thread_;  // last member: starts after everything above is initialised
+};
+
+}  // namespace tessera
