@@ -1,10 +1,15 @@
 // tessera generate / tessera chat
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "apps/tessera/commands.h"
 #include "apps/tessera/session.h"
@@ -71,15 +76,131 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
   return j;
 }
 
+// The prompts of --prompts-file: one per line ('-': standard input); a line that starts with '"' is a
+// JSON string (for prompts with newlines or other escapes); empty lines are skipped.
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path);
+    if (!file) fail("cannot read the prompts file " + path);
+  }
+  std::istream& in = path == "-" ? std::cin : file;
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const std::string where = path + " line " + std::to_string(n);
+    if (line[0] == '"') {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_string()) fail(where + ": a line that starts with '\"' must be one JSON string");
+      line = j.get<std::string>();
+    }
+    check_utf8(line, where.c_str());
+    prompts.push_back(line);
+  }
+  if (prompts.empty()) fail("the prompts file " + path + " holds no prompt");
+  return prompts;
+}
+
+// Every prompt of the file, --batch of them at a time sharing forwards (engine/batcher.h); results are
+// written in the file's order as soon as they and every earlier one are done. A prompt that fails
+// (too long for the context, say) gets its error and the others go on; the exit status is then 1.
+int generate_many(Session& s, const SessionArgs& a, const std::vector<std::string>& prompts, int batch) {
+  Batcher b(s.engine(), batch);
+  const size_t n = prompts.size();
+  std::vector<Session::Output> out(n);
+  std::vector<std::string> err(n);
+  std::vector<size_t> prompt_tokens(n);
+  std::vector<char> done(n, 0);
+  std::atomic<size_t> next{0};
+  std::mutex m;
+  size_t written = 0, tokens = 0, failed = 0;
+  const bool progress = !a.json && !a.no_progress && isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto write_ready = [&] {  // under m
+    for (; written < n && done[written]; ++written) {
+      const size_t i = written;
+      if (!err[i].empty()) {
+        ++failed;
+        if (a.json)
+          std::printf("%s\n", json_line({{"index", i}, {"error", err[i]}}).c_str());
+        else
+          std::fprintf(stderr, "tessera: prompt %zu: %s\n", i + 1, err[i].c_str());
+        continue;
+      }
+      tokens += out[i].result.tokens.size();
+      if (a.json) {
+        nlohmann::json j = result_json(out[i], s, prompt_tokens[i]);
+        j["index"] = i;
+        std::printf("%s\n", json_line(j).c_str());
+      } else {
+        std::printf("%s\n", out[i].text.c_str());
+      }
+    }
+    std::fflush(stdout);
+    if (progress) std::fprintf(stderr, "\r[%zu / %zu prompts]", written, n);
+  };
+  auto worker = [&] {
+    for (size_t i; (i = next++) < n;) {
+      try {
+        const bool use_chat = a.chat || (!a.raw && s.has_chat_template() && !prompts[i].empty());
+        const auto ids = s.prompt_ids({{"user", prompts[i]}}, use_chat);
+        prompt_tokens[i] = ids.size();
+        out[i] = s.run(b, ids, s.options(), {});
+      } catch (const Error& e) {
+        err[i] = e.what();
+      }
+      std::lock_guard<std::mutex> l(m);
+      done[i] = 1;
+      write_ready();
+    }
+  };
+  std::vector<std::thread> th;
+  for (size_t t = 0; t < std::min(n, static_cast<size_t>(batch)); ++t) th.emplace_back(worker);
+  for (auto& t : th) t.join();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const BatchStats st = b.stats();
+  if (progress) std::fprintf(stderr, "\r");
+  if (!a.json) {
+    char per[64] = "";
+    if (st.forwards > 0)
+      std::snprintf(per, sizeof per, " · %.2f sequences per forward",
+                    static_cast<double>(st.sequences) / static_cast<double>(st.forwards));
+    std::fprintf(stderr, "[%zu prompts%s · %zu tokens in %.2f s · %.1f tokens/s%s]\n", n,
+                 failed > 0 ? (", " + std::to_string(failed) + " failed").c_str() : "", tokens, sec,
+                 sec > 0 ? static_cast<double>(tokens) / sec : 0.0, per);
+  }
+  return failed > 0 ? 1 : 0;
+}
+
 }  // namespace
 
 void add_generate(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("generate", "Generate text from a prompt");
   auto a = std::make_shared<SessionArgs>();
   auto prompt = std::make_shared<std::string>();
-  sub->add_option("-p,--prompt", *prompt, "prompt text")->required();
+  auto prompts_file = std::make_shared<std::string>();
+  auto batch = std::make_shared<int>(8);
+  auto* p_opt = sub->add_option("-p,--prompt", *prompt, "prompt text");
+  auto* f_opt =
+      sub->add_option("--prompts-file", *prompts_file,
+                      "generate for every prompt of a file, one per line ('-': standard input; a line "
+                      "starting with '\"' is a JSON string), in batches; results in the file's order");
+  p_opt->excludes(f_opt);
+  sub->add_option(
+         "--batch", *batch,
+         "with --prompts-file: prompts generated at the same time, sharing packed forwards (default 8)")
+      ->check(CLI::Range(1, 256));
   add_session_options(sub, *a);
-  reg.handlers.emplace_back(sub, [a, prompt] {
+  reg.handlers.emplace_back(sub, [a, prompt, prompts_file, batch, p_opt, f_opt] {
+    if (p_opt->count() == 0 && f_opt->count() == 0)
+      fail("give a prompt (-p TEXT) or a prompts file (--prompts-file)");
+    if (f_opt->count() > 0) {
+      const auto prompts = read_prompts(*prompts_file);
+      Session s(*a);
+      return generate_many(s, *a, prompts, *batch);
+    }
     check_utf8(*prompt, "the prompt");
     Session s(*a);
     const bool use_chat = a->chat || (!a->raw && s.has_chat_template() && !prompt->empty());

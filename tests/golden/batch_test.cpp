@@ -9,6 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -247,6 +250,68 @@ TEST(Batch, AFailingRequestFailsAloneAndExclusiveJobsInterleave) {
   excl.join();
   expect_same({cached_got}, {cached_want});
   test::expect_error([&] { b.generate(cached.prompt, cached.o); }, "cannot be batched");
+}
+
+// tessera generate --prompts-file: every prompt of the file in batches, results in the file's order,
+// each equal to `tessera generate -p` of that prompt; a prompt that fails gets its error, the others
+// their text, and the exit status says so.
+TEST(Batch, GenerateCommandTakesAFileOfPrompts) {
+  const auto tmp = test::temp_dir("prompts-file");
+  const std::string model = (test::source_dir() / "models" / "tessera-tiny").string();
+  const std::string opts =
+      " -m " + model + " --raw --gen-length 16 --block-length 8 --steps 8 --temperature 0.5";
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat\nsat", std::string(3000, 'a'), "Hi"};
+  {
+    std::ofstream f(tmp / "p.txt");
+    f << prompts[0] << "\n\n\"The cat\\nsat\"\n" << prompts[2] << "\r\n" << prompts[3] << "\n";
+  }
+  std::string out;
+  EXPECT_EQ(test::run_command(std::string(TESSERA_BINARY) + " generate --prompts-file " +
+                                  (tmp / "p.txt").string() + opts + " --batch 3 --json",
+                              &out),
+            1)
+      << out;
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), prompts.size()) << out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(lines[i]["index"], i);
+    if (i == 2) {
+      EXPECT_NE(lines[i]["error"].get<std::string>().find("exceeds the model's context"), std::string::npos)
+          << lines[i].dump();
+      continue;
+    }
+    std::ofstream(tmp / "one.txt") << nlohmann::json(prompts[i]).dump() << "\n";
+    std::string alone;
+    ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + " generate --prompts-file " +
+                                    (tmp / "one.txt").string() + opts + " --json",
+                                &alone),
+              0)
+        << alone;
+    const auto want = nlohmann::json::parse(alone);
+    EXPECT_EQ(lines[i]["text"], want["text"]) << prompts[i];
+    EXPECT_EQ(lines[i]["tokens"], want["tokens"]) << prompts[i];
+    if (i == 0) {  // and -p gives the same
+      ASSERT_EQ(
+          test::run_command(
+              std::string(TESSERA_BINARY) + " generate -p '" + prompts[i] + "'" + opts + " --json", &alone),
+          0);
+      EXPECT_EQ(nlohmann::json::parse(alone)["tokens"], want["tokens"]);
+    }
+  }
+  test::expect_command_error(std::string(TESSERA_BINARY) + " generate" + opts, "give a prompt");
+  test::expect_command_error(
+      std::string(TESSERA_BINARY) + " generate --prompts-file " + (tmp / "none").string(),
+      "cannot read the prompts file");
+  std::ofstream(tmp / "bad.txt") << "\"unterminated\n";
+  test::expect_command_error(
+      std::string(TESSERA_BINARY) + " generate --prompts-file " + (tmp / "bad.txt").string(),
+      "line 1: a line that starts with '\"' must be one JSON string");
+  std::ofstream(tmp / "empty.txt") << "\n\n";
+  test::expect_command_error(
+      std::string(TESSERA_BINARY) + " generate --prompts-file " + (tmp / "empty.txt").string(),
+      "holds no prompt");
 }
 
 }  // namespace
