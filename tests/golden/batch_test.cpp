@@ -138,6 +138,53 @@ std::vector<Request> mixed_requests(int64_t vocab, int32_t eos) {
   return qs;
 }
 
+// Engine::forward_sample with one SampleParams per sequence: each sequence's rows sample as that
+// sequence alone does, also when the logits loop is chunked across the sequences' boundaries.
+TEST(Batch, PackedSamplingUsesEachSequencesParameters) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  for (int64_t k_logits : {1, 3, 7}) {
+    auto e = Engine::load(dir, EngineOptions{.k_logits = k_logits});
+    const int64_t V = e->vocab_size();
+    std::vector<std::vector<int32_t>> canvases, positions;
+    std::vector<SampleParams> sps(3);
+    for (int s = 0; s < 3; ++s) {
+      canvases.push_back(
+          test::random_canvas(20 + 13 * s, V, 50 + static_cast<uint64_t>(s), e->mask_token(), 0.6));
+      std::vector<int32_t> pos;
+      for (int32_t i = 0; i < static_cast<int32_t>(canvases.back().size()); ++i)
+        if (canvases.back()[static_cast<size_t>(i)] == e->mask_token()) pos.push_back(i);
+      positions.push_back(pos);
+    }
+    sps[0].temperature = 0.0f;
+    sps[1].temperature = 0.9f, sps[1].gumbel = true, sps[1].seed = 77;
+    sps[2].temperature = 0.7f, sps[2].top_p = 0.8f, sps[2].conf = ConfKind::NegEntropy, sps[2].seed = 78;
+    std::vector<int32_t> want_tok;
+    std::vector<float> want_conf;
+    std::vector<SeqInput> seqs;
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int32_t> tok(positions[static_cast<size_t>(s)].size());
+      std::vector<float> conf(tok.size());
+      e->predict(canvases[static_cast<size_t>(s)], positions[static_cast<size_t>(s)],
+                 sps[static_cast<size_t>(s)], tok, conf);
+      want_tok.insert(want_tok.end(), tok.begin(), tok.end());
+      want_conf.insert(want_conf.end(), conf.begin(), conf.end());
+      seqs.push_back({canvases[static_cast<size_t>(s)], positions[static_cast<size_t>(s)]});
+    }
+    std::vector<int32_t> tok(want_tok.size());
+    std::vector<float> conf(tok.size());
+    e->forward_sample(seqs, sps, tok, conf);
+    EXPECT_EQ(tok, want_tok) << "k_logits " << k_logits;
+    EXPECT_EQ(conf, want_conf) << "k_logits " << k_logits;
+    EXPECT_EQ(e->last_step().shape.k_logits, k_logits);
+    // One SampleParams for all (the first): the other sequences' rows then differ.
+    e->forward_sample(seqs, sps[0], tok, conf);
+    EXPECT_NE(tok, want_tok);
+    test::expect_error(
+        [&] { e->forward_sample(seqs, std::span<const SampleParams>(sps).first(2), tok, conf); },
+        "one SampleParams per sequence");
+  }
+}
+
 TEST(Batch, PackedRequestsEqualTheirSoloGenerations) {
   const auto dir = test::source_dir() / "models" / "tessera-tiny";
   auto e = Engine::load(dir);
