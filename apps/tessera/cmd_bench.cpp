@@ -266,11 +266,12 @@ int run_bench(const BenchArgs& a) {
   }
   json batch_json = nullptr;
   if (a.batch >= 2) {
-    TESSERA_CHECK(Batcher::batchable(base),
+    GenerateOptions bo = base;
+    bo.moe_stats = false;  // the unique-expert counts are engine state: not with batching
+    TESSERA_CHECK(Batcher::batchable(bo),
                   "--batch: the baseline's options hold engine state across forwards (a KV cache); "
                   "requests with them run one at a time");
-    base.moe_stats = false;  // DES state is per engine: not batchable
-    const BatchRow br = measure_batch(*base_engine, prompts, base, a.reps);
+    const BatchRow br = measure_batch(*base_engine, prompts, bo, a.reps);
     const double tokens = static_cast<double>(a.batch) * a.gen_length;
     const double mean = br.stats.forwards > 0
                             ? static_cast<double>(br.stats.sequences) / static_cast<double>(br.stats.forwards)
