@@ -131,7 +131,8 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
       }
       tokens += out[i].result.tokens.size();
       if (a.json) {
-        nlohmann::json j = result_json(out[i], s, prompt_tokens[i]);
+        nlohmann::json j;  // read the engine's counters on its own thread, between two forwards
+        b.run([&] { j = result_json(out[i], s, prompt_tokens[i]); }, false);
         j["index"] = i;
         std::printf("%s\n", json_line(j).c_str());
       } else {
