@@ -157,17 +157,14 @@ int run_bench(const BenchArgs& a) {
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
   TESSERA_CHECK(a.batch == 0 || a.batch >= 2, "--batch needs at least 2 requests");
-  // --batch: prompt r of the batch (r = 0 is the benchmark's prompt).
+  // --batch: prompt r of the batch (r = 0 is the benchmark's prompt; with -p every request has it).
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(std::max(a.batch, 1)));
-  for (size_t r = 0; r < prompts.size(); ++r) {
-    if (!a.prompt.empty()) {
-      TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
-      const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-      if (r == 0)
-        prompts[r] = load_model_tokenizer(dir).encode(a.prompt);
-      else
-        prompts[r] = prompts[0];
-    } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
+  if (!a.prompt.empty()) {
+    TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
+    const std::string dir = a.model.empty() ? default_model_dir() : a.model;
+    std::fill(prompts.begin(), prompts.end(), load_model_tokenizer(dir).encode(a.prompt));
+  } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
+    for (size_t r = 0; r < prompts.size(); ++r) {
       for (int i = 0; i < a.prompt_len; ++i)
         prompts[r].push_back(
             static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 77 + 1000003 * r) %

@@ -347,7 +347,6 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
 
 Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateOptions& g,
                              const std::function<void(const StepEvent&)>& on_step) {
-  Output o;
   // A memory budget is checked on the request's largest step (the whole canvas, a full block of
   // masked positions) before the first forward.
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
@@ -358,8 +357,13 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
     engine_->sparse_begin(canvas,
                           SparseConfig{g.sparse_block, g.sparse_rho, static_cast<int64_t>(prompt.size())});
   check_budget(static_cast<int64_t>(prompt.size()), g);
+  return timed([&] { return generate(*engine_, prompt, g, on_step); });
+}
+
+Session::Output Session::timed(const std::function<GenerateResult()>& gen) const {
+  Output o;
   const auto t0 = std::chrono::steady_clock::now();
-  o.result = generate(*engine_, prompt, g, on_step);
+  o.result = gen();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.text = tok_->decode(o.result.tokens, true);
   return o;
@@ -383,11 +387,7 @@ Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, con
   }
   if (engine_->options().memory_budget > 0)
     b.run([&] { check_budget(static_cast<int64_t>(prompt.size()), g); }, false);
-  const auto t0 = std::chrono::steady_clock::now();
-  o.result = b.generate(prompt, g, on_step);
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  o.text = tok_->decode(o.result.tokens, true);
-  return o;
+  return timed([&] { return b.generate(prompt, g, on_step); });
 }
 
 }  // namespace tessera::cli

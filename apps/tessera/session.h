@@ -85,6 +85,8 @@ class Session {
  private:
   // With a memory budget: fails unless the request's largest step fits (run on the engine's thread).
   void check_budget(int64_t prompt_len, const GenerateOptions& g);
+  // Runs a generation, timed, and decodes its tokens.
+  Output timed(const std::function<GenerateResult()>& gen) const;
   std::string dir_;
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
