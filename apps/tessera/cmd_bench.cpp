@@ -266,8 +266,8 @@ int run_bench(const BenchArgs& a) {
     GenerateOptions bo = base;
     bo.moe_stats = false;  // the unique-expert counts are engine state: not with batching
     TESSERA_CHECK(Batcher::batchable(bo),
-                  "--batch: the baseline's options hold engine state across forwards (a KV cache); "
-                  "requests with them run one at a time");
+                  "--batch: the baseline's options hold engine state across forwards (SparseD patterns or "
+                  "DES); requests with them run one at a time");
     const BatchRow br = measure_batch(*base_engine, prompts, bo, a.reps);
     const double tokens = static_cast<double>(a.batch) * a.gen_length;
     const double mean = br.stats.forwards > 0

@@ -4,9 +4,10 @@
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...}
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
 // thread and shares packed forwards with the others on the one engine thread, up to --batch sequences
-// per forward; a request's result is the same as alone. Requests with a KV cache, SparseD or DES hold
-// engine state across forwards and run one at a time, as every request does with --batch 1. Besides
-// OpenAI's fields a request may
+// per forward; a request's result is the same as alone. A request with a KV cache holds its own slot
+// of the engine's cache pool and is batched too; requests with SparseD or DES hold other engine state
+// across forwards and run one at a time, as every request does with --batch 1. Besides OpenAI's
+// fields a request may
 // set tessera's generation options: steps, block_length, alg, threshold, cache, cfg, top_k, sparse*,
 // des*, window, window_ex, window_in, window_refresh, window_early_stop. A field
 // the server does not know, a value it cannot honour (n > 1, stop, logprobs, penalties), a prompt that

@@ -375,7 +375,7 @@ void Session::check_budget(int64_t prompt_len, const GenerateOptions& g) {
   engine_->check_memory(
       canvas_length(prompt_len, g),
       engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
-      g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample);
+      g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample, holds_kv_cache(g));
 }
 
 Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
@@ -385,9 +385,10 @@ Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, con
     b.run([&] { o = run(prompt, g, on_step); }, true);
     return o;
   }
+  std::function<void()> check;  // on the engine thread, after the request's KV cache is opened
   if (engine_->options().memory_budget > 0)
-    b.run([&] { check_budget(static_cast<int64_t>(prompt.size()), g); }, false);
-  return timed([&] { return b.generate(prompt, g, on_step); });
+    check = [&] { check_budget(static_cast<int64_t>(prompt.size()), g); };
+  return timed([&] { return b.generate(prompt, g, on_step, check); });
 }
 
 }  // namespace tessera::cli

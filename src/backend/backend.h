@@ -178,6 +178,8 @@ class Backend {
   virtual void free_weights(void* p) = 0;
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Device memory to device memory (the KV cache pool when it grows).
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
 
   // --- ops (all outputs are written completely; none allocates memory) ----------------------
@@ -258,6 +260,9 @@ class Backend {
   virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
   // dst = src converted elementwise (same element count; f32 <-> bf16, or a copy for equal dtypes).
   virtual void convert(const Tensor& src, Tensor& dst) = 0;
+  // KV cache reads: dst[i, :] = src[rows[i], :] for every i < dst.rows(), converted to dst's dtype (src
+  // f32 or bf16, dst f32, or equal dtypes: a copy). rows (i32) must lie in [0, src.rows()).
+  virtual void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
 
   // Optional capabilities.
   // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.

@@ -13,7 +13,9 @@ using Clock = std::chrono::steady_clock;
 struct Batcher::Call {
   bool logits = false;
   int block = 0;  // the request's attention block (block-causal models)
+  int slot = -1;  // a KV-cache step: the request's slot of the engine's cache pool (else -1)
   std::span<const int32_t> canvas, positions;
+  std::span<const int32_t> rows;  // a KV-cache step: the canvas rows computed
   SampleParams sp;
   std::span<int32_t> tokens;
   std::span<float> conf, out;
@@ -35,10 +37,11 @@ struct Batcher::Job {
   }
 };
 
-// The Denoiser a batched request's generate() sees: its forwards are posted to the engine thread.
+// The Denoiser a batched request's generate() sees: its forwards are posted to the engine thread. A
+// request with a KV cache holds a slot of the engine's cache pool, opened by Batcher::generate.
 class Batcher::Proxy final : public Denoiser {
  public:
-  explicit Proxy(Batcher& b) : b_(b), block_(b.initial_block_) {}
+  Proxy(Batcher& b, int slot) : b_(b), block_(b.initial_block_), slot_(slot) {}
   int64_t vocab_size() const override { return b_.vocab_; }
   int32_t mask_token() const override { return b_.mask_; }
   int attention_block() const override { return block_; }
@@ -66,6 +69,36 @@ class Batcher::Proxy final : public Denoiser {
     c.out = out;
     post(c);
   }
+  bool supports_kv_cache() const override { return slot_ >= 0; }
+  void kv_cache_reset(int64_t capacity) override {
+    if (slot_ < 0) fail("internal error: a batched request without a KV cache slot uses the cache");
+    b_.run([&] { b_.engine_.kv_reset(slot_, capacity); }, false);
+  }
+  void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
+                      std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                      std::span<float> conf) override {
+    const auto n = static_cast<int64_t>(canvas.size());
+    TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
+                  "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
+                      ") are not a non-empty range of the canvas of " + std::to_string(n));
+    range_.resize(static_cast<size_t>(q_hi - q_lo));
+    for (int64_t r = q_lo; r < q_hi; ++r) range_[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
+    predict_rows(canvas, range_, positions, sp, tokens, conf);
+  }
+  void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                    std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
+                    std::span<float> conf) override {
+    if (slot_ < 0) fail("internal error: a batched request without a KV cache slot uses the cache");
+    Call c;
+    c.slot = slot_;
+    c.canvas = canvas;
+    c.rows = rows;
+    c.positions = positions;
+    c.sp = sp;
+    c.tokens = tokens;
+    c.conf = conf;
+    post(c);
+  }
 
  private:
   void post(Call& c) {
@@ -79,6 +112,8 @@ class Batcher::Proxy final : public Denoiser {
   }
   Batcher& b_;
   int block_;
+  const int slot_;
+  std::vector<int32_t> range_;  // predict_cached's rows
 };
 
 Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
@@ -102,7 +137,7 @@ Batcher::~Batcher() {
 }
 
 bool Batcher::batchable(const GenerateOptions& o) {
-  return !holds_kv_cache(o) && !o.sparse && o.des == "off" && !o.moe_stats;
+  return !o.sparse && o.des == "off" && !o.moe_stats;
 }
 
 BatchStats Batcher::stats() const {
@@ -111,10 +146,10 @@ BatchStats Batcher::stats() const {
 }
 
 GenerateResult Batcher::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                                 const std::function<void(const StepEvent&)>& on_step) {
-  if (!batchable(o)) {
-    fail("internal error: a request that holds a KV cache, SparseD patterns or DES state cannot be batched");
-  }
+                                 const std::function<void(const StepEvent&)>& on_step,
+                                 const std::function<void()>& check) {
+  if (!batchable(o))
+    fail("internal error: a request that holds SparseD patterns or DES state cannot be batched");
   {
     std::unique_lock<std::mutex> l(m_);
     request_cv_.wait(l, [&] { return exclusive_.empty() && !exclusive_running_; });
@@ -122,16 +157,72 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
   }
   struct Leave {
     Batcher& b;
+    int slot = -1;
     ~Leave() {
+      if (slot >= 0) {
+        try {
+          b.run([&] { b.engine_.kv_close(slot); }, false);
+        } catch (...) {  // (kv_close does not throw)
+        }
+      }
       {
         std::lock_guard<std::mutex> l(b.m_);
         --b.admitted_;
+        if (slot >= 0) ++b.kv_released_;
       }
       b.engine_cv_.notify_one();
+      b.request_cv_.notify_all();
     }
   } leave{*this};
-  Proxy p(*this);
+  if (holds_kv_cache(o)) {
+    const int64_t capacity = canvas_length(static_cast<int64_t>(prompt.size()), o, initial_block_ > 0);
+    leave.slot = admit_cache(capacity, check);
+  } else if (check) {
+    run(check, false);
+  }
+  Proxy p(*this, leave.slot);
   return tessera::generate(p, prompt, o, on_step);
+}
+
+int Batcher::admit_cache(int64_t capacity, const std::function<void()>& check) {
+  while (true) {
+    int slot = -1;
+    bool wait = false;
+    uint64_t released = 0;
+    run(
+        [&] {
+          {
+            std::lock_guard<std::mutex> l(m_);
+            released = kv_released_;
+          }
+          // Slot 0 is the engine's own: an exclusive request's cache, stale while batched requests run.
+          engine_.kv_close(0);
+          const bool alone = engine_.kv_slots_open() == 0;
+          if (!alone && !engine_.kv_fits(capacity)) {
+            wait = true;
+            return;
+          }
+          slot = engine_.kv_open(capacity);  // alone: the budget error if it can never fit
+          if (!check) return;
+          try {
+            check();
+          } catch (...) {
+            engine_.kv_close(slot);
+            slot = -1;
+            if (alone) throw;
+            wait = true;
+          }
+        },
+        false);
+    if (!wait) return slot;
+    // Not now, but alone it would: wait until another request gives its cache back.
+    std::unique_lock<std::mutex> l(m_);
+    ++waiting_;
+    ++stats_.cache_waits;
+    engine_cv_.notify_one();
+    request_cv_.wait(l, [&] { return kv_released_ != released; });
+    --waiting_;
+  }
 }
 
 void Batcher::run(const std::function<void()>& job, bool exclusive) {
@@ -146,7 +237,7 @@ void Batcher::run(const std::function<void()>& job, bool exclusive) {
 bool Batcher::ready(Clock::time_point now) const {
   if (pending_.empty()) return false;
   const auto n = static_cast<int>(pending_.size());
-  return n >= admitted_ || n >= max_batch_ || now >= deadline();
+  return n >= admitted_ - waiting_ || n >= max_batch_ || now >= deadline();
 }
 
 Clock::time_point Batcher::deadline() const {
@@ -204,7 +295,8 @@ void Batcher::run_calls(std::deque<Call*>& calls) {
     if (taken[i]) continue;
     group.clear();
     for (size_t j = i; j < calls.size(); ++j) {
-      if (!taken[j] && calls[j]->logits == calls[i]->logits && calls[j]->block == calls[i]->block) {
+      if (!taken[j] && calls[j]->logits == calls[i]->logits && calls[j]->block == calls[i]->block &&
+          (calls[j]->slot >= 0) == (calls[i]->slot >= 0)) {
         group.push_back(calls[j]);
         taken[j] = true;
       }
@@ -224,11 +316,18 @@ void Batcher::run_calls(std::deque<Call*>& calls) {
 // when the packed forward fails (so that an error reaches only the request that caused it).
 void Batcher::run_group(std::span<Call* const> calls, bool logits) {
   if (calls.size() > 1) {
-    std::vector<SeqInput> seqs;
-    for (const Call* c : calls) seqs.push_back({c->canvas, c->positions});
+    const OutputMode mode = logits ? OutputMode::Logits : OutputMode::Sample;
     bool fits = true;
     try {
-      fits = engine_.packed_step_fits(logits ? OutputMode::Logits : OutputMode::Sample, seqs);
+      if (calls[0]->slot >= 0) {
+        std::vector<Engine::CachedSeq> seqs;
+        for (const Call* c : calls) seqs.push_back({c->slot, c->canvas, c->rows, c->positions});
+        fits = engine_.packed_cached_fits(mode, seqs);
+      } else {
+        std::vector<SeqInput> seqs;
+        for (const Call* c : calls) seqs.push_back({c->canvas, c->positions});
+        fits = engine_.packed_step_fits(mode, seqs);
+      }
     } catch (...) {
       fits = false;
     }
@@ -262,14 +361,19 @@ void Batcher::run_group(std::span<Call* const> calls, bool logits) {
 
 void Batcher::run_packed(std::span<Call* const> calls, bool logits) {
   std::vector<SeqInput> seqs;
+  std::vector<Engine::CachedSeq> cached;
   std::vector<SampleParams> sps;
   size_t n = 0;
   for (const Call* c : calls) {
-    seqs.push_back({c->canvas, c->positions});
+    if (c->slot >= 0)
+      cached.push_back({c->slot, c->canvas, c->rows, c->positions});
+    else
+      seqs.push_back({c->canvas, c->positions});
     sps.push_back(c->sp);
     n += c->positions.size();
   }
   if (logits) {
+    if (!cached.empty()) fail("internal error: no logits of KV-cache steps");
     const auto V = static_cast<size_t>(vocab_);
     for (const Call* c : calls)
       if (c->out.size() != c->positions.size() * V)
@@ -292,7 +396,10 @@ void Batcher::run_packed(std::span<Call* const> calls, bool logits) {
     }
     tokens_.resize(n);
     conf_.resize(n);
-    engine_.forward_sample(seqs, sps, tokens_, conf_);
+    if (!cached.empty())
+      engine_.forward_cached(cached, sps, tokens_, conf_);
+    else
+      engine_.forward_sample(seqs, sps, tokens_, conf_);
     size_t off = 0;
     for (Call* c : calls) {
       const size_t k = c->positions.size();
@@ -305,6 +412,10 @@ void Batcher::run_packed(std::span<Call* const> calls, bool logits) {
   ++stats_.forwards;
   stats_.sequences += static_cast<int64_t>(calls.size());
   stats_.largest = std::max(stats_.largest, static_cast<int64_t>(calls.size()));
+  if (!cached.empty()) {
+    ++stats_.cached_forwards;
+    stats_.cached_sequences += static_cast<int64_t>(calls.size());
+  }
 }
 
 }  // namespace tessera

@@ -11,9 +11,15 @@
 // later forward instead of holding the others. Calls are taken first come, first served. A packed forward
 // that exceeds the memory budget is split in halves.
 //
-// Requests that hold engine state across forwards (a KV cache, Window-Diffusion's phase cache,
-// SparseD patterns, DES) cannot share forwards: they run as exclusive jobs on the engine thread,
-// when no batched request is admitted; requests that arrive meanwhile wait for their admission.
+// A request with a KV cache (prefix / dual, Window-Diffusion's phase cache) holds a slot of the
+// engine's cache pool from its admission to its end; its cached steps are packed with the other
+// requests' cached steps (each sequence reads its keys from its own slot). Under a memory budget a
+// request whose cache (and largest step) would fit alone but not beside the caches held now waits
+// for one to be given back; one that cannot fit even alone fails with the budget error.
+//
+// Requests that hold other engine state across forwards (SparseD patterns, DES) cannot share
+// forwards: they run as exclusive jobs on the engine thread, when no batched request is admitted;
+// requests that arrive meanwhile wait for their admission.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +42,8 @@ struct BatchStats {
   int64_t sequences = 0;  // sequences in them (sequences / forwards = the mean batch)
   int64_t largest = 0;    // the most sequences in one forward
   int64_t splits = 0;     // packed forwards split to fit the memory budget
+  int64_t cached_forwards = 0, cached_sequences = 0;  // those of them that were KV-cache steps
+  int64_t cache_waits = 0;  // times a request waited for another to give its KV cache back
 };
 
 class Batcher {
@@ -46,14 +54,16 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Whether a request's forwards can be packed with others' (it holds no engine state across them).
+  // Whether a request's forwards can be packed with others' (no SparseD patterns or DES state).
   static bool batchable(const GenerateOptions& o);
 
   // generate(prompt, o, on_step) with its forwards packed with those of the other requests running at
   // the same time (o must be batchable). The unmasking loop and on_step run on the calling thread.
-  // Safe to call from any number of threads.
+  // check (optional) runs on the engine thread before the first forward, after the request's KV cache
+  // is opened (a memory budget check of its largest step). Safe to call from any number of threads.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                          const std::function<void(const StepEvent&)>& on_step = {});
+                          const std::function<void(const StepEvent&)>& on_step = {},
+                          const std::function<void()>& check = {});
 
   // Runs `job` on the engine thread and waits (its exception is rethrown here). exclusive: while no
   // batched request is admitted (requests that hold engine state: their whole generation); otherwise
@@ -68,6 +78,9 @@ class Batcher {
   struct Call;
   struct Job;
   void loop();
+  // Opens a KV cache slot of `capacity` rows for an admitted request and runs `check`; waits while
+  // they fit the memory budget alone but not beside the slots held now.
+  int admit_cache(int64_t capacity, const std::function<void()>& check);
   bool ready(std::chrono::steady_clock::time_point now) const;
   // When the oldest pending call stops waiting for others: `grace` after it was posted or after the
   // last forward ended, whichever is later (the requests that forward served post their next calls
@@ -90,6 +103,8 @@ class Batcher {
   std::deque<Call*> pending_;           // calls waiting for a forward, oldest first
   std::deque<Job*> light_, exclusive_;  // jobs waiting for the engine thread
   int admitted_ = 0;                    // batched requests between admission and their end
+  int waiting_ = 0;                     // admitted requests waiting for cache memory (no calls)
+  uint64_t kv_released_ = 0;            // KV cache slots given back so far
   bool exclusive_running_ = false, stop_ = false;
   std::chrono::steady_clock::time_point last_forward_end_{};
   BatchStats stats_;

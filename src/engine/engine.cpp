@@ -118,23 +118,24 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   ctx.backend = backend_.get();
   ctx.base = static_cast<char*>(ws_->base());
   ctx.sample = sp;
-  if (!seq_sp_.empty() && !kv_cache) {
+  if (!seq_sp_.empty()) {
     ctx.sample_seqs = seq_sp_;
     ctx.sample_rows = seq_rows_;
   }
   ctx.dump_dir = opt_.dump_dir;
   if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
-  if (kv_cache) {  // State tensors: consecutive slices of the cache buffer, kv_capacity_ rows each
+  if (kv_cache) {  // State tensors: consecutive slices of the pool, kv_pool_rows_ rows each
     state_ptrs_.assign(g.tensors().size(), nullptr);
     size_t off = 0;
     for (size_t i = 0; i < g.tensors().size(); ++i) {
       const graph::TensorDecl& d = g.tensors()[i];
       if (d.kind != graph::TensorKind::State) continue;
       state_ptrs_[i] = static_cast<char*>(kv_buf_) + off;
-      off += static_cast<size_t>(kv_capacity_ * d.rows_mul * d.cols) * dtype_size(d.dtype);
+      off += static_cast<size_t>(kv_pool_rows_ * d.rows_mul * d.cols) * dtype_size(d.dtype);
     }
     TESSERA_CHECK(off <= kv_bytes_, "engine: internal error, the KV cache layout exceeds its buffer");
     ctx.state = &state_ptrs_;
+    ctx.state_rows = kv_pool_rows_;
   }
   const bool sparse = sparse_on_ && sparse_phase_ != SparsePhase::Dense;
   if (sparse) {
@@ -166,6 +167,10 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   stage(ids.rows, rows_);
   stage(ids.keys, keys_);
   stage(ids.target, targets_);
+  if (kv_cache) {
+    stage(ids.cache_rows, cache_rows_);
+    stage(ids.kv_rows, kv_rows_);
+  }
   execute(g, prog, ctx);
   if (sparse && sparse_exec_.select) sparse_ready_ = true;
   if (des_on_) {  // unique experts of this forward, per MoE layer
@@ -284,18 +289,18 @@ void Engine::check_weights_fit() const {
        "): no context fits; the budget counts the weights plus the planned activations");
 }
 
-void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode) {
+void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode, bool kv_cache) {
   graph::StepShape s;
   s.n_query = s.n_kv = n_tokens;
   s.n_logits = std::min(n_logits, n_tokens);
-  program_for(mode, s);
+  program_for(mode, s, kv_cache);
 }
 
 void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor) {
   const double ratio =
       shape.n_query > 0 ? static_cast<double>(shape.n_logits) / static_cast<double>(shape.n_query) : 0;
   // A KV cache and SparseD patterns held for the request grow with the context too.
-  const size_t per_token = kv_capacity_ > 0 ? kv_bytes_ / static_cast<size_t>(kv_capacity_) : 0;
+  const size_t per_token = kv_bytes_ > 0 ? kv_row_bytes_ : 0;
   const int64_t sparse_block = sparse_on_ ? sparse_exec_.p.block : 0;
   const size_t budget =
       activation_budget() + (per_token > 0 ? kv_bytes_ : 0) + (sparse_on_ ? sparse_bytes_ : 0);
@@ -330,6 +335,10 @@ const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
     r.rows = g.find("logit_rows");
     r.keys = g.find("row_keys");
     r.target = g.find("target");
+    if (kv_cache) {
+      r.cache_rows = g.find("cache_rows");
+      r.kv_rows = g.find("kv_rows");
+    }
     const char* outs[3][2] = {{"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}};
     for (int i = 0; i < 2; ++i) r.out[i] = outs[m][i] != nullptr ? g.find(outs[m][i]) : -1;
     io_ready_[slot] = true;
@@ -387,17 +396,19 @@ void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> po
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }
 
+void Engine::check_held(size_t others, size_t bytes, const std::string& what) const {
+  if (opt_.memory_budget == 0 || model_->weight_bytes() + others + bytes < opt_.memory_budget) return;
+  fail(
+      "memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+      " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) + ")" +
+      (others > 0
+           ? " and what the requests already hold (" + memory::format_bytes(static_cast<double>(others)) + ")"
+           : std::string()) +
+      " plus " + what);
+}
+
 void Engine::grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what) {
-  const size_t others = kv_bytes_ + sparse_bytes_ - held;  // what the request holds besides this buffer
-  if (opt_.memory_budget > 0 && model_->weight_bytes() + others + bytes >= opt_.memory_budget) {
-    fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
-         " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
-         ")" +
-         (others > 0 ? " and what the request already holds (" +
-                           memory::format_bytes(static_cast<double>(others)) + ")"
-                     : std::string()) +
-         " plus " + what);
-  }
+  check_held(kv_bytes_ + sparse_bytes_ - held, bytes, what);  // what is held besides this buffer
   if (buf != nullptr) backend_->free_weights(buf);
   buf = nullptr;
   held = 0;
@@ -406,26 +417,124 @@ void Engine::grow_held(void*& buf, size_t& held, size_t bytes, const std::string
   if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank
 }
 
-void Engine::kv_cache_reset(int64_t capacity) {
+int64_t Engine::kv_base(int64_t capacity) const {
+  std::vector<std::pair<int64_t, int64_t>> used;  // [base, end) of the open regions, by base
+  for (const KvSlot& k : kv_slots_)
+    if (k.open) used.emplace_back(k.base, k.base + k.capacity);
+  std::sort(used.begin(), used.end());
+  int64_t at = 0;
+  for (const auto& [lo, hi] : used) {
+    if (lo - at >= capacity) return at;
+    at = std::max(at, hi);
+  }
+  return at;
+}
+
+void Engine::kv_grow(int64_t rows, const std::string& what) {
+  bool live = false;  // rows of open slots that must move into the new pool
+  for (const KvSlot& k : kv_slots_) live = live || k.open;
+  if (!live) {  // nothing to keep: the old pool goes first
+    grow_held(kv_buf_, kv_bytes_, kv_row_bytes_ * static_cast<size_t>(rows), what);
+    kv_pool_rows_ = rows;
+    return;
+  }
+  const size_t bytes = kv_row_bytes_ * static_cast<size_t>(rows);
+  check_held(kv_bytes_ + sparse_bytes_, bytes,
+             what + ", while the pool grows (the caches held are copied into the grown pool)");
+  void* grown = backend_->alloc_weights(bytes);
+  size_t old_off = 0, new_off = 0;  // each State tensor's slice keeps its first kv_pool_rows_ rows
+  for (const graph::TensorDecl& d : model_->graph(OutputMode::Sample, true).tensors()) {
+    if (d.kind != graph::TensorKind::State) continue;
+    const size_t row = static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
+    backend_->copy_on_device(static_cast<char*>(grown) + new_off, static_cast<char*>(kv_buf_) + old_off,
+                             row * static_cast<size_t>(kv_pool_rows_));
+    old_off += row * static_cast<size_t>(kv_pool_rows_);
+    new_off += row * static_cast<size_t>(rows);
+  }
+  backend_->synchronize();
+  backend_->free_weights(kv_buf_);
+  kv_buf_ = grown;
+  kv_bytes_ = bytes;
+  kv_pool_rows_ = rows;
+  if (opt_.memory_budget > 0) plans_.clear();  // the activation budget shrank
+}
+
+void Engine::kv_place(int slot, int64_t capacity) {
   const ModelConfig& cfg = model_->config();
   TESSERA_CHECK(capacity > 0 && capacity <= cfg.max_positions,
                 "KV cache: a canvas of " + std::to_string(capacity) + " positions does not fit the model's " +
                     std::to_string(cfg.max_positions) + " positions");
-  if (capacity > kv_capacity_) {
-    size_t row_bytes = 0;  // one canvas row of every State tensor
+  if (kv_row_bytes_ == 0) {  // one canvas row of every State tensor
     for (const graph::TensorDecl& d : model_->graph(OutputMode::Sample, true).tensors()) {
       if (d.kind == graph::TensorKind::State)
-        row_bytes += static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
+        kv_row_bytes_ += static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
     }
-    const size_t bytes = row_bytes * static_cast<size_t>(capacity);
-    kv_capacity_ = 0;
-    grow_held(kv_buf_, kv_bytes_, bytes,
-              "a KV cache of " + std::to_string(capacity) + " positions (" +
-                  memory::format_bytes(static_cast<double>(bytes)) +
-                  ", K and V of every layer in the compute dtype)");
-    kv_capacity_ = capacity;
   }
-  kv_written_.assign(static_cast<size_t>(kv_capacity_), 0);
+  if (kv_slots_.size() <= static_cast<size_t>(slot)) kv_slots_.resize(static_cast<size_t>(slot) + 1);
+  kv_slots_[static_cast<size_t>(slot)].open = false;
+  const int64_t base = kv_base(capacity);
+  if (base + capacity > kv_pool_rows_) {
+    // Without a budget a pool that moves live rows grows by half at least, so that growth stays rare.
+    int64_t rows = base + capacity;
+    if (opt_.memory_budget == 0 && kv_slots_open() > 0)
+      rows = std::max(rows, kv_pool_rows_ + kv_pool_rows_ / 2);
+    const size_t bytes = kv_row_bytes_ * static_cast<size_t>(capacity);
+    kv_grow(rows, "a KV cache of " + std::to_string(capacity) + " positions (" +
+                      memory::format_bytes(static_cast<double>(bytes)) +
+                      ", K and V of every layer in the compute dtype)");
+  }
+  KvSlot& k = kv_slots_[static_cast<size_t>(slot)];
+  k.open = true;
+  k.base = base;
+  k.capacity = capacity;
+  k.block = attention_block();
+  k.written.assign(static_cast<size_t>(capacity), 0);
+}
+
+int Engine::kv_open(int64_t capacity) {
+  size_t slot = 1;  // slot 0 is the engine's own
+  while (slot < kv_slots_.size() && kv_slots_[slot].open) ++slot;
+  kv_place(static_cast<int>(slot), capacity);
+  return static_cast<int>(slot);
+}
+
+bool Engine::kv_fits(int64_t capacity) const {
+  if (opt_.memory_budget == 0 || kv_row_bytes_ == 0) return true;  // (no pool yet: kv_open checks it)
+  const int64_t need = kv_base(capacity) + capacity;
+  if (need <= kv_pool_rows_) return true;
+  const size_t grown = kv_row_bytes_ * static_cast<size_t>(need);
+  const size_t copied = kv_slots_open() > 0 ? kv_bytes_ : 0;
+  return model_->weight_bytes() + sparse_bytes_ + copied + grown < opt_.memory_budget;
+}
+
+void Engine::kv_close(int slot) {
+  if (slot < 0 || static_cast<size_t>(slot) >= kv_slots_.size()) return;
+  KvSlot& k = kv_slots_[static_cast<size_t>(slot)];
+  k.open = false;
+  k.written = {};
+}
+
+int Engine::kv_slots_open() const {
+  int n = 0;
+  for (const KvSlot& k : kv_slots_) n += k.open ? 1 : 0;
+  return n;
+}
+
+void Engine::kv_reset(int slot, int64_t capacity) {
+  TESSERA_CHECK(slot >= 0, "KV cache: no slot " + std::to_string(slot));
+  if (static_cast<size_t>(slot) < kv_slots_.size() && kv_slots_[static_cast<size_t>(slot)].open &&
+      capacity > 0 && kv_slots_[static_cast<size_t>(slot)].capacity >= capacity) {
+    KvSlot& k = kv_slots_[static_cast<size_t>(slot)];
+    k.block = attention_block();
+    std::fill(k.written.begin(), k.written.end(), uint8_t{0});
+    return;
+  }
+  kv_close(slot);
+  kv_place(slot, capacity);
+}
+
+void Engine::kv_cache_reset(int64_t capacity) {
+  kv_reset(0, capacity);
 }
 
 void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
@@ -438,7 +547,8 @@ void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64
 void Engine::predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
                           std::span<const int32_t> positions, const SampleParams& sp,
                           std::span<int32_t> tokens, std::span<float> conf) {
-  const graph::Program& p = run_cached(OutputMode::Sample, canvas, rows, positions, &sp);
+  const CachedSeq s{0, canvas, rows, positions};
+  const graph::Program& p = run_cached(OutputMode::Sample, std::span<const CachedSeq>(&s, 1), &sp);
   const GraphIo& ids = io(OutputMode::Sample, true);
   read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
   read_output(p, ids.out[1], conf.data(), conf.size_bytes());
@@ -452,8 +562,44 @@ void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_
 
 void Engine::logits_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
                          std::span<const int32_t> positions, std::span<float> out) {
-  const graph::Program& p = run_cached(OutputMode::Logits, canvas, rows, positions, nullptr);
-  read_output(p, io(OutputMode::Logits, true).out[0], out.data(), out.size_bytes());
+  const CachedSeq s{0, canvas, rows, positions};
+  forward_cached_logits(std::span<const CachedSeq>(&s, 1), out);
+}
+
+void Engine::forward_cached(std::span<const CachedSeq> seqs, std::span<const SampleParams> sps,
+                            std::span<int32_t> tokens, std::span<float> conf) {
+  if (sps.size() != seqs.size() || seqs.empty())
+    fail("forward_cached: one SampleParams per sequence, and at least one sequence, expected");
+  seq_sp_ = sps;
+  try {
+    const graph::Program& p = run_cached(OutputMode::Sample, seqs, &sps[0]);
+    const GraphIo& ids = io(OutputMode::Sample, true);
+    read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
+    read_output(p, ids.out[1], conf.data(), conf.size_bytes());
+  } catch (...) {
+    seq_sp_ = {};
+    throw;
+  }
+  seq_sp_ = {};
+}
+
+void Engine::forward_cached_logits(std::span<const CachedSeq> seqs, std::span<float> logits) {
+  const graph::Program& p = run_cached(OutputMode::Logits, seqs, nullptr);
+  read_output(p, io(OutputMode::Logits, true).out[0], logits.data(), logits.size_bytes());
+}
+
+bool Engine::packed_cached_fits(OutputMode mode, std::span<const CachedSeq> seqs) {
+  if (opt_.memory_budget == 0) return true;
+  graph::StepShape s;
+  for (const CachedSeq& q : seqs) {
+    cached_rows(q, seq_q_);
+    s.n_query += static_cast<int64_t>(seq_q_.size());
+    s.n_kv += static_cast<int64_t>(q.canvas.size());
+    s.n_logits += static_cast<int64_t>(q.positions.size());
+  }
+  s.n_seqs = static_cast<int64_t>(seqs.size());
+  size_t floor = 0;
+  return try_program(mode, s, true, floor) != nullptr;
 }
 
 void Engine::range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi) {
@@ -465,68 +611,99 @@ void Engine::range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q
   for (int64_t r = q_lo; r < q_hi; ++r) req_rows_[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
 }
 
-const graph::Program& Engine::run_cached(OutputMode mode, std::span<const int32_t> canvas,
-                                         std::span<const int32_t> rows, std::span<const int32_t> positions,
-                                         const SampleParams* sp) {
-  const auto n = static_cast<int64_t>(canvas.size());
-  TESSERA_CHECK(kv_buf_ != nullptr && n <= kv_capacity_,
+void Engine::cached_rows(const CachedSeq& s, std::vector<int32_t>& out) {
+  const auto n = static_cast<int64_t>(s.canvas.size());
+  TESSERA_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < kv_slots_.size() &&
+                    kv_slots_[static_cast<size_t>(s.slot)].open &&
+                    n <= kv_slots_[static_cast<size_t>(s.slot)].capacity,
                 "KV cache: no cache for a canvas of " + std::to_string(n) +
                     " positions (call kv_cache_reset with the request's canvas size first)");
+  KvSlot& k = kv_slots_[static_cast<size_t>(s.slot)];
+  if (k.block != attention_block()) {  // its rows saw another attention mask
+    std::fill(k.written.begin(), k.written.end(), uint8_t{0});
+    k.block = attention_block();
+  }
   // The computed rows: `rows` (ascending, distinct, inside the canvas) and the logit rows of `positions`.
-  q_pos_.clear();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int32_t r = rows[i];
-    if (r < 0 || r >= n || (i > 0 && r <= rows[i - 1])) {
+  out.clear();
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    const int32_t r = s.rows[i];
+    if (r < 0 || r >= n || (i > 0 && r <= s.rows[i - 1])) {
       fail("KV cache: the computed rows must be ascending, distinct rows of the canvas of " +
            std::to_string(n) + " (row " + std::to_string(r) + " at index " + std::to_string(i) + ")");
     }
-    q_pos_.push_back(r);
+    out.push_back(r);
   }
-  for (const int32_t pos : positions) {
+  for (const int32_t pos : s.positions) {
     if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
     const int32_t row = logit_row(pos);
-    if (!std::binary_search(rows.begin(), rows.end(), row)) q_pos_.push_back(row);
+    if (!std::binary_search(s.rows.begin(), s.rows.end(), row)) out.push_back(row);
   }
-  if (q_pos_.size() > rows.size()) {
-    std::sort(q_pos_.begin(), q_pos_.end());
-    q_pos_.erase(std::unique(q_pos_.begin(), q_pos_.end()), q_pos_.end());
+  if (out.size() > s.rows.size()) {
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
   }
-  TESSERA_CHECK(!q_pos_.empty(), "KV cache: a step must compute at least one row");
+  TESSERA_CHECK(!out.empty(), "KV cache: a step must compute at least one row");
   size_t next = 0;  // index of the next computed row
   for (int64_t r = 0; r < n; ++r) {
-    if (next < q_pos_.size() && q_pos_[next] == r) {
+    if (next < out.size() && out[next] == r) {
       ++next;
-    } else if (kv_written_[static_cast<size_t>(r)] == 0) {
+    } else if (k.written[static_cast<size_t>(r)] == 0) {
       fail("KV cache: canvas row " + std::to_string(r) +
            " was never computed in this request; compute it (or the whole canvas) before reusing the cache");
     }
   }
+}
+
+const graph::Program& Engine::run_cached(OutputMode mode, std::span<const CachedSeq> seqs,
+                                         const SampleParams* sp) {
+  TESSERA_CHECK(!seqs.empty(), "KV cache: a step needs at least one sequence");
   tokens_.clear();
+  q_pos_.clear();
   k_pos_.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t t = canvas[static_cast<size_t>(i)];
-    check_token(t);
-    k_pos_.push_back(static_cast<int32_t>(i));
-  }
-  for (const int32_t r : q_pos_) tokens_.push_back(canvas[static_cast<size_t>(r)]);
+  cache_rows_.clear();
+  kv_rows_.clear();
   rows_.clear();
   keys_.clear();
   targets_.clear();
-  for (const int32_t pos : positions) {
-    const auto it = std::lower_bound(q_pos_.begin(), q_pos_.end(), logit_row(pos));
-    rows_.push_back(static_cast<int32_t>(it - q_pos_.begin()));
-    keys_.push_back(pos);
+  cu_q_.assign(1, 0);
+  cu_k_.assign(1, 0);
+  seq_rows_.assign(1, 0);
+  for (const CachedSeq& s : seqs) {
+    for (const int32_t t : s.canvas) check_token(t);
+    cached_rows(s, seq_q_);
+    const int64_t base = kv_slots_[static_cast<size_t>(s.slot)].base;
+    const auto q0 = static_cast<int32_t>(q_pos_.size());
+    for (const int32_t r : seq_q_) {
+      tokens_.push_back(s.canvas[static_cast<size_t>(r)]);
+      q_pos_.push_back(r);
+      cache_rows_.push_back(static_cast<int32_t>(base + r));
+    }
+    const auto n = static_cast<int32_t>(s.canvas.size());
+    for (int32_t i = 0; i < n; ++i) {
+      k_pos_.push_back(i);
+      kv_rows_.push_back(static_cast<int32_t>(base + i));
+    }
+    for (const int32_t pos : s.positions) {
+      const auto it = std::lower_bound(seq_q_.begin(), seq_q_.end(), logit_row(pos));
+      rows_.push_back(q0 + static_cast<int32_t>(it - seq_q_.begin()));
+      keys_.push_back(pos);
+    }
+    cu_q_.push_back(static_cast<int32_t>(q_pos_.size()));
+    cu_k_.push_back(static_cast<int32_t>(k_pos_.size()));
+    seq_rows_.push_back(static_cast<int64_t>(rows_.size()));
   }
-  const auto nq = static_cast<int64_t>(q_pos_.size());
-  cu_q_.assign({0, static_cast<int32_t>(nq)});
-  cu_k_.assign({0, static_cast<int32_t>(n)});
   graph::StepShape shape;
-  shape.n_query = nq;
-  shape.n_kv = n;
-  shape.n_logits = static_cast<int64_t>(positions.size());
+  shape.n_query = static_cast<int64_t>(q_pos_.size());
+  shape.n_kv = static_cast<int64_t>(k_pos_.size());
+  shape.n_logits = static_cast<int64_t>(rows_.size());
+  shape.n_seqs = static_cast<int64_t>(seqs.size());
   des_step_rows(q_pos_);
   const graph::Program& p = execute_step(mode, true, shape, sp);
-  for (const int32_t r : q_pos_) kv_written_[static_cast<size_t>(r)] = 1;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    KvSlot& k = kv_slots_[static_cast<size_t>(seqs[s].slot)];
+    for (auto i = static_cast<size_t>(cu_q_[s]); i < static_cast<size_t>(cu_q_[s + 1]); ++i)
+      k.written[static_cast<size_t>(q_pos_[i])] = 1;
+  }
   return p;
 }
 
@@ -645,7 +822,7 @@ void Engine::set_attention_block(int block) {
   model_->set_mask_block(block);
   plans_.clear();  // programs were instantiated from the previous graphs
   for (bool& r : io_ready_) r = false;
-  std::fill(kv_written_.begin(), kv_written_.end(), uint8_t{0});  // cached rows saw the old mask
+  // (a KV cache slot's rows computed under the old mask are dropped at its next step: cached_rows)
 }
 
 }  // namespace tessera

@@ -106,7 +106,9 @@ class Engine final : public Denoiser {
   // Plans (and caches) the step of one sequence of n_tokens with n_logits selected rows; with a
   // memory budget, throws Error when it cannot fit. Run before a request's first step with its
   // largest step (the full canvas, the most logit rows) so an impossible budget fails before work.
-  void check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode = OutputMode::Sample);
+  // kv_cache: the step of the KV-cache graph (a request with a cache refreshes its whole canvas).
+  void check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode = OutputMode::Sample,
+                    bool kv_cache = false);
 
   // Forward over packed sequences; outputs are host buffers in the order of the sequences'
   // positions: n = total positions (tokens/conf/logprob), n * vocab (logits).
@@ -141,8 +143,36 @@ class Engine final : public Denoiser {
                      std::span<const int32_t> positions, std::span<float> out);
   void logits_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
                    std::span<const int32_t> positions, std::span<float> out);
-  // Bytes held by the KV cache (0 until a request uses it): every layer's K and V, f32, at capacity.
+  // Bytes held by the KV cache pool (0 until a request uses it): every layer's K and V, in the compute
+  // dtype, for every row of the pool.
   size_t kv_cache_bytes() const { return kv_bytes_; }
+
+  // KV caches of concurrent requests (the batcher): every open slot is a region of `capacity` rows of
+  // the cache pool, one request's canvas. Slot 0 is the engine's own, used by the Denoiser interface
+  // above (kv_cache_reset opens it). kv_open returns a new slot with every row unwritten, growing the
+  // pool when no gap of it is large enough (the other slots' rows are moved, not lost); with a memory
+  // budget it throws Error when the weights plus the grown pool (plus the old pool while it is copied)
+  // exceed the budget; kv_fits says beforehand whether it would. kv_close frees the region.
+  int kv_open(int64_t capacity);
+  // Starts a new request on an open slot: every row unwritten, in place when the slot holds `capacity`
+  // rows, else moved to a region that does (as kv_open). kv_cache_reset(c) is kv_reset(0, c).
+  void kv_reset(int slot, int64_t capacity);
+  bool kv_fits(int64_t capacity) const;
+  void kv_close(int slot);
+  int kv_slots_open() const;
+  // One sequence of a packed KV-cache step: the canvas of the request holding `slot`, the canvas rows
+  // computed (ascending, distinct; the logit rows of `positions` are added) and the positions whose
+  // prediction is wanted. Every other row of the canvas must have been computed by an earlier step of
+  // the slot. Outputs are in the order of the sequences' positions, as forward_sample.
+  struct CachedSeq {
+    int slot = 0;
+    std::span<const int32_t> canvas, rows, positions;
+  };
+  void forward_cached(std::span<const CachedSeq> seqs, std::span<const SampleParams> sps,
+                      std::span<int32_t> tokens, std::span<float> conf);
+  void forward_cached_logits(std::span<const CachedSeq> seqs, std::span<float> logits);
+  // Whether the packed KV-cache step of `seqs` fits the memory budget (always without one).
+  bool packed_cached_fits(OutputMode mode, std::span<const CachedSeq> seqs);
   // SparseD (Denoiser): one pattern byte per (layer, head, query block, key block) of the canvas.
   bool supports_sparse_attention() const override { return true; }
   void sparse_begin(int64_t canvas_len, const SparseConfig& c) override;
@@ -176,11 +206,13 @@ class Engine final : public Denoiser {
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
   // Plans (cached), commits the workspace, copies the staged inputs and executes the graph of `mode`
   // (its KV cache variant when kv_cache).
-  // A KV-cache step: stages the canvas rows `rows` (plus the logit rows of `positions`) as queries and
-  // the whole canvas as keys, checks that every other row is cached, runs execute_step.
-  const graph::Program& run_cached(OutputMode mode, std::span<const int32_t> canvas,
-                                   std::span<const int32_t> rows, std::span<const int32_t> positions,
-                                   const SampleParams* sp);
+  // A KV-cache step: stages each sequence's canvas rows `rows` (plus the logit rows of `positions`) as
+  // queries and its whole canvas as keys, read from its slot of the pool; checks that every other row
+  // is cached; runs execute_step.
+  const graph::Program& run_cached(OutputMode mode, std::span<const CachedSeq> seqs, const SampleParams* sp);
+  // The computed rows of one cached sequence (its rows and the logit rows of its positions) into
+  // `out`, checked against the canvas and the slot's written rows.
+  void cached_rows(const CachedSeq& s, std::vector<int32_t>& out);
   // req_rows_ = [q_lo, q_hi) (checked against the canvas).
   void range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi);
   const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
@@ -201,11 +233,19 @@ class Engine final : public Denoiser {
   // outside the plan: with a memory budget the weights plus everything held must stay below it, else
   // fails naming `what`. Drops the cached plans (the activation budget shrank).
   void grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what);
+  // Throws the budget error of grow_held unless the weights, `others` and `bytes` fit the budget.
+  void check_held(size_t others, size_t bytes, const std::string& what) const;
+  // The KV cache pool: the first base of `capacity` free rows among the open slots' regions (the end of
+  // the last region when no gap is large enough, possibly past kv_rows_); growth to `rows` rows.
+  int64_t kv_base(int64_t capacity) const;
+  void kv_grow(int64_t rows, const std::string& what);
+  void kv_place(int slot, int64_t capacity);
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
 
   // Ids of the step inputs and outputs in each mode's graph, looked up once.
   struct GraphIo {
     int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
+    int cache_rows = -1, kv_rows = -1;
     int out[2] = {-1, -1};
   };
   const GraphIo& io(OutputMode mode, bool kv_cache = false);
@@ -227,16 +267,24 @@ class Engine final : public Denoiser {
   StepStats last_;
   size_t max_peak_ = 0;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
-  std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_;
+  std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_, cache_rows_, kv_rows_;
   std::vector<int64_t> seq_rows_;         // the first logit row of each sequence of the step, and the end
   std::span<const SampleParams> seq_sp_;  // per-sequence sampling of the current forward_sample, if any
-  std::vector<int32_t> req_rows_;  // a KV-cache step's requested rows (range_rows); q_pos_: the computed ones
-  // KV cache: one backend buffer with every State tensor at kv_capacity_ rows; kv_written_ marks
-  // the canvas rows whose K / V it holds for the current request.
+  std::vector<int32_t> req_rows_;         // a KV-cache step's requested rows (range_rows)
+  // KV cache pool: one backend buffer with every State tensor at kv_pool_rows_ rows (kv_row_bytes_ per
+  // row of all of them); each open slot owns the rows [base, base + capacity), `written` marks the rows
+  // whose K / V it holds for its request, `block` the attention block they were computed under.
+  struct KvSlot {
+    bool open = false;
+    int64_t base = 0, capacity = 0;
+    int block = 0;
+    std::vector<uint8_t> written;
+  };
   void* kv_buf_ = nullptr;
-  size_t kv_bytes_ = 0;
-  int64_t kv_capacity_ = 0;
-  std::vector<uint8_t> kv_written_;
+  size_t kv_bytes_ = 0, kv_row_bytes_ = 0;
+  int64_t kv_pool_rows_ = 0;
+  std::vector<KvSlot> kv_slots_;
+  std::vector<int32_t> seq_q_;     // one cached sequence's computed rows (cached_rows)
   std::vector<char*> state_ptrs_;  // per tensor id of the cached graph
   // SparseD: the patterns of every layer for a canvas of sparse_canvas_ positions in one buffer of
   // sparse_bytes_ (kept across requests, grown when needed); sparse_ready_ once a Select forward of

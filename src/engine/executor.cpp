@@ -23,7 +23,8 @@ Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const
                   "execute: no memory bound for the state tensor " + d.full_name());
     ptr = (*c.state)[static_cast<size_t>(id)];
   }
-  int64_t rows = t.rows;
+  // State tensors hold every request's rows (the KV cache pool), not the step's.
+  int64_t rows = d.kind == graph::TensorKind::State && c.state_rows > 0 ? c.state_rows : t.rows;
   if (loop >= 0) {
     const graph::Program::Loop& L = p.loops[static_cast<size_t>(loop)];
     const int64_t row0 = chunk * L.chunk_rows;
@@ -211,6 +212,11 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
     case OpKind::Convert: {
       Tensor o = out(0);
       b.convert(in(0), o);
+      break;
+    }
+    case OpKind::GatherRows: {
+      Tensor o = out(0);
+      b.gather_rows(in(0), in(1), o);
       break;
     }
     case OpKind::MoeFfn: {

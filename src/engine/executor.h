@@ -43,6 +43,7 @@ struct ExecContext {
   std::string dump_dir;  // non-empty: dump every op output (debug)
   // State tensors (KV cache): the device pointer of each, indexed by tensor id (others null).
   const std::vector<char*>* state = nullptr;
+  int64_t state_rows = 0;              // the rows of every State tensor (the KV cache pool's rows)
   const SparseExec* sparse = nullptr;  // SparseD; null = dense attention
   const DesExec* des = nullptr;        // DES; null = every row routes on its own
   double* op_seconds = nullptr;        // [graph::kOpKinds]: each op synchronised and timed, by kind

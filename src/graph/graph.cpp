@@ -56,6 +56,8 @@ const char* op_name(OpKind k) {
       return "scatter_rows";
     case OpKind::Convert:
       return "convert";
+    case OpKind::GatherRows:
+      return "gather_rows";
   }
   return "?";
 }

@@ -76,6 +76,8 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
   const int logit_rows = g.add_input("logit_rows", DType::I32, Sym::NLogits);
   const int row_keys = g.add_input("row_keys", DType::I32, Sym::NLogits);
   const int target = mode == OutputMode::LogProb ? g.add_input("target", DType::I32, Sym::NLogits) : -1;
+  const int cache_rows = o.kv_cache ? g.add_input("cache_rows", DType::I32, Sym::NQuery) : -1;
+  const int kv_rows = o.kv_cache ? g.add_input("kv_rows", DType::I32, Sym::NKv) : -1;
 
   const int embed = g.add_weight("token_embd", -1, w.embed);
   const int x = g.add_tensor("x", -1, DType::F32, Sym::NQuery, o.hidden);  // residual stream
@@ -128,22 +130,22 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
     int keys = k, values = v;
-    if (o.kv_cache) {  // this step's rows go into the cache at their positions; attention reads all of it
-      // The cache is kept in the compute dtype: bf16 models hold half the bytes, and attention reads the
-      // whole cache back in f32 from a planned transient (bf16 -> f32 is exact).
+    if (o.kv_cache) {  // this step's rows go into the cache; attention reads the step's keys from it
+      // The cache pool holds the canvases of every request with a cache (the Engine's slots), in the
+      // compute dtype: bf16 models hold half the bytes. cache_rows: the pool row of each computed row;
+      // kv_rows: the pool rows of the step's keys, sequence after sequence, gathered (bf16 -> f32 is
+      // exact) into a planned transient that attention reads like uncached keys.
       const DType cdt = o.act == DType::BF16 ? DType::BF16 : DType::F32;
       keys = g.add_state("k_cache", l, cdt, Sym::NKv, kv_width);
       values = g.add_state("v_cache", l, cdt, Sym::NKv, kv_width);
-      g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {q_pos}}, {{keys}});
-      g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {q_pos}}, {{values}});
-      if (cdt != DType::F32) {
-        const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
-        const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
-        g.add_op(OpKind::Convert, "k_all", l, {{keys}}, {{k32}});
-        g.add_op(OpKind::Convert, "v_all", l, {{values}}, {{v32}});
-        keys = k32;
-        values = v32;
-      }
+      g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {cache_rows}}, {{keys}});
+      g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {cache_rows}}, {{values}});
+      const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
+      const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
+      g.add_op(OpKind::GatherRows, "k_all", l, {{keys}, {kv_rows}}, {{k32}});
+      g.add_op(OpKind::GatherRows, "v_all", l, {{values}, {kv_rows}}, {{v32}});
+      keys = k32;
+      values = v32;
     }
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
     std::vector<Ref> attn_outs{{att}};

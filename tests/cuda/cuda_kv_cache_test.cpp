@@ -71,6 +71,33 @@ TEST_F(CudaTest, ScatterRowsIntoBf16AndConvertMatchCpu) {
   EXPECT_CLOSE_TO_CPU(d32.download<float>(ref32.size()), ref32, 0.0);
 }
 
+// KV cache reads (the keys of a packed cached step, gathered from the pool): bit-identical to the CPU
+// backend for f32 and bf16 rows (copies) and bf16 widened to f32; every destination row is written.
+TEST_F(CudaTest, GatherRowsMatchesCpu) {
+  for (const int64_t cols : {256, 6, 72}) {
+    for (const auto& [from, to] : {std::pair{DType::F32, DType::F32}, std::pair{DType::BF16, DType::BF16},
+                                   std::pair{DType::BF16, DType::F32}}) {
+      const int64_t src_rows = 50, dst_rows = 23;
+      std::vector<unsigned char> src(static_cast<size_t>(src_rows * cols) * dtype_size(from));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(rng_mix(i + 7) & 0x7F);
+      std::vector<int32_t> rows;
+      for (int64_t i = 0; i < dst_rows; ++i) rows.push_back(static_cast<int32_t>((i * 11 + 5) % src_rows));
+      const size_t dst_bytes = static_cast<size_t>(dst_rows * cols) * dtype_size(to);
+      std::vector<unsigned char> ref(dst_bytes);
+      Tensor ref_t(ref.data(), to, {dst_rows, cols});
+      cpu->gather_rows(Tensor(src.data(), from, {src_rows, cols}),
+                       Tensor(rows.data(), DType::I32, {dst_rows}), ref_t);
+      DevBuf ds(*gpu, src.size()), dd(*gpu, dst_bytes), dr(*gpu, rows.size() * 4);
+      ds.upload(src);
+      dr.upload(rows);
+      dd.poison();
+      Tensor out = dd.view(to, {dst_rows, cols});
+      gpu->gather_rows(ds.view(from, {src_rows, cols}), dr.view(DType::I32, {dst_rows}), out);
+      EXPECT_EQ(dd.download<unsigned char>(dst_bytes), ref) << "cols " << cols;
+    }
+  }
+}
+
 TEST_F(CudaTest, KvCacheStepMatchesTheNumpyReference) {
   for (const char* fam : {"llada", "dream", "llada_moe", "llada2"}) {
     TESSERA_TINY_OR_SKIP(dir, fam, "--seed 4");

@@ -45,8 +45,11 @@ Outcome solo(Engine& e, const Request& q) {
   return out;
 }
 
-// Every request on its own thread through one Batcher, all started together.
-std::vector<Outcome> batched(Batcher& b, const std::vector<Request>& qs) {
+// Every request on its own thread through one Batcher, all started together (with stagger: request i
+// i * stagger later). check: Batcher::generate's check of each request.
+std::vector<Outcome> batched(Batcher& b, const std::vector<Request>& qs,
+                             std::chrono::milliseconds stagger = std::chrono::milliseconds(0),
+                             const std::function<void(const Request&)>& check = {}) {
   std::vector<Outcome> out(qs.size());
   std::vector<std::thread> th;
   std::atomic<int> ready{0};
@@ -54,8 +57,12 @@ std::vector<Outcome> batched(Batcher& b, const std::vector<Request>& qs) {
     th.emplace_back([&, i] {
       ++ready;
       while (ready.load() < static_cast<int>(qs.size())) std::this_thread::yield();
+      std::this_thread::sleep_for(stagger * static_cast<int>(i));
       try {
-        out[i].r = b.generate(qs[i].prompt, qs[i].o, [&](const StepEvent&) { ++out[i].events; });
+        std::function<void()> c;
+        if (check) c = [&] { check(qs[i]); };
+        out[i].r = b.generate(
+            qs[i].prompt, qs[i].o, [&](const StepEvent&) { ++out[i].events; }, c);
       } catch (const Error& err) {
         out[i].error = err.what();
       }
@@ -279,9 +286,10 @@ TEST(Batch, AFailingRequestFailsAloneAndExclusiveJobsInterleave) {
   std::vector<Outcome> want;
   for (const Request& q : qs) want.push_back(solo(*e, q));
   EXPECT_NE(want.back().error.find("exceeds the model's context"), std::string::npos) << want.back().error;
-  // A KV-cache request (not batchable) as an exclusive job, solo result first.
+  // A SparseD request (not batchable: its patterns are engine state) as an exclusive job, solo result
+  // first.
   Request cached = qs[1];
-  cached.o.cache = "dual";
+  cached.o.sparse = true;
   ASSERT_FALSE(Batcher::batchable(cached.o));
   ASSERT_TRUE(Batcher::batchable(qs[1].o));
   const Outcome cached_want = solo(*e, cached);
@@ -359,6 +367,216 @@ TEST(Batch, GenerateCommandTakesAFileOfPrompts) {
   test::expect_command_error(
       std::string(TESSERA_BINARY) + " generate --prompts-file " + (tmp / "empty.txt").string(),
       "holds no prompt");
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+std::vector<int32_t> masked_positions(const std::vector<int32_t>& canvas, int32_t mask, int32_t lo,
+                                      int32_t hi) {
+  std::vector<int32_t> pos;
+  for (int32_t i = lo; i < hi; ++i)
+    if (canvas[static_cast<size_t>(i)] == mask) pos.push_back(i);
+  return pos;
+}
+
+// Engine::forward_cached: the cached steps of three requests packed in one forward, each reading its
+// keys from its own slot of the pool, give each request's steps alone (slot 0, through the Denoiser
+// interface), token and confidence bit for bit. The slots are opened while others hold rows (the pool
+// grows and moves them); a closed slot's region is reused; a row that a slot never computed is refused.
+TEST(Batch, PackedCacheStepsReadTheirOwnSlots) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  auto e = Engine::load(dir);
+  const int64_t V = e->vocab_size();
+  const int32_t M = e->mask_token();
+  const std::vector<int> lens = {24, 40, 31};
+  std::vector<std::vector<int32_t>> first, second;  // the canvas of the refresh step, then of a later step
+  std::vector<SampleParams> sps(3);
+  sps[1].temperature = 0.8f, sps[1].gumbel = true, sps[1].seed = 5;
+  sps[2].conf = ConfKind::Margin;
+  std::vector<int32_t> want_tok;
+  std::vector<float> want_conf;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    first.push_back(test::random_canvas(lens[s], V, 90 + s, M, 0.6));
+    second.push_back(first.back());
+    for (size_t i = 0; i < second.back().size(); i += 3)  // some masks decided since the refresh
+      if (second.back()[i] == M) second.back()[i] = static_cast<int32_t>((i * 31) % 200);
+    // Alone: a refresh of the whole canvas, then the rows [lo, n) computed, the rest from the cache.
+    e->kv_cache_reset(lens[s]);
+    const auto p0 = masked_positions(first[s], M, 0, lens[s]);
+    std::vector<int32_t> t0(p0.size());
+    std::vector<float> c0(p0.size());
+    e->predict_cached(first[s], 0, lens[s], p0, sps[s], t0, c0);
+    const int32_t lo = lens[s] / 2;
+    const auto p1 = masked_positions(second[s], M, lo, lens[s]);
+    std::vector<int32_t> t1(p1.size());
+    std::vector<float> c1(p1.size());
+    e->predict_cached(second[s], lo, lens[s], p1, sps[s], t1, c1);
+    want_tok.insert(want_tok.end(), t1.begin(), t1.end());
+    want_conf.insert(want_conf.end(), c1.begin(), c1.end());
+  }
+  const size_t row_bytes = e->kv_cache_bytes() / static_cast<size_t>(lens[1]);  // slot 0 grew to 40 rows
+
+  auto e2 = Engine::load(dir);
+  std::vector<std::vector<int32_t>> all(3), pos0(3), pos1(3), rows1(3);
+  for (size_t s = 0; s < 3; ++s) {
+    for (int32_t i = 0; i < lens[s]; ++i) all[s].push_back(i);
+    pos0[s] = masked_positions(first[s], M, 0, lens[s]);
+    pos1[s] = masked_positions(second[s], M, lens[s] / 2, lens[s]);
+    for (int32_t i = lens[s] / 2; i < lens[s]; ++i) rows1[s].push_back(i);
+  }
+  auto refresh = [&](std::vector<Engine::CachedSeq> seqs, std::vector<SampleParams> sp) {
+    size_t n = 0;
+    for (const auto& q : seqs) n += q.positions.size();
+    std::vector<int32_t> t(n);
+    std::vector<float> c(n);
+    e2->forward_cached(seqs, sp, t, c);
+  };
+  const int a = e2->kv_open(lens[0]);
+  refresh({{a, first[0], all[0], pos0[0]}}, {sps[0]});
+  const int b = e2->kv_open(lens[1]);  // the pool grows: slot a's rows move
+  const int c = e2->kv_open(lens[2]);
+  EXPECT_EQ(e2->kv_slots_open(), 3);
+  EXPECT_GE(e2->kv_cache_bytes(), row_bytes * static_cast<size_t>(lens[0] + lens[1] + lens[2]));
+  refresh({{b, first[1], all[1], pos0[1]}, {c, first[2], all[2], pos0[2]}}, {sps[1], sps[2]});
+  const std::vector<Engine::CachedSeq> step = {{a, second[0], rows1[0], pos1[0]},
+                                               {b, second[1], rows1[1], pos1[1]},
+                                               {c, second[2], rows1[2], pos1[2]}};
+  std::vector<int32_t> tok(want_tok.size());
+  std::vector<float> conf(tok.size());
+  e2->forward_cached(step, sps, tok, conf);
+  EXPECT_EQ(tok, want_tok);
+  EXPECT_EQ(conf, want_conf);
+  EXPECT_EQ(e2->last_step().shape.n_seqs, 3);
+  EXPECT_EQ(e2->last_step().shape.n_kv, lens[0] + lens[1] + lens[2]);
+
+  // Slot b given back: a new slot of at most its rows takes its region, the pool does not grow, and
+  // its rows are unwritten (a step that reads them is refused).
+  const size_t pool = e2->kv_cache_bytes();
+  e2->kv_close(b);
+  const int d = e2->kv_open(lens[1] - 4);
+  EXPECT_EQ(e2->kv_cache_bytes(), pool);
+  const std::vector<int32_t> shorter(second[1].begin(), second[1].end() - 4);
+  const std::vector<int32_t> one = {static_cast<int32_t>(shorter.size()) - 1};
+  const std::vector<Engine::CachedSeq> bad = {{a, second[0], rows1[0], pos1[0]}, {d, shorter, one, one}};
+  test::expect_error([&] { e2->forward_cached(bad, std::span<const SampleParams>(sps).first(2), tok, conf); },
+                     "was never computed");
+  // The other slots are intact: their step again gives the same.
+  e2->forward_cached(
+      std::span<const Engine::CachedSeq>(step).first(1), std::span<const SampleParams>(sps).first(1),
+      std::span<int32_t>(tok).first(pos1[0].size()), std::span<float>(conf).first(pos1[0].size()));
+  EXPECT_TRUE(
+      std::equal(tok.begin(), tok.begin() + static_cast<std::ptrdiff_t>(pos1[0].size()), want_tok.begin()));
+}
+
+// KV-cache requests (prefix, dual, with threshold decoding, Window-Diffusion's phase cache) are packed
+// with each other and with uncached requests, and each one's result equals generate() of it alone;
+// requests that arrive while others hold cache rows make the pool grow under them.
+TEST(Batch, CachedRequestsArePackedAndEqualTheirSoloGenerations) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  auto e = Engine::load(dir);
+  auto qs = mixed_requests(e->vocab_size(), e->config().eos_id);
+  qs[0].o.cache = "prefix";
+  qs[1].o.cache = "dual";
+  qs[3].o.cache = "dual";
+  qs[5].o.cache = "dual";  // threshold decoding
+  qs[7].o.window_refresh = 3;
+  qs[8].o.cache = "prefix";
+  for (int i : {0, 1, 3, 5, 7, 8}) ASSERT_TRUE(holds_kv_cache(qs[static_cast<size_t>(i)].o));
+  std::vector<Outcome> want;
+  for (const Request& q : qs) {
+    want.push_back(solo(*e, q));
+    ASSERT_EQ(want.back().error, "");
+  }
+  Batcher b(*e, 16, std::chrono::milliseconds(50));
+  expect_same(batched(b, qs), want);
+  BatchStats st = b.stats();
+  EXPECT_GT(st.cached_forwards, 0);
+  EXPECT_GT(st.cached_sequences, st.cached_forwards) << "no KV-cache step was shared";
+  // Arriving one after another, while the earlier ones hold their rows.
+  expect_same(batched(b, qs, std::chrono::milliseconds(15)), want);
+  EXPECT_EQ(e->kv_slots_open(), 0);
+}
+
+// Block-causal LLaDA2 (its cache is exact) and Dream (shifted logits) with caches, requests of two
+// attention blocks among them.
+TEST(Batch, CachedRequestsOfDreamAndBlockCausalModels) {
+  for (const char* family : {"dream", "llada2"}) {
+    TESSERA_TINY_OR_SKIP(dir, family, "--seed 9");
+    auto e = Engine::load(dir);
+    std::vector<Request> qs;
+    for (int i = 0; i < 4; ++i) {
+      Request q;
+      q.prompt = prompt_of(6 + 5 * i, e->vocab_size(), 60 + static_cast<uint64_t>(i));
+      q.o.gen_length = 24;
+      q.o.steps = 12;
+      q.o.block_length = i % 2 == 0 ? 8 : 12;
+      q.o.cache = i == 1 ? "prefix" : "dual";
+      q.o.temperature = i == 3 ? 0.8f : 0.0f;
+      q.o.seed = 4;
+      if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? "maskgit_plus" : "entropy";
+      if (std::string(family) == "llada2") q.o.threshold = i == 2 ? 0.5f : 0.0f;
+      q.o.eos_ids = {e->config().eos_id};
+      qs.push_back(std::move(q));
+    }
+    std::vector<Outcome> want;
+    for (const Request& q : qs) {
+      want.push_back(solo(*e, q));
+      ASSERT_EQ(want.back().error, "") << family;
+    }
+    Batcher b(*e, 8, std::chrono::milliseconds(50));
+    SCOPED_TRACE(family);
+    expect_same(batched(b, qs), want);
+    EXPECT_GT(b.stats().cached_sequences, b.stats().cached_forwards);
+  }
+}
+
+// Under a memory budget that holds one request's cache (and its largest step) but not two: the
+// requests wait for each other's cache instead of failing, and each result equals its solo one; a
+// request whose cache does not fit even alone fails with the budget error, the others succeed.
+TEST(Batch, CachedRequestsWaitForCacheMemoryUnderABudget) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  auto plain = Engine::load(dir);
+  auto qs = mixed_requests(plain->vocab_size(), plain->config().eos_id);
+  qs.resize(4);
+  for (auto& q : qs) {
+    q.prompt.resize(8);
+    q.o.cache = "dual";
+    q.o.gen_length = 96;
+    q.o.block_length = 32;
+    q.o.steps = 12;
+  }
+  std::vector<Outcome> want;
+  size_t peak = 0, kv = 0;
+  for (const Request& q : qs) {
+    want.push_back(solo(*plain, q));
+    ASSERT_EQ(want.back().error, "");
+    peak = std::max(peak, plain->max_planned_peak());
+    kv = std::max(kv, plain->kv_cache_bytes());
+  }
+  ASSERT_GT(kv + kv / 2, peak) << "the test needs caches larger than the activations";
+  EngineOptions opt;
+  opt.memory_budget = plain->model().weight_bytes() + peak + kv + kv / 2;
+  auto e = Engine::load(dir, opt);
+  Request big = qs[0];
+  big.o.gen_length = 400;
+  big.o.block_length = 400;
+  const Outcome big_alone = solo(*e, big);
+  EXPECT_NE(big_alone.error.find("cannot hold the weights"), std::string::npos) << big_alone.error;
+  qs.push_back(big);
+  Batcher b(*e, 8, std::chrono::milliseconds(20));
+  auto got = batched(b, qs, std::chrono::milliseconds(0), [&](const Request& q) {
+    e->check_memory(static_cast<int64_t>(q.prompt.size()) + q.o.gen_length, q.o.block_length,
+                    OutputMode::Sample, true);
+  });
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got[4].error, big_alone.error);
+  got.pop_back();
+  expect_same(got, want);
+  EXPECT_GT(b.stats().cache_waits, 0);
 }
 
 }  // namespace

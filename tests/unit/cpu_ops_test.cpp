@@ -318,6 +318,26 @@ TEST(CpuOps, ScatterRowsHandComputed) {
       Error);
 }
 
+// KV cache reads: destination row i is source row rows[i] (bf16 widened to f32 exactly); an index
+// outside the source fails.
+TEST(CpuOps, GatherRowsHandComputed) {
+  auto be = make_cpu_backend();
+  std::vector<float> src = {0, 1, 10, 11, 20, 21, 30, 31}, dst(6, -1.0f);
+  std::vector<int32_t> rows = {3, 0, 3};
+  Tensor td(dst.data(), DType::F32, {3, 2});
+  be->gather_rows(Tensor(src.data(), DType::F32, {4, 2}), Tensor(rows.data(), DType::I32, {3}), td);
+  EXPECT_EQ(dst, (std::vector<float>{30, 31, 0, 1, 30, 31}));
+  const std::vector<uint16_t> half = {0x3f80, 0xc020, 0x4040, 0x0000};  // 1, -2.5, 3, 0
+  rows = {1, 0, 1};
+  Tensor th(const_cast<uint16_t*>(half.data()), DType::BF16, {2, 2});
+  be->gather_rows(th, Tensor(rows.data(), DType::I32, {3}), td);
+  EXPECT_EQ(dst, (std::vector<float>{3.0f, 0.0f, 1.0f, -2.5f, 3.0f, 0.0f}));
+  rows[2] = 2;
+  EXPECT_THROW(be->gather_rows(th, Tensor(rows.data(), DType::I32, {3}), td), Error);
+  rows[2] = -1;
+  EXPECT_THROW(be->gather_rows(th, Tensor(rows.data(), DType::I32, {3}), td), Error);
+}
+
 // SparseD selection against the double reference: GQA, a prompt boundary inside a block, partial
 // last blocks, several rho values; and the kept count per set is exactly sparse_keep.
 TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {

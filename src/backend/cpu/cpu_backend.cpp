@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void free_weights(void* p) override { std::free(p); }
   void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void copy_on_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void synchronize() override {}
 
   void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
@@ -54,6 +55,9 @@ class CpuBackend final : public Backend {
     cpu::scatter_rows(src, rows, dst);
   }
   void convert(const Tensor& src, Tensor& dst) override { cpu::convert(src, dst); }
+  void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
+    cpu::gather_rows(src, rows, dst);
+  }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cpu_sample_rows(logits, keys, p, tok, conf);

@@ -13,6 +13,7 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);
+void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p);
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,

@@ -192,4 +192,35 @@ void convert(const Tensor& src, Tensor& dst) {
   for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 
+void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const bool widen = src.dtype == DType::BF16 && dst.dtype == DType::F32;
+  TESSERA_CHECK((src.dtype == dst.dtype || widen) && src.cols() == dst.cols(),
+                "gather_rows: src and dst must have the same columns and dtype (or bf16 into f32)");
+  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == dst.rows(),
+                "gather_rows: one i32 row index per destination row expected");
+  const int32_t* idx = rows.as<const int32_t>();
+  for (int64_t i = 0; i < dst.rows(); ++i) {
+    TESSERA_CHECK(idx[i] >= 0 && idx[i] < src.rows(), "gather_rows: row index " + std::to_string(idx[i]) +
+                                                          " is outside the source's " +
+                                                          std::to_string(src.rows()) + " rows");
+  }
+  const int64_t cols = dst.cols();
+  if (widen) {
+    const auto* s = src.as<const uint16_t>();
+    float* d = dst.as<float>();
+#pragma omp parallel for if (dst.rows() * cols > (int64_t{1} << 18))
+    for (int64_t i = 0; i < dst.rows(); ++i) {
+      const uint16_t* r = s + static_cast<int64_t>(idx[i]) * cols;
+      for (int64_t c = 0; c < cols; ++c) d[i * cols + c] = bf16_to_f32(r[c]);
+    }
+    return;
+  }
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(dst.dtype);
+#pragma omp parallel for if (static_cast <size_t>(dst.rows()) * row_bytes > (size_t{1} << 20))
+  for (int64_t i = 0; i < dst.rows(); ++i) {
+    std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(i) * row_bytes,
+                static_cast<const char*>(src.data) + static_cast<size_t>(idx[i]) * row_bytes, row_bytes);
+  }
+}
+
 }  // namespace tessera::cpu

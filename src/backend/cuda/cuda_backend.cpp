@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_), "copy to host");
     synchronize();
   }
+  void copy_on_device(void* dst, const void* src, size_t n) override {
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "copy on device");
+  }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
 
   void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
@@ -136,6 +139,9 @@ class CudaBackend final : public Backend {
     cuda::scatter_rows(src, rows, dst, stream_);
   }
   void convert(const Tensor& src, Tensor& dst) override { cuda::convert(src, dst, stream_); }
+  void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
+    cuda::gather_rows(src, rows, dst, stream_);
+  }
   void sample_rows(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
                    Tensor& conf) override {
     cuda::sample_rows(logits, keys, p, tok, conf, stream_);

@@ -45,6 +45,8 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s);
 // dst = src converted elementwise (f32 <-> bf16, or a copy).
 void convert(const Tensor& src, Tensor& dst, cudaStream_t s);
+// dst[i] = src[rows[i]] (bf16 rows widened to f32, or copied); indices outside src leave the row unwritten.
+void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p, cudaStream_t s);
 // The generic attention kernel (any head_dim <= 256); the tensor-core kernel is tested against it.

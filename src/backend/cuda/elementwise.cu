@@ -118,6 +118,33 @@ __global__ void scatter_rows_bf16_kernel(const float* src, const int32_t* rows, 
     dst[static_cast<int64_t>(d) * cols + c] = float_to_bf16(src[r * cols + c]);
 }
 
+// One block per destination row: dst[r] = src[rows[r]], 16-byte words when the rows allow it.
+__global__ void gather_rows_kernel(const char* src, const int32_t* rows, char* dst, int64_t src_rows,
+                                   int64_t row_bytes, bool vec16) {
+  const int64_t r = blockIdx.x;
+  const int32_t g = rows[r];
+  if (g < 0 || g >= src_rows) return;
+  const char* s = src + static_cast<int64_t>(g) * row_bytes;
+  char* o = dst + r * row_bytes;
+  if (vec16) {
+    for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x)
+      reinterpret_cast<int4*>(o)[i] = reinterpret_cast<const int4*>(s)[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
+      reinterpret_cast<int32_t*>(o)[i] = reinterpret_cast<const int32_t*>(s)[i];
+  }
+}
+
+// bf16 rows of the source widened into f32 rows of the destination; one block per destination row.
+__global__ void gather_rows_f32_kernel(const __nv_bfloat16* src, const int32_t* rows, float* dst,
+                                       int64_t src_rows, int64_t cols) {
+  const int64_t r = blockIdx.x;
+  const int32_t g = rows[r];
+  if (g < 0 || g >= src_rows) return;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dst[r * cols + c] = bf16_to_float(src[static_cast<int64_t>(g) * cols + c]);
+}
+
 __global__ void convert_kernel(const void* src, int sdt, void* dst, bool dst_bf16, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -219,6 +246,29 @@ void convert(const Tensor& src, Tensor& dst, cudaStream_t s) {
   convert_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, s>>>(
       src.data, dtype_code(src.dtype), dst.data, dst.dtype == DType::BF16, n);
   check_launch("convert");
+}
+
+void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s) {
+  const bool widen = src.dtype == DType::BF16 && dst.dtype == DType::F32;
+  TESSERA_CHECK((src.dtype == dst.dtype || widen) && src.cols() == dst.cols(),
+                "gather_rows: src and dst must have the same columns and dtype (or bf16 into f32)");
+  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == dst.rows(),
+                "gather_rows: one i32 row index per destination row expected");
+  if (dst.rows() == 0 || dst.cols() == 0) return;
+  if (widen) {
+    gather_rows_f32_kernel<<<static_cast<unsigned>(dst.rows()), 128, 0, s>>>(
+        src.as<const __nv_bfloat16>(), rows.as<const int32_t>(), dst.as<float>(), src.rows(), dst.cols());
+    check_launch("gather_rows");
+    return;
+  }
+  const int64_t row_bytes = dst.cols() * static_cast<int64_t>(dtype_size(dst.dtype));
+  TESSERA_CHECK(row_bytes % 4 == 0, "gather_rows: rows must be a multiple of 4 bytes");
+  const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(dst.data) % 16 == 0;
+  gather_rows_kernel<<<static_cast<unsigned>(dst.rows()), 128, 0, s>>>(
+      static_cast<const char*>(src.data), rows.as<const int32_t>(), static_cast<char*>(dst.data), src.rows(),
+      row_bytes, vec16);
+  check_launch("gather_rows");
 }
 
 }  // namespace tessera::cuda
