@@ -220,33 +220,40 @@ TEST(Batch, PackedRequestsEqualTheirSoloGenerations) {
   }
 }
 
+// Dream (shifted logits) and LLaDA2 (block-causal, requests of two attention blocks), without and with
+// KV caches (prefix and dual; exact on LLaDA2).
 TEST(Batch, DreamAndBlockCausalModels) {
   for (const char* family : {"dream", "llada2"}) {
     TESSERA_TINY_OR_SKIP(dir, family, "--seed 9");
     auto e = Engine::load(dir);
-    std::vector<Request> qs;
-    for (int i = 0; i < 4; ++i) {
-      Request q;
-      q.prompt = prompt_of(6 + 5 * i, e->vocab_size(), 40 + static_cast<uint64_t>(i));
-      q.o.gen_length = 24;
-      q.o.steps = 12;
-      q.o.block_length = i % 2 == 0 ? 8 : 12;  // LLaDA2: two attention blocks among the requests
-      q.o.temperature = i == 3 ? 0.8f : 0.0f;
-      q.o.seed = 3;
-      if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? "maskgit_plus" : "entropy";
-      if (std::string(family) == "llada2") q.o.threshold = i == 2 ? 0.5f : 0.0f;
-      q.o.eos_ids = {e->config().eos_id};
-      qs.push_back(std::move(q));
+    for (const bool cached : {false, true}) {
+      std::vector<Request> qs;
+      for (int i = 0; i < 4; ++i) {
+        Request q;
+        q.prompt = prompt_of(6 + 5 * i, e->vocab_size(), 40 + static_cast<uint64_t>(i));
+        q.o.gen_length = 24;
+        q.o.steps = 12;
+        q.o.block_length = i % 2 == 0 ? 8 : 12;  // LLaDA2: two attention blocks among the requests
+        q.o.temperature = i == 3 ? 0.8f : 0.0f;
+        q.o.seed = 3;
+        if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? "maskgit_plus" : "entropy";
+        if (std::string(family) == "llada2") q.o.threshold = i == 2 ? 0.5f : 0.0f;
+        if (cached) q.o.cache = i == 1 ? "prefix" : "dual";
+        q.o.eos_ids = {e->config().eos_id};
+        qs.push_back(std::move(q));
+      }
+      std::vector<Outcome> want;
+      for (const Request& q : qs) {
+        want.push_back(solo(*e, q));
+        ASSERT_EQ(want.back().error, "") << family;
+      }
+      Batcher b(*e, 8, std::chrono::milliseconds(50));
+      SCOPED_TRACE(std::string(family) + (cached ? " cached" : ""));
+      expect_same(batched(b, qs), want);
+      EXPECT_GT(b.stats().largest, 1);
+      if (cached)
+        EXPECT_GT(b.stats().cached_sequences, b.stats().cached_forwards) << "no cached step was shared";
     }
-    std::vector<Outcome> want;
-    for (const Request& q : qs) {
-      want.push_back(solo(*e, q));
-      ASSERT_EQ(want.back().error, "") << family;
-    }
-    Batcher b(*e, 8, std::chrono::milliseconds(50));
-    SCOPED_TRACE(family);
-    expect_same(batched(b, qs), want);
-    EXPECT_GT(b.stats().largest, 1);
   }
 }
 
@@ -499,39 +506,6 @@ TEST(Batch, CachedRequestsArePackedAndEqualTheirSoloGenerations) {
   // Arriving one after another, while the earlier ones hold their rows.
   expect_same(batched(b, qs, std::chrono::milliseconds(15)), want);
   EXPECT_EQ(e->kv_slots_open(), 0);
-}
-
-// Block-causal LLaDA2 (its cache is exact) and Dream (shifted logits) with caches, requests of two
-// attention blocks among them.
-TEST(Batch, CachedRequestsOfDreamAndBlockCausalModels) {
-  for (const char* family : {"dream", "llada2"}) {
-    TESSERA_TINY_OR_SKIP(dir, family, "--seed 9");
-    auto e = Engine::load(dir);
-    std::vector<Request> qs;
-    for (int i = 0; i < 4; ++i) {
-      Request q;
-      q.prompt = prompt_of(6 + 5 * i, e->vocab_size(), 60 + static_cast<uint64_t>(i));
-      q.o.gen_length = 24;
-      q.o.steps = 12;
-      q.o.block_length = i % 2 == 0 ? 8 : 12;
-      q.o.cache = i == 1 ? "prefix" : "dual";
-      q.o.temperature = i == 3 ? 0.8f : 0.0f;
-      q.o.seed = 4;
-      if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? "maskgit_plus" : "entropy";
-      if (std::string(family) == "llada2") q.o.threshold = i == 2 ? 0.5f : 0.0f;
-      q.o.eos_ids = {e->config().eos_id};
-      qs.push_back(std::move(q));
-    }
-    std::vector<Outcome> want;
-    for (const Request& q : qs) {
-      want.push_back(solo(*e, q));
-      ASSERT_EQ(want.back().error, "") << family;
-    }
-    Batcher b(*e, 8, std::chrono::milliseconds(50));
-    SCOPED_TRACE(family);
-    expect_same(batched(b, qs), want);
-    EXPECT_GT(b.stats().cached_sequences, b.stats().cached_forwards);
-  }
 }
 
 // Under a memory budget that holds one request's cache (and its largest step) but not two: the
