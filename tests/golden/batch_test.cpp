@@ -251,8 +251,9 @@ TEST(Batch, DreamAndBlockCausalModels) {
       SCOPED_TRACE(std::string(family) + (cached ? " cached" : ""));
       expect_same(batched(b, qs), want);
       EXPECT_GT(b.stats().largest, 1);
-      if (cached)
+      if (cached) {
         EXPECT_GT(b.stats().cached_sequences, b.stats().cached_forwards) << "no cached step was shared";
+      }
     }
   }
 }
