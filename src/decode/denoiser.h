@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -32,6 +34,16 @@ struct DesConfig {
   float beta = 0.4f;
   bool all_rows = false;
 };
+
+// predict_cached's computed rows: [q_lo, q_hi) of a canvas of n positions, as the row list of
+// predict_rows (throws Error unless it is a non-empty range of the canvas).
+inline void cached_range(int64_t q_lo, int64_t q_hi, int64_t n, std::vector<int32_t>& rows) {
+  TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
+                "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
+                    ") are not a non-empty range of the canvas of " + std::to_string(n));
+  rows.resize(static_cast<size_t>(q_hi - q_lo));
+  for (int64_t r = q_lo; r < q_hi; ++r) rows[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
+}
 
 class Denoiser {
  public:

@@ -54,12 +54,7 @@ class Batcher::Proxy final : public Denoiser {
   }
   void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
                std::span<int32_t> tokens, std::span<float> conf) override {
-    Call c;
-    c.canvas = canvas;
-    c.positions = positions;
-    c.sp = sp;
-    c.tokens = tokens;
-    c.conf = conf;
+    Call c = sample_call(canvas, positions, sp, tokens, conf);
     post(c);
   }
   void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
@@ -79,30 +74,30 @@ class Batcher::Proxy final : public Denoiser {
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override {
-    const auto n = static_cast<int64_t>(canvas.size());
-    TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
-                  "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
-                      ") are not a non-empty range of the canvas of " + std::to_string(n));
-    range_.resize(static_cast<size_t>(q_hi - q_lo));
-    for (int64_t r = q_lo; r < q_hi; ++r) range_[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
+    cached_range(q_lo, q_hi, static_cast<int64_t>(canvas.size()), range_);
     predict_rows(canvas, range_, positions, sp, tokens, conf);
   }
   void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
                     std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                     std::span<float> conf) override {
     if (slot_ < 0) fail("internal error: a batched request without a KV cache slot uses the cache");
-    Call c;
+    Call c = sample_call(canvas, positions, sp, tokens, conf);
     c.slot = slot_;
-    c.canvas = canvas;
     c.rows = rows;
-    c.positions = positions;
-    c.sp = sp;
-    c.tokens = tokens;
-    c.conf = conf;
     post(c);
   }
 
  private:
+  static Call sample_call(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+                          const SampleParams& sp, std::span<int32_t> tokens, std::span<float> conf) {
+    Call c;
+    c.canvas = canvas;
+    c.positions = positions;
+    c.sp = sp;
+    c.tokens = tokens;
+    c.conf = conf;
+    return c;
+  }
   void post(Call& c) {
     c.block = block_;
     std::unique_lock<std::mutex> l(b_.m_);

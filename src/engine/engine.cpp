@@ -14,6 +14,26 @@
 
 namespace tessera {
 
+namespace {
+
+// The KV cache pool's layout: the State tensors of g, in declaration order, are consecutive slices of
+// the pool's rows, so the slice of a tensor starts at (the row bytes of the tensors before it) * rows.
+// Calls f(tensor id, row bytes before it, its row bytes) for each; returns the bytes of one pool row.
+template <class F>
+size_t for_each_state(const graph::GraphTemplate& g, F&& f) {
+  size_t before = 0;
+  for (size_t i = 0; i < g.tensors().size(); ++i) {
+    const graph::TensorDecl& d = g.tensors()[i];
+    if (d.kind != graph::TensorKind::State) continue;
+    const size_t row = static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
+    f(i, before, row);
+    before += row;
+  }
+  return before;
+}
+
+}  // namespace
+
 std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
@@ -124,16 +144,13 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   }
   ctx.dump_dir = opt_.dump_dir;
   if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
-  if (kv_cache) {  // State tensors: consecutive slices of the pool, kv_pool_rows_ rows each
+  if (kv_cache) {  // State tensors: their slices of the pool, kv_pool_rows_ rows each
     state_ptrs_.assign(g.tensors().size(), nullptr);
-    size_t off = 0;
-    for (size_t i = 0; i < g.tensors().size(); ++i) {
-      const graph::TensorDecl& d = g.tensors()[i];
-      if (d.kind != graph::TensorKind::State) continue;
-      state_ptrs_[i] = static_cast<char*>(kv_buf_) + off;
-      off += static_cast<size_t>(kv_pool_rows_ * d.rows_mul * d.cols) * dtype_size(d.dtype);
-    }
-    TESSERA_CHECK(off <= kv_bytes_, "engine: internal error, the KV cache layout exceeds its buffer");
+    const size_t row = for_each_state(g, [&](size_t i, size_t before, size_t) {
+      state_ptrs_[i] = static_cast<char*>(kv_buf_) + before * static_cast<size_t>(kv_pool_rows_);
+    });
+    TESSERA_CHECK(row * static_cast<size_t>(kv_pool_rows_) <= kv_bytes_,
+                  "engine: internal error, the KV cache layout exceeds its buffer");
     ctx.state = &state_ptrs_;
     ctx.state_rows = kv_pool_rows_;
   }
@@ -396,8 +413,12 @@ void Engine::logits(std::span<const int32_t> canvas, std::span<const int32_t> po
   forward_logits(std::span<const SeqInput>(&s, 1), out);
 }
 
+bool Engine::held_fits(size_t others, size_t bytes) const {
+  return opt_.memory_budget == 0 || model_->weight_bytes() + others + bytes < opt_.memory_budget;
+}
+
 void Engine::check_held(size_t others, size_t bytes, const std::string& what) const {
-  if (opt_.memory_budget == 0 || model_->weight_bytes() + others + bytes < opt_.memory_budget) return;
+  if (held_fits(others, bytes)) return;
   fail(
       "memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
       " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) + ")" +
@@ -442,15 +463,12 @@ void Engine::kv_grow(int64_t rows, const std::string& what) {
   check_held(kv_bytes_ + sparse_bytes_, bytes,
              what + ", while the pool grows (the caches held are copied into the grown pool)");
   void* grown = backend_->alloc_weights(bytes);
-  size_t old_off = 0, new_off = 0;  // each State tensor's slice keeps its first kv_pool_rows_ rows
-  for (const graph::TensorDecl& d : model_->graph(OutputMode::Sample, true).tensors()) {
-    if (d.kind != graph::TensorKind::State) continue;
-    const size_t row = static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
-    backend_->copy_on_device(static_cast<char*>(grown) + new_off, static_cast<char*>(kv_buf_) + old_off,
-                             row * static_cast<size_t>(kv_pool_rows_));
-    old_off += row * static_cast<size_t>(kv_pool_rows_);
-    new_off += row * static_cast<size_t>(rows);
-  }
+  // Each State tensor's slice keeps its first kv_pool_rows_ rows.
+  const auto old_rows = static_cast<size_t>(kv_pool_rows_);
+  for_each_state(model_->graph(OutputMode::Sample, true), [&](size_t, size_t before, size_t row) {
+    backend_->copy_on_device(static_cast<char*>(grown) + before * static_cast<size_t>(rows),
+                             static_cast<char*>(kv_buf_) + before * old_rows, row * old_rows);
+  });
   backend_->synchronize();
   backend_->free_weights(kv_buf_);
   kv_buf_ = grown;
@@ -464,12 +482,8 @@ void Engine::kv_place(int slot, int64_t capacity) {
   TESSERA_CHECK(capacity > 0 && capacity <= cfg.max_positions,
                 "KV cache: a canvas of " + std::to_string(capacity) + " positions does not fit the model's " +
                     std::to_string(cfg.max_positions) + " positions");
-  if (kv_row_bytes_ == 0) {  // one canvas row of every State tensor
-    for (const graph::TensorDecl& d : model_->graph(OutputMode::Sample, true).tensors()) {
-      if (d.kind == graph::TensorKind::State)
-        kv_row_bytes_ += static_cast<size_t>(d.rows_mul * d.cols) * dtype_size(d.dtype);
-    }
-  }
+  if (kv_row_bytes_ == 0)  // one canvas row of every State tensor
+    kv_row_bytes_ = for_each_state(model_->graph(OutputMode::Sample, true), [](size_t, size_t, size_t) {});
   if (kv_slots_.size() <= static_cast<size_t>(slot)) kv_slots_.resize(static_cast<size_t>(slot) + 1);
   kv_slots_[static_cast<size_t>(slot)].open = false;
   const int64_t base = kv_base(capacity);
@@ -502,9 +516,9 @@ bool Engine::kv_fits(int64_t capacity) const {
   if (opt_.memory_budget == 0 || kv_row_bytes_ == 0) return true;  // (no pool yet: kv_open checks it)
   const int64_t need = kv_base(capacity) + capacity;
   if (need <= kv_pool_rows_) return true;
-  const size_t grown = kv_row_bytes_ * static_cast<size_t>(need);
-  const size_t copied = kv_slots_open() > 0 ? kv_bytes_ : 0;
-  return model_->weight_bytes() + sparse_bytes_ + copied + grown < opt_.memory_budget;
+  // As kv_grow: with live rows the old pool is held while they are copied into the grown one.
+  return held_fits(sparse_bytes_ + (kv_slots_open() > 0 ? kv_bytes_ : 0),
+                   kv_row_bytes_ * static_cast<size_t>(need));
 }
 
 void Engine::kv_close(int slot) {
@@ -540,7 +554,7 @@ void Engine::kv_cache_reset(int64_t capacity) {
 void Engine::predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                             std::span<const int32_t> positions, const SampleParams& sp,
                             std::span<int32_t> tokens, std::span<float> conf) {
-  range_rows(canvas, q_lo, q_hi);
+  cached_range(q_lo, q_hi, static_cast<int64_t>(canvas.size()), req_rows_);
   predict_rows(canvas, req_rows_, positions, sp, tokens, conf);
 }
 
@@ -556,7 +570,7 @@ void Engine::predict_rows(std::span<const int32_t> canvas, std::span<const int32
 
 void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                            std::span<const int32_t> positions, std::span<float> out) {
-  range_rows(canvas, q_lo, q_hi);
+  cached_range(q_lo, q_hi, static_cast<int64_t>(canvas.size()), req_rows_);
   logits_rows(canvas, req_rows_, positions, out);
 }
 
@@ -600,15 +614,6 @@ bool Engine::packed_cached_fits(OutputMode mode, std::span<const CachedSeq> seqs
   s.n_seqs = static_cast<int64_t>(seqs.size());
   size_t floor = 0;
   return try_program(mode, s, true, floor) != nullptr;
-}
-
-void Engine::range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi) {
-  const auto n = static_cast<int64_t>(canvas.size());
-  TESSERA_CHECK(0 <= q_lo && q_lo < q_hi && q_hi <= n,
-                "KV cache: the computed rows [" + std::to_string(q_lo) + ", " + std::to_string(q_hi) +
-                    ") are not a non-empty range of the canvas of " + std::to_string(n));
-  req_rows_.resize(static_cast<size_t>(q_hi - q_lo));
-  for (int64_t r = q_lo; r < q_hi; ++r) req_rows_[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
 }
 
 void Engine::cached_rows(const CachedSeq& s, std::vector<int32_t>& out) {

@@ -213,8 +213,6 @@ class Engine final : public Denoiser {
   // The computed rows of one cached sequence (its rows and the logit rows of its positions) into
   // `out`, checked against the canvas and the slot's written rows.
   void cached_rows(const CachedSeq& s, std::vector<int32_t>& out);
-  // req_rows_ = [q_lo, q_hi) (checked against the canvas).
-  void range_rows(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi);
   const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
                                      const SampleParams* sp);
   // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
@@ -233,7 +231,9 @@ class Engine final : public Denoiser {
   // outside the plan: with a memory budget the weights plus everything held must stay below it, else
   // fails naming `what`. Drops the cached plans (the activation budget shrank).
   void grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what);
-  // Throws the budget error of grow_held unless the weights, `others` and `bytes` fit the budget.
+  // Whether the weights, `others` and `bytes` fit the budget; check_held throws grow_held's budget
+  // error unless they do.
+  bool held_fits(size_t others, size_t bytes) const;
   void check_held(size_t others, size_t bytes, const std::string& what) const;
   // The KV cache pool: the first base of `capacity` free rows among the open slots' regions (the end of
   // the last region when no gap is large enough, possibly past kv_rows_); growth to `rows` rows.
@@ -270,7 +270,7 @@ class Engine final : public Denoiser {
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_, cache_rows_, kv_rows_;
   std::vector<int64_t> seq_rows_;         // the first logit row of each sequence of the step, and the end
   std::span<const SampleParams> seq_sp_;  // per-sequence sampling of the current forward_sample, if any
-  std::vector<int32_t> req_rows_;         // a KV-cache step's requested rows (range_rows)
+  std::vector<int32_t> req_rows_;         // a KV-cache step's requested rows (cached_range)
   // KV cache pool: one backend buffer with every State tensor at kv_pool_rows_ rows (kv_row_bytes_ per
   // row of all of them); each open slot owns the rows [base, base + capacity), `written` marks the rows
   // whose K / V it holds for its request, `block` the attention block they were computed under.
