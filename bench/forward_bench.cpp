@@ -6,7 +6,8 @@
 // cudaMemGetInfo, the CUDA context included) or resident memory (CPU: peak RSS).
 // Usage: forward_bench [--geometry llada-mid] [--lengths 512,2048 | 0] [--ratios 0.1,0.5,0.9]
 //                      [--reps 3] [--device cpu|cuda] [--json FILE]
-//                      [--lmax 24,40 --lmax-ratio 0.5 --lmax-cap 65536]
+//                      [--lmax 24,40 --lmax-ratio 0.5 --lmax-cap 65536] [--profile 1]
+// --profile 1: every op synchronised and timed; after each masked step's row, the share of each op kind.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   std::vector<double> lengths = {512, 2048}, ratios = {0.1, 0.5, 0.9}, lmax_budgets;
   double lmax_ratio = 0.5, lmax_cap = 65536;
   int reps = 3;
+  bool profile = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--geometry")
@@ -68,6 +70,8 @@ int main(int argc, char** argv) {
       lmax_ratio = std::stod(v);
     else if (k == "--lmax-cap")
       lmax_cap = std::stod(v);
+    else if (k == "--profile")
+      profile = v != "0";
     else {
       std::fprintf(stderr, "forward_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   const ModelConfig cfg = named_geometry(geometry);
   EngineOptions opt;
   opt.device = device;
+  opt.profile_ops = profile;
   // The process's memory now (CUDA: device bytes in use, once a backend exists; CPU: resident bytes).
   const auto cuda_free = [&](Engine& eng) { return eng.backend().device_free_bytes(); };
   std::ostringstream lj;  // L_max rows (JSON)
@@ -157,6 +162,7 @@ int main(int argc, char** argv) {
     std::vector<float> conf(pos.size());
     SampleParams sp;
     e->predict(canvas, pos, sp, tok, conf);  // warm-up: plan + primitives
+    e->reset_op_seconds();
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -191,6 +197,8 @@ int main(int argc, char** argv) {
                   static_cast<long long>(L), r, full_ms, static_cast<double>(full_peak) / 1048576.0, mask_ms,
                   static_cast<double>(mask_peak) / 1048576.0, full_ms / mask_ms,
                   static_cast<double>(full_peak) / static_cast<double>(mask_peak));
+      if (profile)  // the op kinds of the masked step's timed runs, largest first
+        std::printf("       ops (per step): %s\n", format_op_seconds(e->op_seconds(), reps).c_str());
       js << (first ? "" : ",") << "{\"L\":" << L << ",\"mask_ratio\":" << r << ",\"full_ms\":" << full_ms
          << ",\"full_peak\":" << full_peak << ",\"mask_ms\":" << mask_ms << ",\"mask_peak\":" << mask_peak
          << "}";

@@ -55,6 +55,7 @@ struct Row {
   double agreement = 1.0;
   double experts = 0;      // MoE models: mean unique experts per (MoE layer, forward)
   double moe_seconds = 0;  // --profile: time in the MoE router and expert FFN ops
+  std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
   std::vector<int32_t> tokens;
 };
 
@@ -87,6 +88,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     if (rep == 0 || s < r.seconds) {
       r.seconds = s;
       const auto& ops = e.op_seconds();
+      r.op_seconds = ops;
       r.moe_seconds =
           ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
     }
@@ -247,6 +249,12 @@ int run_bench(const BenchArgs& a) {
     if (a.profile)
       std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
     std::printf("\n");
+    if (a.profile) std::printf("    ops: %s\n", format_op_seconds(r.op_seconds).c_str());
+    json op_json = json::object();
+    for (int k = 0; k < graph::kOpKinds; ++k) {
+      if (r.op_seconds[static_cast<size_t>(k)] > 0)
+        op_json[graph::op_name(static_cast<graph::OpKind>(k))] = r.op_seconds[static_cast<size_t>(k)];
+    }
     comparisons.push_back({{"option", r.label},
                            {"seconds", r.seconds},
                            {"tokens_per_second", a.gen_length / r.seconds},
@@ -259,7 +267,8 @@ int run_bench(const BenchArgs& a) {
                            {"kv_cache_bytes", r.kv_cache},
                            {"agreement", r.agreement},
                            {"experts_per_moe_layer", r.experts},
-                           {"moe_seconds", r.moe_seconds}});
+                           {"moe_seconds", r.moe_seconds},
+                           {"op_seconds", std::move(op_json)}});
   }
   json batch_json = nullptr;
   if (a.batch >= 2) {
@@ -351,8 +360,8 @@ void add_bench(CLI::App& app, Registry& reg) {
       ->check(CLI::Range(2, 256));
   sub->add_option("--json", a->json_path, "write the results as JSON");
   sub->add_flag("--profile", a->profile,
-                "time every op (synchronising the device after each) and report the MoE router + expert FFN "
-                "time per row");
+                "time every op (synchronising the device after each): the seconds of each op kind per row, "
+                "and the MoE router + expert FFN time");
   reg.handlers.emplace_back(sub, [a] { return run_bench(*a); });
 }
 

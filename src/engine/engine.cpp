@@ -830,4 +830,25 @@ void Engine::set_attention_block(int block) {
   // (a KV cache slot's rows computed under the old mask are dropped at its next step: cached_rows)
 }
 
+std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per) {
+  std::vector<int> kinds;
+  double total = 0;
+  for (int k = 0; k < graph::kOpKinds; ++k) {
+    total += seconds[static_cast<size_t>(k)];
+    if (seconds[static_cast<size_t>(k)] > 0) kinds.push_back(k);
+  }
+  std::stable_sort(kinds.begin(), kinds.end(), [&](int a, int b) {
+    return seconds[static_cast<size_t>(a)] > seconds[static_cast<size_t>(b)];
+  });
+  std::string out;
+  char buf[96];
+  for (int k : kinds) {
+    const double sec = seconds[static_cast<size_t>(k)];
+    std::snprintf(buf, sizeof buf, "%s%s %.3f s (%.0f%%)", out.empty() ? "" : ", ",
+                  graph::op_name(static_cast<graph::OpKind>(k)), sec / per, 100.0 * sec / total);
+    out += buf;
+  }
+  return out;
+}
+
 }  // namespace tessera

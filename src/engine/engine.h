@@ -309,4 +309,8 @@ class Engine final : public Denoiser {
   void des_step_rows(std::span<const int32_t> q_pos);
 };
 
+// "attention 1.23 s (41%), gemm ..." for the op kinds that took time, largest first; seconds divided
+// by `per` (e.g. the repetitions that were summed).
+std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per = 1.0);
+
 }  // namespace tessera

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "backend/backend.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "test_util.h"
 
@@ -68,15 +70,17 @@ std::vector<float> naive_attention(const AttnCase& c, const std::vector<float>& 
   return out;
 }
 
-void check_attention(AttnCase c, uint64_t seed) {
+void check_attention(AttnCase c, uint64_t seed, DType out_dtype = DType::F32) {
   auto be = make_cpu_backend();
   const int64_t nq = c.cu_q.back(), nk = c.cu_k.back();
   auto q = random_floats(static_cast<size_t>(nq * c.hq * c.d), seed);
   auto k = random_floats(static_cast<size_t>(nk * c.hkv * c.d), seed + 1);
   auto v = random_floats(static_cast<size_t>(nk * c.hkv * c.d), seed + 2);
   std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint16_t> out16(q.size(), 0x7fc0);  // bf16 NaN
   Tensor tq(q.data(), DType::F32, {nq, c.hq * c.d}), tk(k.data(), DType::F32, {nk, c.hkv * c.d}),
       tv(v.data(), DType::F32, {nk, c.hkv * c.d}), to(out.data(), DType::F32, {nq, c.hq * c.d});
+  if (out_dtype == DType::BF16) to = Tensor(out16.data(), DType::BF16, {nq, c.hq * c.d});
   AttnParams p;
   p.mask = c.mask;
   p.block_size = c.block;
@@ -98,6 +102,11 @@ void check_attention(AttnCase c, uint64_t seed) {
   }
   be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, p);
   const auto ref = naive_attention(c, q, k, v);
+  if (out_dtype == DType::BF16) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(out16[i]);
+    EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), 1e-2);
+    return;
+  }
   EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), 1e-5);
 }
 
@@ -170,6 +179,49 @@ TEST(CpuAttention, BlockSparseSkipsExactlyTheDroppedTiles) {
     c.mask = MaskKind::Causal;
     check_attention(c, 50 + static_cast<uint64_t>(bs));
   }
+}
+
+// Head dimensions that are and are not whole vectors (8, 40, 64, 128), lengths that cut the kernel's
+// 128-row query tiles, 128-key tiles and 4-row micro-kernels, GQA, every mask, f32 and bf16 output.
+TEST(CpuAttention, HeadDimensionsAndTileEdges) {
+  for (const int d : {8, 40, 64, 128}) {
+    for (const int n : {1, 5, 130, 301}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " length " + std::to_string(n));
+      AttnCase c{4, 2, d, {0, n}, {0, n}, iota(n), iota(n)};
+      const auto seed = static_cast<uint64_t>(100 + d * 1000 + n);
+      check_attention(c, seed);
+      c.mask = MaskKind::BlockCausal;
+      c.block = 48;
+      check_attention(c, seed + 1);
+      c.mask = MaskKind::Causal;
+      check_attention(c, seed + 2, DType::BF16);
+    }
+  }
+}
+
+// A key that no query of a tile can see is never read: NaN in its V (memory a step never wrote)
+// reaches no output. 40 queries at positions 0..39 see, causally, only the first 40 of 300 keys.
+TEST(CpuAttention, KeysNoQuerySeesAreNeverRead) {
+  auto be = make_cpu_backend();
+  AttnCase c{2, 2, 64, {0, 40}, {0, 300}, iota(40), iota(300), MaskKind::Causal};
+  auto q = random_floats(static_cast<size_t>(40 * c.hq * c.d), 21);
+  auto k = random_floats(static_cast<size_t>(300 * c.hkv * c.d), 22);
+  auto v = random_floats(static_cast<size_t>(300 * c.hkv * c.d), 23);
+  const auto ref = naive_attention(c, q, k, v);
+  std::fill(k.begin() + 40 * c.hkv * c.d, k.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(v.begin() + 40 * c.hkv * c.d, v.end(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  Tensor tq(q.data(), DType::F32, {40, c.hq * c.d}), tk(k.data(), DType::F32, {300, c.hkv * c.d}),
+      tv(v.data(), DType::F32, {300, c.hkv * c.d}), to(out.data(), DType::F32, {40, c.hq * c.d});
+  AttnParams p;
+  p.mask = c.mask;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  p.cu_q = c.cu_q.data();
+  p.cu_k = c.cu_k.data();
+  p.q_pos = c.q_pos.data();
+  p.k_pos = c.k_pos.data();
+  be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, p);
+  EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), 1e-5);
 }
 
 TEST(CpuAttention, QuerySubsetOfKeys) {
@@ -295,6 +347,106 @@ TEST(CpuOps, SwigluAndEmbed) {
 }
 
 // KV cache writes: named rows replaced, the others untouched; an index outside the destination fails.
+// The vector exp against std::exp: within 2 ulp over the whole float range it covers, then the edges:
+// overflow to +inf, underflow to 0, NaN kept.
+TEST(CpuSimd, ExpWithinTwoUlpOfStdExp) {
+  using namespace cpu::simd;
+  auto ulp_distance = [](float a, float b) {
+    int32_t ia, ib;
+    std::memcpy(&ia, &a, 4);
+    std::memcpy(&ib, &b, 4);
+    return std::abs(static_cast<int64_t>(ia) - ib);
+  };
+  int64_t worst = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; i += kW) {
+    vf x;
+    for (int l = 0; l < kW; ++l) x[l] = -87.3f + 176.0f * static_cast<float>(i + l) / n;
+    const vf e = cpu::simd::exp(x);
+    for (int l = 0; l < kW; ++l) worst = std::max(worst, ulp_distance(e[l], std::exp(x[l])));
+  }
+  EXPECT_LE(worst, 2);
+  vf x = splat(0.0f);
+  x[0] = 89.0f;
+  x[1] = -88.0f;
+  x[2] = std::numeric_limits<float>::quiet_NaN();
+  x[3] = -std::numeric_limits<float>::infinity();
+  const vf e = cpu::simd::exp(x);
+  EXPECT_EQ(e[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(e[1], 0.0f);
+  EXPECT_TRUE(std::isnan(e[2]));
+  EXPECT_EQ(e[3], 0.0f);
+  EXPECT_EQ(e[kW - 1], 1.0f);
+}
+
+// SwiGLU and RMSNorm over rows long enough for the vector paths (and a tail), f32 and bf16, against
+// scalar references: f32 within a few ulp; bf16 off by at most one bf16 step where e^x's last bits move
+// a rounding, and only rarely.
+TEST(CpuOps, SwigluAndRmsNormVectorPaths) {
+  auto be = make_cpu_backend();
+  const int64_t n = 1003;
+  auto g = random_floats(static_cast<size_t>(n), 31, 12.0f);
+  auto u = random_floats(static_cast<size_t>(n), 32);
+  g[5] = 0.0f;
+  g[6] = -95.0f;
+  g[7] = 95.0f;
+  g[8] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> o(static_cast<size_t>(n), NAN);
+  Tensor to(o.data(), DType::F32, {1, n});
+  be->swiglu(Tensor(g.data(), DType::F32, {1, n}), Tensor(u.data(), DType::F32, {1, n}), to);
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = g[static_cast<size_t>(i)];
+    const double ref = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
+    if (std::isnan(gi)) {
+      EXPECT_TRUE(std::isnan(o[static_cast<size_t>(i)]));
+      continue;
+    }
+    EXPECT_NEAR(o[static_cast<size_t>(i)], ref, 1e-6 * std::fabs(ref) + 1e-30) << "element " << i;
+  }
+  std::vector<uint16_t> gb(static_cast<size_t>(n)), ub(static_cast<size_t>(n)), ob(static_cast<size_t>(n));
+  for (size_t i = 0; i < gb.size(); ++i) {
+    gb[i] = f32_to_bf16(g[i]);
+    ub[i] = f32_to_bf16(u[i]);
+  }
+  Tensor tob(ob.data(), DType::BF16, {1, n});
+  be->swiglu(Tensor(gb.data(), DType::BF16, {1, n}), Tensor(ub.data(), DType::BF16, {1, n}), tob);
+  int moved = 0;
+  for (size_t i = 0; i < gb.size(); ++i) {
+    const float gv = bf16_to_f32(gb[i]);
+    const uint16_t ref = f32_to_bf16(round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(ub[i]));
+    if (std::isnan(gv)) {
+      EXPECT_TRUE(std::isnan(bf16_to_f32(ob[i])));
+      continue;
+    }
+    EXPECT_LE(std::abs(static_cast<int>(ob[i]) - ref), 1) << "element " << i;
+    moved += ob[i] != ref ? 1 : 0;
+  }
+  EXPECT_LE(moved, 10);
+  // RMSNorm: 3 rows of 1003 (whole vectors and a tail), bf16 weights, f32 and bf16 outputs.
+  auto x = random_floats(static_cast<size_t>(3 * n), 33);
+  auto wv = random_floats(static_cast<size_t>(n), 34);
+  std::vector<uint16_t> w16(wv.size());
+  for (size_t i = 0; i < wv.size(); ++i) w16[i] = f32_to_bf16(wv[i]);
+  std::vector<float> y(x.size(), NAN);
+  std::vector<uint16_t> y16(x.size(), 0x7fc0);
+  Tensor tx(x.data(), DType::F32, {3, n}), tw(w16.data(), DType::BF16, {n}), ty(y.data(), DType::F32, {3, n}),
+      ty16(y16.data(), DType::BF16, {3, n});
+  be->rmsnorm(tx, tw, 1e-5f, ty);
+  be->rmsnorm(tx, tw, 1e-5f, ty16);
+  for (int64_t r = 0; r < 3; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i)
+      ss += static_cast<double>(x[static_cast<size_t>(r * n + i)]) * x[static_cast<size_t>(r * n + i)];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + 1e-5);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t k = static_cast<size_t>(r * n + i);
+      const double ref = x[k] * inv * bf16_to_f32(w16[static_cast<size_t>(i)]);
+      EXPECT_NEAR(y[k], ref, 1e-5 * std::fabs(ref) + 1e-6) << "row " << r << " column " << i;
+      EXPECT_NEAR(bf16_to_f32(y16[k]), ref, 1e-2 * std::fabs(ref) + 1e-6) << "row " << r << " column " << i;
+    }
+  }
+}
+
 TEST(CpuOps, ScatterRowsHandComputed) {
   auto be = make_cpu_backend();
   std::vector<float> dst = {0, 0, 1, 1, 2, 2, 3, 3}, src = {10, 11, 20, 21};
@@ -345,7 +497,8 @@ TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {
   using Case = test::SparseSelectCase;
   for (const Case& c : {Case{4, 2, 32, 100, 100, 16, 0.3f, 37}, Case{2, 2, 64, 64, 64, 32, 0.5f, 64},
                         Case{4, 1, 16, 70, 70, 8, 0.0f, 0}, Case{2, 2, 16, 40, 40, 8, 1.0f, 17},
-                        Case{3, 3, 48, 129, 129, 32, 0.3f, 100}}) {
+                        Case{3, 3, 48, 129, 129, 32, 0.3f, 100}, Case{2, 1, 128, 300, 300, 64, 0.4f, 128},
+                        Case{2, 2, 40, 150, 290, 16, 0.3f, 33}}) {
     SCOPED_TRACE("hq " + std::to_string(c.hq) + " block " + std::to_string(c.block));
     // Scaled so that the softmax is far from uniform (real attention is peaked).
     auto q = random_floats(static_cast<size_t>(c.mq * c.hq * c.d), 11, 2.0f);

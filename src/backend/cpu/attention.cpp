@@ -1,18 +1,21 @@
-// Tiled (flash-style) attention on the CPU: online softmax over key tiles, never the L x L matrix.
-// Packed sequences, GQA, query subset vs key set by absolute positions, causal / block-causal.
+// Tiled (flash-style) attention on the CPU: tiles of 128 query rows against 128 keys with an online
+// softmax, never the L x L matrix; f32 arithmetic in register-blocked micro-kernels. Packed sequences,
+// GQA, query subset vs key set by absolute positions, causal / block-causal, block-sparse patterns.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 namespace tessera::cpu {
 namespace {
 
-constexpr int kBQ = 32;
+constexpr int kBQ = 128;
 constexpr int kBK = 128;
 constexpr int kMaxD = 256;
 
@@ -62,22 +65,179 @@ inline float exp_neg(float x) {
   return p * scale;
 }
 
-// One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb). K tiles are
-// transposed into a local buffer so that scores are computed with the key index innermost.
+// Register-blocked micro-kernels (backend/cpu/simd.h: the vector width follows the build's ISA): kR
+// query rows by kNV vectors of keys (scores) or of head dimensions (P V) stay in registers while the
+// inner loop runs over the head dimension (scores) or the keys (P V). Dot products and P V sums are
+// taken in the order of a plain scalar loop (t = 0..d-1; keys in order); only the softmax normaliser
+// is summed lane by lane, so it alone depends (in rounding) on the vector width.
+using simd::kW;
+using simd::load;
+using simd::splat;
+using simd::store;
+using simd::vf;
+using simd::vi;
+constexpr int kR = 4;                  // query rows per micro-kernel
+constexpr int kNV = kW >= 16 ? 4 : 2;  // vectors per row in the micro-kernel (16 or 8 accumulators)
+constexpr int kMaxDP = kMaxD;          // padded head dimension (a multiple of kW)
+// Row stride of the transposed K tile: kBK floats plus one vector, so that the d rows a key's column
+// is written into fall in different L1 sets (a stride of 512 bytes put them all in 8 of the 64 sets:
+// the transposition then thrashed L1 and took more time than the arithmetic).
+constexpr int kKt = kBK + kW;
+static_assert(kBQ % kR == 0 && kBK % (kW * kNV) == 0 && kMaxD % kW == 0, "attention tile sizes");
+
+// exp_neg on a vector, the same arithmetic lane by lane (floor as truncation corrected by the sign,
+// which is exact for the range used), so its results equal the scalar function's.
+inline vf exp_neg(vf x) {
+  const vf lim = splat(-100.0f);
+  const vi keep = x >= lim;  // false for NaN, as max(-100, NaN) = -100
+  x = simd::select(keep, x, lim);
+  const vf t = x * 1.44269504088896341f;
+  const vi ti = __builtin_convertvector(t, vi);  // truncation toward 0; t <= 0
+  const vf tt = __builtin_convertvector(ti, vf);
+  const vi below = tt > t;  // -1 where truncation rounded up
+  const vf fl = tt + __builtin_convertvector(below, vf);
+  const vf f = t - fl;
+  vf p = splat(1.5353362e-4f);
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6181291e-3f;
+  p = p * f + 5.5504109e-2f;
+  p = p * f + 2.4022651e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.0f;
+  const vi e = ti + below + 127;
+  const vi bits = (e & ~(e < 1)) << 23;
+  return p * (vf)bits;
+}
+
+// s[r][j0 + ...] = sum_t q[r][t] kt[t][j0 + ...] for kR rows and NV vectors of keys.
+template <int NV>
+inline void score_block(const float* q, int d, const float* kt, float* s) {
+  vf acc[kR][NV] = {};
+  for (int t = 0; t < d; ++t) {
+    vf kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = load(kt + t * kKt + v * kW);
+    for (int r = 0; r < kR; ++r) {
+      const float qv = q[r * d + t];
+      for (int v = 0; v < NV; ++v) acc[r][v] += qv * kv[v];
+    }
+  }
+  for (int r = 0; r < kR; ++r)
+    for (int v = 0; v < NV; ++v) store(s + r * kBK + v * kW, acc[r][v]);
+}
+
+// acc[r][t0 + ...] = acc * alpha[r] + sum over the listed keys j of p[r][j] v[j][t0 + ...].
+template <int NV>
+inline void pv_block(float* acc, int dp, const float* alpha, const float* p, const float* v, int64_t vstride,
+                     const int* keys, int n_keys) {
+  vf a[kR][NV];
+  for (int r = 0; r < kR; ++r)
+    for (int w = 0; w < NV; ++w) a[r][w] = load(acc + r * dp + w * kW) * alpha[r];
+  for (int jj = 0; jj < n_keys; ++jj) {
+    const int j = keys[jj];
+    vf vv[NV];
+    for (int w = 0; w < NV; ++w) vv[w] = load(v + j * vstride + w * kW);
+    for (int r = 0; r < kR; ++r) {
+      const float pj = p[r * kBK + j];
+      for (int w = 0; w < NV; ++w) a[r][w] += pj * vv[w];
+    }
+  }
+  for (int r = 0; r < kR; ++r)
+    for (int w = 0; w < NV; ++w) store(acc + r * dp + w * kW, a[r][w]);
+}
+
+// Runs f.template operator()<NV>(offset) over [0, n) in blocks of kNV vectors, the last block shorter.
+template <class F>
+inline void vector_blocks(int n_vectors, F&& f) {
+  int v0 = 0;
+  for (; v0 + kNV <= n_vectors; v0 += kNV) f.template operator()<kNV>(v0 * kW);
+  switch (n_vectors - v0) {
+    case 3:
+      if constexpr (kNV > 3) f.template operator()<3>(v0 * kW);
+      break;
+    case 2:
+      if constexpr (kNV > 2) f.template operator()<2>(v0 * kW);
+      break;
+    case 1:
+      f.template operator()<1>(v0 * kW);
+      break;
+    default:
+      break;
+  }
+}
+
+// The query rows [qa, qa + nq) of head hq, scaled, into qs[nr][d] (rows nq..nr zero); with positions,
+// returns their smallest and largest position.
+inline std::pair<int32_t, int32_t> load_queries(const TileCtx& c, const int32_t* q_pos, int64_t qa, int nq,
+                                                int nr, int64_t hq, float* qs) {
+  const int d = c.d;
+  int32_t qmin = std::numeric_limits<int32_t>::max(), qmax = std::numeric_limits<int32_t>::min();
+  for (int i = 0; i < nr; ++i) {
+    float* qi = qs + i * d;
+    if (i >= nq) {
+      std::fill(qi, qi + d, 0.0f);
+      continue;
+    }
+    const float* src = c.q + (qa + i) * c.q_stride + hq * d;
+    for (int t = 0; t < d; ++t) qi[t] = src[t] * c.scale;
+    if (q_pos != nullptr) {
+      qmin = std::min(qmin, q_pos[qa + i]);
+      qmax = std::max(qmax, q_pos[qa + i]);
+    }
+  }
+  return {qmin, qmax};
+}
+
+// Keys [k0, k0 + nk) of kv head hk transposed into kt[d][kKt], padded with zero keys to whole vectors.
+// K and V rows are a page or more apart (every head's K of a row lies together), so the hardware
+// prefetchers, which stop at page boundaries, miss every row: K is prefetched kPf rows ahead (up to
+// k_end) and, with prefetch_v, this row's V, read after the scores.
+inline void load_keys(const TileCtx& c, int64_t k0, int nk, int64_t k_end, int64_t hk, bool prefetch_v,
+                      float* kt) {
+  constexpr int kPf = 8;
+  const int d = c.d;
+  for (int j = 0; j < nk; ++j) {
+    const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
+    for (int t = 0; t < d; t += 16) {
+      if (k0 + j + kPf < k_end) __builtin_prefetch(kj + kPf * c.kv_stride + t);
+      if (prefetch_v) __builtin_prefetch(c.v + (k0 + j) * c.kv_stride + hk * d + t);
+    }
+    for (int t = 0; t < d; ++t) kt[t * kKt + j] = kj[t];
+  }
+  const int padded = (nk + kW - 1) / kW * kW;
+  for (int t = 0; t < d; ++t) std::fill(kt + t * kKt + nk, kt + t * kKt + padded, 0.0f);
+}
+
+// s[nr][kBK] = scores of the nr (a multiple of kR) rows of qs against the first n_vectors * kW keys
+// of kt; a block of keys stays in L1 across the row groups.
+inline void tile_scores(const float* qs, int nr, int d, const float* kt, int n_vectors, float* s) {
+  vector_blocks(n_vectors, [&]<int NV>(int j0) {
+    for (int r0 = 0; r0 < nr; r0 += kR) score_block<NV>(qs + r0 * d, d, kt + j0, s + r0 * kBK + j0);
+  });
+}
+
+// One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb), by key tiles of at
+// most kBK keys with an online softmax. Per tile: K transposed (and V, when the head dimension is not
+// a whole number of vectors, padded) into local buffers, the scores of all rows, their softmax update,
+// then P V over the keys that some row of the tile gives a non-zero weight (so a key that every row
+// masks is never read: its V may be anything).
 void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
                  int64_t hq, int64_t hk, void* out, DType out_dtype) {
   const int d = c.d;
+  const int dp = (d + kW - 1) / kW * kW;
   const int nq = static_cast<int>(qb - qa);
-  alignas(64) float acc[kBQ][kMaxD];
-  alignas(64) float kt[kMaxD][kBK];
-  alignas(64) float s[kBK];
-  float m[kBQ], l[kBQ];
-  int32_t qmax = std::numeric_limits<int32_t>::min();
-  for (int i = 0; i < nq; ++i) {
+  const int nr = (nq + kR - 1) / kR * kR;     // rows rounded up to whole micro-kernels (the rest are 0)
+  alignas(64) float qs[kBQ * kMaxD];          // scaled queries [kBQ][d]
+  alignas(64) float acc[kBQ * kMaxDP];        // [kBQ][dp]
+  alignas(64) float kt[kMaxD * kKt];          // K tile transposed [d][kKt]
+  alignas(64) float vp[kBK * (kMaxDP + kW)];  // V tile packed [kBK][dp + kW]
+  alignas(64) float s[kBQ * kBK];             // scores, then probabilities [kBQ][kBK]
+  float m[kBQ], l[kBQ], alpha[kBQ];
+  int keys[kBK];
+  const auto [qmin, qmax] = load_queries(c, p.q_pos, qa, nq, nr, hq, qs);
+  for (int i = 0; i < nr; ++i) {
     m[i] = -std::numeric_limits<float>::infinity();
     l[i] = 0.0f;
-    std::fill(acc[i], acc[i] + d, 0.0f);
-    qmax = std::max(qmax, p.q_pos[qa + i]);
+    std::fill(acc + i * dp, acc + (i + 1) * dp, 0.0f);
   }
   const bool masked = p.mask != MaskKind::None;
   const int64_t bs = p.sparse_block;
@@ -85,8 +245,6 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
   // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
   // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
-  // The tiles are generated one by one (a list of them, thread-local, allocated when a thread first
-  // met a long key range after warm-up: an allocation inside a step).
   const int64_t qb0 = bm != nullptr ? (qa - c.q_start) / bs : 0,
                 qb1 = bm != nullptr ? (qb - 1 - c.q_start) / bs : 0;
   auto kept = [&](int64_t j) {
@@ -113,94 +271,110 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
     run_k += nk;
     return true;
   };
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   int64_t k0 = 0;
   int nk = 0;
   while (next_tile(k0, nk)) {
-    if (masked) {  // skip tiles that no query of this tile can see
-      int32_t kmin = std::numeric_limits<int32_t>::max();
-      for (int j = 0; j < nk; ++j) kmin = std::min(kmin, p.k_pos[k0 + j]);
-      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
-    }
-    for (int j = 0; j < nk; ++j) {
-      const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
-      for (int t = 0; t < d; ++t) kt[t][j] = kj[t];
-    }
-    for (int i = 0; i < nq; ++i) {
-      const float* qi = c.q + (qa + i) * c.q_stride + hq * d;
-#pragma omp simd
-      for (int j = 0; j < nk; ++j) s[j] = 0.0f;
-      for (int t = 0; t < d; ++t) {
-        const float qv = qi[t] * c.scale;
-        const float* kr = kt[t];
-#pragma omp simd
-        for (int j = 0; j < nk; ++j) s[j] += qv * kr[j];
+    // Masks per element only where the tile needs them: visibility is monotone in both positions, so
+    // a tile whose last key the first query sees is wholly visible, and one whose first key the last
+    // query cannot see is skipped; a block-sparse tile whose (query block, key block) pairs are all
+    // kept needs no per-element test either.
+    bool mask_elems = false, sparse_elems = false;
+    if (masked) {
+      int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
+      for (int j = 0; j < nk; ++j) {
+        kmin = std::min(kmin, p.k_pos[k0 + j]);
+        kmax = std::max(kmax, p.k_pos[k0 + j]);
       }
-      if (bm != nullptr) {  // block-sparse: whole (query block, key block) tiles dropped
+      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
+      mask_elems = !visible(p.mask, p.block_size, qmin, kmax);
+    }
+    if (bm != nullptr) {
+      for (int64_t r = qb0; r <= qb1 && !sparse_elems; ++r)
+        for (int64_t j = (k0 - ka) / bs; j <= (k0 + nk - 1 - ka) / bs; ++j)
+          sparse_elems |= bm[r * c.n_kb + j] == 0;
+    }
+    const int nkv = (nk + kW - 1) / kW;  // key vectors
+    load_keys(c, k0, nk, kb, hk, true, kt);
+    tile_scores(qs, nr, d, kt, nkv, s);
+    for (int i = 0; i < nr; ++i) {
+      float* si = s + i * kBK;
+      alpha[i] = 1.0f;
+      if (i >= nq) {  // padding rows: weigh nothing
+        std::fill(si, si + nk, 0.0f);
+        continue;
+      }
+      if (sparse_elems) {  // block-sparse: whole (query block, key block) tiles dropped
         const uint8_t* row = bm + ((qa + i - c.q_start) / bs) * c.n_kb;
         for (int j = 0; j < nk; ++j) {
-          if (row[(k0 + j - ka) / bs] == 0) s[j] = -std::numeric_limits<float>::infinity();
+          if (row[(k0 + j - ka) / bs] == 0) si[j] = kNegInf;
         }
       }
-      if (masked) {
+      if (mask_elems) {
         const int32_t qp = p.q_pos[qa + i];
         for (int j = 0; j < nk; ++j) {
-          if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j]))
-            s[j] = -std::numeric_limits<float>::infinity();
+          if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j])) si[j] = kNegInf;
         }
       }
-      float rowmax = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : rowmax)
-      for (int j = 0; j < nk; ++j) rowmax = std::max(rowmax, s[j]);
-      // Every key of the tile masked. (An OpenMP max reduction may start from lowest() rather than
-      // -inf: clang's does.)
-      if (rowmax <= std::numeric_limits<float>::lowest()) continue;
+      std::fill(si + nk, si + nkv * kW, kNegInf);  // whole vectors from here on
+      vf vmax = splat(kNegInf);
+      for (int j = 0; j < nkv * kW; j += kW) {
+        const vf x = load(si + j);
+        vmax = simd::vmax(x, vmax);
+      }
+      const float rowmax = simd::hmax(vmax);
+      if (rowmax == kNegInf) {  // every key of the tile masked
+        std::fill(si, si + nkv * kW, 0.0f);
+        continue;
+      }
       const float mnew = std::max(m[i], rowmax);
-      const float alpha = m[i] == -std::numeric_limits<float>::infinity() ? 0.0f : exp_neg(m[i] - mnew);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < nk; ++j) {
-        const float e = exp_neg(s[j] - mnew);  // masked entries (-inf) give 0
-        s[j] = e;
-        sum += e;
+      alpha[i] = m[i] == kNegInf ? 0.0f : exp_neg(m[i] - mnew);
+      vf vsum{};
+      for (int j = 0; j < nkv * kW; j += kW) {
+        const vf e = exp_neg(load(si + j) - mnew);  // masked entries (-inf) give 0
+        store(si + j, e);
+        vsum += e;
       }
-      l[i] = l[i] * alpha + sum;
+      l[i] = l[i] * alpha[i] + simd::hsum(vsum);
       m[i] = mnew;
-      float* ai = acc[i];
-#pragma omp simd
-      for (int t = 0; t < d; ++t) ai[t] *= alpha;
-      for (int j = 0; j < nk; ++j) {
-        const float pj = s[j];
-        if (pj == 0.0f) continue;
-        const float* vj = c.v + (k0 + j) * c.kv_stride + hk * d;
-#pragma omp simd
-        for (int t = 0; t < d; ++t) ai[t] += pj * vj[t];
-      }
     }
+    // The keys some row weighs (all of them, unless masks or underflow zero a whole column).
+    alignas(64) float colmax[kBK];  // probabilities are >= 0: a key is used iff its column max is > 0
+    std::fill(colmax, colmax + nk, 0.0f);
+    for (int i = 0; i < nq; ++i) {
+      const float* si = s + i * kBK;
+#pragma omp simd
+      for (int j = 0; j < nk; ++j) colmax[j] = std::max(colmax[j], si[j]);
+    }
+    int n_keys = 0;
+    for (int j = 0; j < nk; ++j) {
+      keys[n_keys] = j;
+      n_keys += colmax[j] > 0.0f ? 1 : 0;
+    }
+    // The used V rows, packed (and padded to whole vectors) at a stride that spreads them over the L1
+    // sets, like the K tile's; a block of head dimensions stays in L1 across the row groups.
+    const float* vsrc = c.v + k0 * c.kv_stride + hk * d;
+    const int vstride = dp + kW;
+    for (int jj = 0; jj < n_keys; ++jj) {
+      const int j = keys[jj];
+      std::copy(vsrc + j * c.kv_stride, vsrc + j * c.kv_stride + d, vp + j * vstride);
+      std::fill(vp + j * vstride + d, vp + j * vstride + dp, 0.0f);
+    }
+    vector_blocks(dp / kW, [&]<int NV>(int t0) {
+      for (int r0 = 0; r0 < nr; r0 += kR)
+        pv_block<NV>(acc + r0 * dp + t0, dp, alpha + r0, s + r0 * kBK, vp + t0, vstride, keys, n_keys);
+    });
   }
   for (int i = 0; i < nq; ++i) {
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     const int64_t off = (qa + i) * c.q_stride + hq * d;
+    const float* ai = acc + i * dp;
     if (out_dtype == DType::F32) {
       float* o = static_cast<float*>(out) + off;
-      for (int t = 0; t < d; ++t) o[t] = acc[i][t] * inv;
+      for (int t = 0; t < d; ++t) o[t] = ai[t] * inv;
     } else {
       auto* o = static_cast<uint16_t*>(out) + off;
-      for (int t = 0; t < d; ++t) o[t] = f32_to_bf16(acc[i][t] * inv);
-    }
-  }
-}
-
-// Scores scale * q_i . k_j of rows qi[0..nq) against the keys of one transposed tile kt[d][nk].
-inline void tile_scores(const float* const* qi, int nq, const float (*kt)[kBK], int nk, int d, float scale,
-                        float (*s)[kBK]) {
-  for (int i = 0; i < nq; ++i) {
-#pragma omp simd
-    for (int j = 0; j < nk; ++j) s[i][j] = 0.0f;
-    for (int t = 0; t < d; ++t) {
-      const float qv = qi[i][t] * scale;
-      const float* kr = kt[t];
-#pragma omp simd
-      for (int j = 0; j < nk; ++j) s[i][j] += qv * kr[j];
+      for (int t = 0; t < d; ++t) o[t] = f32_to_bf16(ai[t] * inv);
     }
   }
 }
@@ -210,47 +384,50 @@ inline void tile_scores(const float* const* qi, int nq, const float (*kt)[kBK], 
 // keys (row max and sum, then the probabilities), so only one key tile of scores exists at a time.
 void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
                       int64_t block, double* imp) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int d = c.d;
-  alignas(64) float kt[kMaxD][kBK];
-  alignas(64) float s[kBQ][kBK];
+  alignas(64) float qs[kBQ * kMaxD];
+  alignas(64) float kt[kMaxD * kKt];
+  alignas(64) float s[kBQ * kBK];
   alignas(64) float col[kBK];
   float m[kBQ], l[kBQ];
-  const float* qi[kBQ];
   for (int64_t a = r0; a < r1; a += kBQ) {
     const int nq = static_cast<int>(std::min<int64_t>(kBQ, r1 - a));
+    const int nr = (nq + kR - 1) / kR * kR;
+    load_queries(c, nullptr, a, nq, nr, hq, qs);
     for (int i = 0; i < nq; ++i) {
-      qi[i] = c.q + (a + i) * c.q_stride + hq * d;
-      m[i] = -std::numeric_limits<float>::infinity();
+      m[i] = kNegInf;
       l[i] = 0.0f;
     }
     for (int pass = 0; pass < 2; ++pass) {
       for (int64_t k0 = 0; k0 < n_keys; k0 += kBK) {
         const int nk = static_cast<int>(std::min<int64_t>(kBK, n_keys - k0));
-        for (int j = 0; j < nk; ++j) {
-          const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
-          for (int t = 0; t < d; ++t) kt[t][j] = kj[t];
-        }
-        tile_scores(qi, nq, kt, nk, d, c.scale, s);
+        const int nkv = (nk + kW - 1) / kW;
+        load_keys(c, k0, nk, n_keys, hk, false, kt);
+        tile_scores(qs, nr, d, kt, nkv, s);
         if (pass == 0) {
           for (int i = 0; i < nq; ++i) {
-            float rowmax = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : rowmax)
-            for (int j = 0; j < nk; ++j) rowmax = std::max(rowmax, s[i][j]);
-            const float mnew = std::max(m[i], rowmax);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < nk; ++j) sum += exp_neg(s[i][j] - mnew);
-            l[i] =
-                (m[i] == -std::numeric_limits<float>::infinity() ? 0.0f : l[i] * exp_neg(m[i] - mnew)) + sum;
+            float* si = s + i * kBK;
+            std::fill(si + nk, si + nkv * kW, kNegInf);
+            vf vmax = splat(kNegInf);
+            for (int j = 0; j < nkv * kW; j += kW) {
+              const vf x = load(si + j);
+              vmax = simd::vmax(x, vmax);
+            }
+            const float mnew = std::max(m[i], simd::hmax(vmax));
+            vf vsum{};
+            for (int j = 0; j < nkv * kW; j += kW) vsum += exp_neg(load(si + j) - mnew);
+            l[i] = (m[i] == kNegInf ? 0.0f : l[i] * exp_neg(m[i] - mnew)) + simd::hsum(vsum);
             m[i] = mnew;
           }
           continue;
         }
-        std::fill(col, col + nk, 0.0f);
+        std::fill(col, col + nkv * kW, 0.0f);
         for (int i = 0; i < nq; ++i) {
+          const float* si = s + i * kBK;
           const float mi = m[i], inv = 1.0f / l[i];
-#pragma omp simd
-          for (int j = 0; j < nk; ++j) col[j] += exp_neg(s[i][j] - mi) * inv;
+          for (int j = 0; j < nkv * kW; j += kW)
+            store(col + j, load(col + j) + exp_neg(load(si + j) - mi) * inv);
         }
         for (int j = 0; j < nk; ++j) imp[(k0 + j) / block] += col[j];
       }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 namespace tessera::cpu {
@@ -55,12 +56,21 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
 }
 
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  using namespace simd;
   TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
   const int64_t group = w.numel();
   const int64_t n = x.numel() / group;
   TESSERA_CHECK(x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
   const bool to_bf16 = y.dtype == DType::BF16;
   TESSERA_CHECK(to_bf16 || y.dtype == DType::F32, "rmsnorm: output must be f32 or bf16");
+  // The weight in f32 once (rows of up to kMaxGroup; longer ones read it element by element).
+  constexpr int64_t kMaxGroup = 16384;
+  alignas(64) float wf[kMaxGroup];
+  const bool staged = group <= kMaxGroup;
+  if (staged) {
+    for (int64_t i = 0; i < group; ++i) wf[i] = load(w.data, w.dtype, i);
+  }
+  const int64_t whole = staged ? group / kW * kW : 0;  // vectorised columns
   const auto* xs = x.as<const float>();
 #pragma omp parallel for if (n > 16)
   for (int64_t r = 0; r < n; ++r) {
@@ -69,14 +79,18 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < group; ++i) ss += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+    auto weight = [&](int64_t i) { return staged ? wf[i] : load(w.data, w.dtype, i); };
     if (to_bf16) {
       auto* yr = y.as<uint16_t>() + r * group;
-      for (int64_t i = 0; i < group; ++i) {
-        yr[i] = f32_to_bf16(round_bf16(xr[i] * inv) * load(w.data, w.dtype, i));
-      }
+      for (int64_t i = 0; i < whole; i += kW)
+        store_bf16(yr + i, simd::round_bf16(simd::load(xr + i) * inv) * simd::load(wf + i));
+      for (int64_t i = whole; i < group; ++i)
+        yr[i] = f32_to_bf16(tessera::round_bf16(xr[i] * inv) * weight(i));
     } else {
       float* yr = y.as<float>() + r * group;
-      for (int64_t i = 0; i < group; ++i) yr[i] = xr[i] * inv * load(w.data, w.dtype, i);
+      for (int64_t i = 0; i < whole; i += kW)
+        simd::store(yr + i, simd::load(xr + i) * inv * simd::load(wf + i));
+      for (int64_t i = whole; i < group; ++i) yr[i] = xr[i] * inv * weight(i);
     }
   }
 }
@@ -116,15 +130,22 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
   }
 }
 
+// silu(g) * u with e^-g from simd::exp (within 2 ulp of std::exp) on whole vectors, std::exp on the tail.
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  using namespace simd;
   TESSERA_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "swiglu: shape mismatch");
   const int64_t n = gate.numel();
+  const int64_t nv = n / kW;  // whole vectors
   if (gate.dtype == DType::F32) {
     const float* g = gate.as<const float>();
     const float* u = up.as<const float>();
     float* o = out.as<float>();
-#pragma omp parallel for simd if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+#pragma omp parallel for if (n > 65536)
+    for (int64_t b = 0; b < nv; ++b) {
+      const vf gv = simd::load(g + b * kW);
+      simd::store(o + b * kW, gv / (1.0f + simd::exp(-gv)) * simd::load(u + b * kW));
+    }
+    for (int64_t i = nv * kW; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     return;
   }
   TESSERA_CHECK(gate.dtype == DType::BF16 && up.dtype == DType::BF16 && out.dtype == DType::BF16,
@@ -132,11 +153,15 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   const auto* g = gate.as<const uint16_t>();
   const auto* u = up.as<const uint16_t>();
   auto* o = out.as<uint16_t>();
+  // HF bf16: silu(g) is rounded to bf16 before the multiply.
 #pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t b = 0; b < nv; ++b) {
+    const vf gv = load_bf16(g + b * kW);
+    store_bf16(o + b * kW, simd::round_bf16(gv / (1.0f + simd::exp(-gv))) * load_bf16(u + b * kW));
+  }
+  for (int64_t i = nv * kW; i < n; ++i) {
     const float gv = bf16_to_f32(g[i]);
-    // HF bf16: silu(g) is rounded to bf16 before the multiply.
-    o[i] = f32_to_bf16(round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
+    o[i] = f32_to_bf16(tessera::round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
   }
 }
 
