@@ -3,20 +3,19 @@
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...}
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
-// thread and shares packed forwards with the others on the one engine thread, up to --batch sequences
-// per forward; a request's result is the same as alone. A request with a KV cache holds its own slot
-// of the engine's cache pool and is batched too; requests with SparseD or DES hold other engine state
-// across forwards and run one at a time, as every request does with --batch 1. Besides OpenAI's
-// fields a request may
-// set tessera's generation options: steps, block_length, alg, threshold, cache, cfg, top_k, sparse*,
-// des*, window, window_ex, window_in, window_refresh, window_early_stop. A field
-// the server does not know, a value it cannot honour (n > 1, stop, logprobs, penalties), a prompt that
-// does not fit the context or a bad value gets a 400 with an OpenAI-style error object, never a
-// silently different generation. Streaming (SSE): a diffusion model decides positions out of order, so
-// each event carries the text of the generation's decided prefix that was not sent yet (the positions
-// up to the first undecided one); the events concatenate to the final text. Then a last event with the
-// finish_reason, and "data: [DONE]". A model without a chat template gets the chat messages
-// concatenated (as `tessera chat` does).
+// thread (a pool of 2 * --batch + 8 of them) and shares packed forwards with the others on the one
+// engine thread, up to --batch sequences per forward; a request's result is the same as alone. A request with
+// a KV cache holds its own slot of the engine's cache pool and is batched too; requests with SparseD or DES
+// hold other engine state across forwards and run one at a time, as every request does with --batch 1.
+// Besides OpenAI's fields a request may set tessera's generation options: steps, block_length, alg,
+// threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
+// window_early_stop. A field the server does not know, a value it cannot honour (n > 1, stop, logprobs,
+// penalties), a prompt that does not fit the context or a bad value gets a 400 with an OpenAI-style error
+// object, never a silently different generation. Streaming (SSE): a diffusion model decides positions out of
+// order, so each event carries the text of the generation's decided prefix that was not sent yet (the
+// positions up to the first undecided one); the events concatenate to the final text. Then a last event with
+// the finish_reason, and "data: [DONE]". A model without a chat template gets the chat messages concatenated
+// (as `tessera chat` does).
 #include <httplib.h>
 
 #include <algorithm>
@@ -80,6 +79,12 @@ class Server {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     });
     svr.set_payload_max_length(size_t{16} << 20);
+    // One HTTP worker thread per connection being served: httplib's default pool of 8 would cap the
+    // requests in flight, and so the batch, at 8, and idle keep-alive connections hold workers too.
+    // Twice the batch plus 8 leaves room for those, /health and requests waiting to be admitted.
+    svr.new_task_queue = [n = 2 * static_cast<size_t>(args_.batch) + 8] {
+      return new httplib::ThreadPool(n);
+    };
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const BatchStats b = batcher_.stats();
       const json j = {{"status", "ok"},

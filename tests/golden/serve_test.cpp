@@ -260,5 +260,36 @@ TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   EXPECT_GT(b["sequences"].get<int>(), b["forwards"].get<int>()) << h->body;
 }
 
+// More requests in flight than httplib's default pool of 8 threads: with --batch 12, twelve concurrent
+// requests share forwards of more than 8 sequences (each connection needs a worker thread of its own).
+TEST(Serve, BatchesLargerThanEightRequests) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
+  const auto tmp = test::temp_dir("serve-batch12");
+  ServerProcess server("-m " + dir.string() + " --batch 12", tmp);
+  ASSERT_GT(server.port(), 0);
+  const int n = 12;
+  std::vector<std::thread> th;
+  std::atomic<int> ready{0}, ok{0};
+  for (int i = 0; i < n; ++i) {
+    th.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server.port());
+      c.set_read_timeout(120, 0);
+      const json r = {{"prompt", "story " + std::to_string(i)}, {"max_tokens", 64}, {"block_length", 8}};
+      ++ready;
+      while (ready.load() < n) std::this_thread::yield();
+      auto res = c.Post("/v1/completions", r.dump(), "application/json");
+      if (res && res->status == 200) ++ok;
+    });
+  }
+  for (auto& t : th) t.join();
+  EXPECT_EQ(ok.load(), n);
+  httplib::Client c("127.0.0.1", server.port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  const json b = json::parse(h->body)["batch"];
+  EXPECT_GT(b["largest"].get<int>(), 8) << h->body;
+  EXPECT_LE(b["largest"].get<int>(), 12) << h->body;
+}
+
 }  // namespace
 }  // namespace tessera
