@@ -154,6 +154,49 @@ TEST(Sample, TopPMatchesFullSortOnLongTails) {
   }
 }
 
+// Long rows (the normaliser's vector path, its per-element tail and the vector that holds the
+// suppressed token): the confidence of every ConfKind::Prob row equals an all-f64 reference within 1e-6,
+// with a temperature, a top-k cut, -inf logits, and the suppressed token as the row's largest logit.
+TEST(Sample, LongRowsMatchAnF64Reference) {
+  const int64_t V = 4099;
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int64_t v = 0; v < V; ++v)
+    row[static_cast<size_t>(v)] =
+        4.0f * std::sin(0.37f * static_cast<float>(v)) - 1e-4f * static_cast<float>(v);
+  row[100] = -std::numeric_limits<float>::infinity();
+  row[2051] = 50.0f;                               // the largest logit, suppressed below
+  for (int variant = 0; variant < 3; ++variant) {  // greedy: LLaDA, Dream, each with a suppressed token
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    SampleParams p = variant % 2 == 0 ? llada() : dream();
+    if (variant >= 1) p.suppress_token = 2051;
+    std::vector<double> x(row.begin(), row.end());
+    if (p.suppress_token >= 0) x[static_cast<size_t>(p.suppress_token)] = -HUGE_VAL;
+    const double m = *std::max_element(x.begin(), x.end());
+    double z = 0;
+    for (double a : x)
+      if (a != -HUGE_VAL) z += std::exp(a - m);
+    const Out o = sample1(row, p);
+    EXPECT_EQ(x[static_cast<size_t>(o.tok[0])], m);
+    EXPECT_NEAR(o.conf[0], 1.0 / z, 1e-6 / z);
+  }
+  // Dream with a temperature and top-k: the sampled token's confidence is its probability.
+  SampleParams p = dream();
+  p.temperature = 0.7f;
+  p.top_k = 300;
+  p.suppress_token = 2051;
+  std::vector<double> x(row.begin(), row.end());
+  for (double& a : x) a = static_cast<double>(static_cast<float>(a) / 0.7f);
+  x[2051] = -HUGE_VAL;
+  std::vector<double> sorted = x;
+  std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+  double z = 0;
+  for (double a : x)
+    if (a != -HUGE_VAL && a >= sorted[299]) z += std::exp(a - sorted[0]);
+  const Out o = sample1(row, p);
+  const double px = std::exp(x[static_cast<size_t>(o.tok[0])] - sorted[0]) / z;
+  EXPECT_NEAR(o.conf[0], px, 1e-6 * px);
+}
+
 TEST(Sample, TopPThenTopKAsDream) {
   // top_p 0.5 first keeps {0, 1}; top_k 2 then keeps both. (top_k first would renormalise to
   // (0.533, 0.467) and top_p would keep only token 0.)

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/simd.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -98,6 +99,42 @@ struct Stats {
   double z = 0.0;
 };
 
+// sum over the kept tokens (x >= cut, finite) of e^(x - m), m the row's max kept value. Whole vectors
+// of kW logits: e^ in f32 (simd::exp, within 2 ulp) summed per lane over blocks of 64 vectors, each
+// block's sum added in f64; the vector holding the suppressed token and the tail: f64 per element.
+// Relative to an all-f64 sum the result differs by about 1e-7.
+double exp_sum(const RowView& x, float cut, float m) {
+  using namespace cpu::simd;
+  auto scalar = [&](int64_t a, int64_t b) {
+    double z = 0.0;
+    for (int64_t v = a; v < b; ++v) {
+      const float l = x(v);
+      if (l == kNegInf || l < cut) continue;
+      z += std::exp(static_cast<double>(l) - m);
+    }
+    return z;
+  };
+  const int64_t whole = x.V / kW * kW;
+  const vf vcut = splat(cut), vinf = splat(kNegInf);
+  double z = 0.0;
+  for (int64_t b0 = 0; b0 < whole; b0 += 64 * kW) {
+    const int64_t b1 = std::min(whole, b0 + 64 * kW);
+    vf acc{};
+    for (int64_t v = b0; v < b1; v += kW) {
+      if (x.suppress >= v && x.suppress < v + kW) {
+        z += scalar(v, v + kW);
+        continue;
+      }
+      vf l = load(x.L + v);
+      if (x.scale) l = l / x.t;
+      const vi keep = ~(l < vcut) & (l != vinf);  // as the scalar test: NaN is kept (and propagates)
+      acc += select(keep, cpu::simd::exp(l - m), vf{});
+    }
+    z += static_cast<double>(hsum(acc));
+  }
+  return z + scalar(whole, x.V);
+}
+
 Stats row_stats(const RowView& x, float cut) {
   Stats s;
   for (int64_t v = 0; v < x.V; ++v) {
@@ -112,11 +149,7 @@ Stats row_stats(const RowView& x, float cut) {
     }
   }
   if (s.arg < 0) return s;
-  for (int64_t v = 0; v < x.V; ++v) {
-    const float a = x(v);
-    if (a == kNegInf || a < cut) continue;
-    s.z += std::exp(static_cast<double>(a) - s.m1);
-  }
+  s.z = exp_sum(x, cut, s.m1);
   return s;
 }
 
