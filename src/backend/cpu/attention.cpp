@@ -216,10 +216,11 @@ inline void tile_scores(const float* qs, int nr, int d, const float* kt, int n_v
 }
 
 // One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb), by key tiles of at
-// most kBK keys with an online softmax. Per tile: K transposed (and V, when the head dimension is not
-// a whole number of vectors, padded) into local buffers, the scores of all rows, their softmax update,
-// then P V over the keys that some row of the tile gives a non-zero weight (so a key that every row
-// masks is never read: its V may be anything).
+// most kBK keys with an online softmax. Per tile: K transposed into a local buffer, the scores of all
+// rows, their softmax update, then P V over the keys that some row of the tile gives a non-zero weight,
+// their V rows packed (so a key that every row of the tile masks is never read: its V may be anything;
+// one that some row sees is weighed 0 by the others, so its V must be finite, as computed rows are).
+// About 600 KiB of stack (tiles for head dimensions up to 256).
 void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
                  int64_t hq, int64_t hk, void* out, DType out_dtype) {
   const int d = c.d;
