@@ -215,6 +215,15 @@ inline void tile_scores(const float* qs, int nr, int d, const float* kt, int n_v
   });
 }
 
+// The largest of a row's first nk scores, after setting its entries [nk, n) to -inf so that whole
+// vectors (n a multiple of kW) can be read from here on.
+inline float padded_row_max(float* si, int nk, int n) {
+  std::fill(si + nk, si + n, -std::numeric_limits<float>::infinity());
+  vf m = splat(-std::numeric_limits<float>::infinity());
+  for (int j = 0; j < n; j += kW) m = simd::vmax(load(si + j), m);
+  return simd::hmax(m);
+}
+
 // One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb), by key tiles of at
 // most kBK keys with an online softmax. Per tile: K transposed into a local buffer, the scores of all
 // rows, their softmax update, then P V over the keys that some row of the tile gives a non-zero weight,
@@ -317,13 +326,7 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
           if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j])) si[j] = kNegInf;
         }
       }
-      std::fill(si + nk, si + nkv * kW, kNegInf);  // whole vectors from here on
-      vf vmax = splat(kNegInf);
-      for (int j = 0; j < nkv * kW; j += kW) {
-        const vf x = load(si + j);
-        vmax = simd::vmax(x, vmax);
-      }
-      const float rowmax = simd::hmax(vmax);
+      const float rowmax = padded_row_max(si, nk, nkv * kW);
       if (rowmax == kNegInf) {  // every key of the tile masked
         std::fill(si, si + nkv * kW, 0.0f);
         continue;
@@ -409,13 +412,7 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
         if (pass == 0) {
           for (int i = 0; i < nq; ++i) {
             float* si = s + i * kBK;
-            std::fill(si + nk, si + nkv * kW, kNegInf);
-            vf vmax = splat(kNegInf);
-            for (int j = 0; j < nkv * kW; j += kW) {
-              const vf x = load(si + j);
-              vmax = simd::vmax(x, vmax);
-            }
-            const float mnew = std::max(m[i], simd::hmax(vmax));
+            const float mnew = std::max(m[i], padded_row_max(si, nk, nkv * kW));
             vf vsum{};
             for (int j = 0; j < nkv * kW; j += kW) vsum += exp_neg(load(si + j) - mnew);
             l[i] = (m[i] == kNegInf ? 0.0f : l[i] * exp_neg(m[i] - mnew)) + simd::hsum(vsum);
