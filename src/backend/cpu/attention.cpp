@@ -343,12 +343,13 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
       m[i] = mnew;
     }
     // The keys some row weighs (all of them, unless masks or underflow zero a whole column).
-    alignas(64) float colmax[kBK];  // probabilities are >= 0: a key is used iff its column max is > 0
-    std::fill(colmax, colmax + nk, 0.0f);
+    // Probabilities are >= 0: a key is used iff its column max is > 0. Every row's entries past nk are
+    // 0 by now, so whole vectors are read.
+    alignas(64) float colmax[kBK];
+    std::fill(colmax, colmax + nkv * kW, 0.0f);
     for (int i = 0; i < nq; ++i) {
       const float* si = s + i * kBK;
-#pragma omp simd
-      for (int j = 0; j < nk; ++j) colmax[j] = std::max(colmax[j], si[j]);
+      for (int j = 0; j < nkv * kW; j += kW) store(colmax + j, simd::vmax(load(si + j), load(colmax + j)));
     }
     int n_keys = 0;
     for (int j = 0; j < nk; ++j) {
