@@ -74,9 +74,12 @@ class Server {
     httplib::Server svr;
     // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server bind the same port and
     // silently take half of the requests; here the second one fails to start.
-    svr.set_socket_options([](socket_t sock) {
+    // The listening socket is kept (the last one httplib tried) to raise its backlog below.
+    socket_t listen_sock = INVALID_SOCKET;
+    svr.set_socket_options([&listen_sock](socket_t sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listen_sock = sock;
     });
     svr.set_payload_max_length(size_t{16} << 20);
     // One HTTP worker thread per connection being served: httplib's default pool of 8 would cap the
@@ -131,6 +134,10 @@ class Server {
       fail("cannot listen on " + args_.host + ":" + std::to_string(args_.port) +
            " (address in use, not a local address, or a privileged port)");
     }
+    // Debian's compiled libcpp-httplib listens with a backlog of 5: a burst of more connections than
+    // that had its extra SYNs dropped and retried a second later, so concurrent requests arrived a
+    // second apart and were not batched together. listen() again on the bound socket raises it.
+    if (listen_sock != INVALID_SOCKET) ::listen(listen_sock, SOMAXCONN);
     std::fprintf(stderr, "tessera serve: %s (%s) on http://%s:%d\n", model_id_.c_str(),
                  session_.model_dir().c_str(), args_.host.c_str(), port);
     std::fflush(stderr);
