@@ -491,14 +491,16 @@ TEST(CpuOps, GatherRowsHandComputed) {
 }
 
 // SparseD selection against the double reference: GQA, a prompt boundary inside a block, partial
-// last blocks, several rho values; and the kept count per set is exactly sparse_keep.
+// last blocks, blocks that do not divide the kernel's 128-row tiles (48) or exceed them (160), several
+// rho values; and the kept count per set is exactly sparse_keep.
 TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {
   auto be = make_cpu_backend();
   using Case = test::SparseSelectCase;
   for (const Case& c : {Case{4, 2, 32, 100, 100, 16, 0.3f, 37}, Case{2, 2, 64, 64, 64, 32, 0.5f, 64},
                         Case{4, 1, 16, 70, 70, 8, 0.0f, 0}, Case{2, 2, 16, 40, 40, 8, 1.0f, 17},
                         Case{3, 3, 48, 129, 129, 32, 0.3f, 100}, Case{2, 1, 128, 300, 300, 64, 0.4f, 128},
-                        Case{2, 2, 40, 150, 290, 16, 0.3f, 33}}) {
+                        Case{2, 2, 40, 150, 290, 16, 0.3f, 33}, Case{2, 1, 32, 400, 400, 48, 0.3f, 100},
+                        Case{2, 2, 32, 400, 420, 160, 0.5f, 160}}) {
     SCOPED_TRACE("hq " + std::to_string(c.hq) + " block " + std::to_string(c.block));
     // Scaled so that the softmax is far from uniform (real attention is peaked).
     auto q = random_floats(static_cast<size_t>(c.mq * c.hq * c.d), 11, 2.0f);

@@ -38,7 +38,6 @@ struct TileCtx {
   int64_t q_stride, kv_stride;  // floats per row
   int d;
   float scale;
-  int64_t q_start, n_qb, n_kb;  // block-sparse pattern geometry (AttnParams::block_mask)
 };
 
 // exp(x) for x <= 0, vectorisable: 2^(x log2 e) with a degree-6 polynomial for the fraction
@@ -187,20 +186,50 @@ inline std::pair<int32_t, int32_t> load_queries(const TileCtx& c, const int32_t*
   return {qmin, qmax};
 }
 
-// Keys [k0, k0 + nk) of kv head hk transposed into kt[d][kKt], padded with zero keys to whole vectors.
-// K and V rows are a page or more apart (every head's K of a row lies together), so the hardware
-// prefetchers, which stop at page boundaries, miss every row: K is prefetched kPf rows ahead (up to
-// k_end) and, with prefetch_v, this row's V, read after the scores.
-inline void load_keys(const TileCtx& c, int64_t k0, int nk, int64_t k_end, int64_t hk, bool prefetch_v,
+// The keys one (query tile, head) visits, in order: the rows [ka, ka + n), or (block-sparse) the n rows
+// of list, the concatenated key blocks that the tile's query block keeps.
+struct KeyRows {
+  int64_t ka = 0, n = 0;
+  const int32_t* list = nullptr;
+  int64_t operator[](int64_t i) const { return list != nullptr ? list[i] : ka + i; }
+};
+
+// Keys [i0, i0 + nk) of rows, kv head hk, transposed into kt[d][kKt], padded with zero keys to whole
+// vectors: whole kW x kW blocks (kW keys by kW dimensions) transposed in registers, the rest element by
+// element. K and V rows are a page or more apart (every head's K of a row lies together), so the
+// hardware prefetchers, which stop at page boundaries, miss every row: the K rows of the next kW keys
+// are prefetched (into the next tile too) and, with prefetch_v, these keys' V, read after the scores.
+inline void load_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk, int64_t hk, bool prefetch_v,
                       float* kt) {
-  constexpr int kPf = 8;
   const int d = c.d;
-  for (int j = 0; j < nk; ++j) {
-    const float* kj = c.k + (k0 + j) * c.kv_stride + hk * d;
-    for (int t = 0; t < d; t += 16) {
-      if (k0 + j + kPf < k_end) __builtin_prefetch(kj + kPf * c.kv_stride + t);
-      if (prefetch_v) __builtin_prefetch(c.v + (k0 + j) * c.kv_stride + hk * d + t);
+  auto prefetch = [&](int j0, int n) {  // keys [j0, j0 + n) of the tile
+    for (int j = j0; j < j0 + n; ++j) {
+      const bool pf = i0 + j + kW < rows.n;
+      const float* kpf = pf ? c.k + rows[i0 + j + kW] * c.kv_stride + hk * d : nullptr;
+      const float* vpf = c.v + rows[i0 + j] * c.kv_stride + hk * d;
+      for (int t = 0; t < d; t += 16) {
+        if (pf) __builtin_prefetch(kpf + t);
+        if (prefetch_v) __builtin_prefetch(vpf + t);
+      }
     }
+  };
+  const int nk_full = nk / kW * kW, d_full = d / kW * kW;
+  for (int j0 = 0; j0 < nk_full; j0 += kW) {
+    prefetch(j0, kW);
+    const float* kj[kW];
+    for (int i = 0; i < kW; ++i) kj[i] = c.k + rows[i0 + j0 + i] * c.kv_stride + hk * d;
+    for (int t0 = 0; t0 < d_full; t0 += kW) {
+      vf r[kW];
+      for (int i = 0; i < kW; ++i) r[i] = load(kj[i] + t0);
+      simd::transpose(r);
+      for (int i = 0; i < kW; ++i) store(kt + (t0 + i) * kKt + j0, r[i]);
+    }
+    for (int i = 0; i < kW; ++i)
+      for (int t = d_full; t < d; ++t) kt[t * kKt + j0 + i] = kj[i][t];
+  }
+  prefetch(nk_full, nk - nk_full);
+  for (int j = nk_full; j < nk; ++j) {
+    const float* kj = c.k + rows[i0 + j] * c.kv_stride + hk * d;
     for (int t = 0; t < d; ++t) kt[t * kKt + j] = kj[t];
   }
   const int padded = (nk + kW - 1) / kW * kW;
@@ -224,13 +253,13 @@ inline float padded_row_max(float* si, int nk, int n) {
   return simd::hmax(m);
 }
 
-// One (query tile, head): rows [qa, qb) of the query set against keys [ka, kb), by key tiles of at
+// One (query tile, head): rows [qa, qb) of the query set against the keys of rows, by key tiles of at
 // most kBK keys with an online softmax. Per tile: K transposed into a local buffer, the scores of all
 // rows, their softmax update, then P V over the keys that some row of the tile gives a non-zero weight,
 // their V rows packed (so a key that every row of the tile masks is never read: its V may be anything;
 // one that some row sees is weighed 0 by the others, so its V must be finite, as computed rows are).
 // About 600 KiB of stack (tiles for head dimensions up to 256).
-void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
+void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, const KeyRows& rows,
                  int64_t hq, int64_t hk, void* out, DType out_dtype) {
   const int d = c.d;
   const int dp = (d + kW - 1) / kW * kW;
@@ -250,62 +279,24 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
     std::fill(acc + i * dp, acc + (i + 1) * dp, 0.0f);
   }
   const bool masked = p.mask != MaskKind::None;
-  const int64_t bs = p.sparse_block;
-  const uint8_t* bm = p.block_mask != nullptr ? p.block_mask + hq * c.n_qb * c.n_kb : nullptr;
-  // Key tiles to visit: [ka, kb) in steps of kBK; block-sparse: only the key blocks that some query
-  // block of this tile keeps (runs of kept blocks, cut into tiles of at most kBK keys), so dropped
-  // tiles cost nothing. Rows of a tile that spans several query blocks still mask per row below.
-  const int64_t qb0 = bm != nullptr ? (qa - c.q_start) / bs : 0,
-                qb1 = bm != nullptr ? (qb - 1 - c.q_start) / bs : 0;
-  auto kept = [&](int64_t j) {
-    for (int64_t r = qb0; r <= qb1; ++r)
-      if (bm[r * c.n_kb + j] != 0) return true;
-    return false;
-  };
-  int64_t run_k = bm == nullptr ? ka : 0,
-          run_end = bm == nullptr ? kb : 0;  // the current run [run_k, run_end)
-  int64_t next_block = 0;                    // block-sparse: next block to scan
-  auto next_tile = [&](int64_t& k0, int& nk) {
-    while (run_k >= run_end) {  // block-sparse: the next run of kept blocks
-      if (bm == nullptr) return false;
-      while (next_block < c.n_kb && !kept(next_block)) ++next_block;
-      if (next_block >= c.n_kb) return false;
-      int64_t j1 = next_block;
-      while (j1 < c.n_kb && kept(j1)) ++j1;
-      run_k = ka + next_block * bs;
-      run_end = std::min(ka + j1 * bs, kb);
-      next_block = j1;
-    }
-    k0 = run_k;
-    nk = static_cast<int>(std::min<int64_t>(kBK, run_end - run_k));
-    run_k += nk;
-    return true;
-  };
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  int64_t k0 = 0;
-  int nk = 0;
-  while (next_tile(k0, nk)) {
+  for (int64_t i0 = 0; i0 < rows.n; i0 += kBK) {
+    const int nk = static_cast<int>(std::min<int64_t>(kBK, rows.n - i0));
     // Masks per element only where the tile needs them: visibility is monotone in both positions, so
     // a tile whose last key the first query sees is wholly visible, and one whose first key the last
-    // query cannot see is skipped; a block-sparse tile whose (query block, key block) pairs are all
-    // kept needs no per-element test either.
-    bool mask_elems = false, sparse_elems = false;
+    // query cannot see is skipped.
+    bool mask_elems = false;
     if (masked) {
       int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
       for (int j = 0; j < nk; ++j) {
-        kmin = std::min(kmin, p.k_pos[k0 + j]);
-        kmax = std::max(kmax, p.k_pos[k0 + j]);
+        kmin = std::min(kmin, p.k_pos[rows[i0 + j]]);
+        kmax = std::max(kmax, p.k_pos[rows[i0 + j]]);
       }
       if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
       mask_elems = !visible(p.mask, p.block_size, qmin, kmax);
     }
-    if (bm != nullptr) {
-      for (int64_t r = qb0; r <= qb1 && !sparse_elems; ++r)
-        for (int64_t j = (k0 - ka) / bs; j <= (k0 + nk - 1 - ka) / bs; ++j)
-          sparse_elems |= bm[r * c.n_kb + j] == 0;
-    }
     const int nkv = (nk + kW - 1) / kW;  // key vectors
-    load_keys(c, k0, nk, kb, hk, true, kt);
+    load_keys(c, rows, i0, nk, hk, true, kt);
     tile_scores(qs, nr, d, kt, nkv, s);
     for (int i = 0; i < nr; ++i) {
       float* si = s + i * kBK;
@@ -314,16 +305,10 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
         std::fill(si, si + nk, 0.0f);
         continue;
       }
-      if (sparse_elems) {  // block-sparse: whole (query block, key block) tiles dropped
-        const uint8_t* row = bm + ((qa + i - c.q_start) / bs) * c.n_kb;
-        for (int j = 0; j < nk; ++j) {
-          if (row[(k0 + j - ka) / bs] == 0) si[j] = kNegInf;
-        }
-      }
       if (mask_elems) {
         const int32_t qp = p.q_pos[qa + i];
         for (int j = 0; j < nk; ++j) {
-          if (!visible(p.mask, p.block_size, qp, p.k_pos[k0 + j])) si[j] = kNegInf;
+          if (!visible(p.mask, p.block_size, qp, p.k_pos[rows[i0 + j]])) si[j] = kNegInf;
         }
       }
       const float rowmax = padded_row_max(si, nk, nkv * kW);
@@ -358,11 +343,11 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
     }
     // The used V rows, packed (and padded to whole vectors) at a stride that spreads them over the L1
     // sets, like the K tile's; a block of head dimensions stays in L1 across the row groups.
-    const float* vsrc = c.v + k0 * c.kv_stride + hk * d;
     const int vstride = dp + kW;
     for (int jj = 0; jj < n_keys; ++jj) {
       const int j = keys[jj];
-      std::copy(vsrc + j * c.kv_stride, vsrc + j * c.kv_stride + d, vp + j * vstride);
+      const float* vj = c.v + rows[i0 + j] * c.kv_stride + hk * d;
+      std::copy(vj, vj + d, vp + j * vstride);
       std::fill(vp + j * vstride + d, vp + j * vstride + dp, 0.0f);
     }
     vector_blocks(dp / kW, [&]<int NV>(int t0) {
@@ -384,13 +369,16 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   }
 }
 
-// Importance of every key block for query rows [r0, r1) of head hq (kv head hk), added into imp:
-// sum over the rows of softmax_j(scores) summed over the keys of each block. Two passes over the
-// keys (row max and sum, then the probabilities), so only one key tile of scores exists at a time.
+// Importance of every key block for query rows [r0, r1) of head hq (kv head hk), added into imp: for
+// the query block of B rows that row r belongs to (counted from r0), imp[((r - r0) / B) * n_kb + key
+// block] gets the sum over its rows of softmax_j(scores) summed over the keys of each key block. Two
+// passes over the keys (row max and sum, then the probabilities), so only one key tile of scores exists
+// at a time; up to kBQ rows (several query blocks) share each transposed K tile.
 void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
-                      int64_t block, double* imp) {
+                      int64_t block, int64_t n_kb, double* imp) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int d = c.d;
+  const KeyRows rows{0, n_keys, nullptr};
   alignas(64) float qs[kBQ * kMaxD];
   alignas(64) float kt[kMaxD * kKt];
   alignas(64) float s[kBQ * kBK];
@@ -408,7 +396,7 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
       for (int64_t k0 = 0; k0 < n_keys; k0 += kBK) {
         const int nk = static_cast<int>(std::min<int64_t>(kBK, n_keys - k0));
         const int nkv = (nk + kW - 1) / kW;
-        load_keys(c, k0, nk, n_keys, hk, false, kt);
+        load_keys(c, rows, k0, nk, hk, false, kt);
         tile_scores(qs, nr, d, kt, nkv, s);
         if (pass == 0) {
           for (int i = 0; i < nq; ++i) {
@@ -421,14 +409,20 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
           }
           continue;
         }
-        std::fill(col, col + nkv * kW, 0.0f);
-        for (int i = 0; i < nq; ++i) {
-          const float* si = s + i * kBK;
-          const float mi = m[i], inv = 1.0f / l[i];
-          for (int j = 0; j < nkv * kW; j += kW)
-            store(col + j, load(col + j) + exp_neg(load(si + j) - mi) * inv);
+        for (int i0 = 0; i0 < nq;) {  // the rows of one query block at a time
+          const int64_t qblock = (a + i0 - r0) / block;
+          const int i1 = static_cast<int>(std::min<int64_t>(nq, r0 + (qblock + 1) * block - a));
+          std::fill(col, col + nkv * kW, 0.0f);
+          for (int i = i0; i < i1; ++i) {
+            const float* si = s + i * kBK;
+            const float mi = m[i], inv = 1.0f / l[i];
+            for (int j = 0; j < nkv * kW; j += kW)
+              store(col + j, load(col + j) + exp_neg(load(si + j) - mi) * inv);
+          }
+          double* dst = imp + qblock * n_kb;
+          for (int j = 0; j < nk; ++j) dst[(k0 + j) / block] += col[j];
+          i0 = i1;
         }
-        for (int j = 0; j < nk; ++j) imp[(k0 + j) / block] += col[j];
       }
     }
   }
@@ -447,26 +441,50 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
                 "attention: q/k widths do not match the head counts");
   TESSERA_CHECK(p.block_mask == nullptr || (p.n_seqs == 1 && p.sparse_block > 0),
                 "attention: a block-sparse pattern needs one sequence and sparse_block > 0");
-  const int64_t bs = std::max(1, p.sparse_block);
-  const TileCtx c{q.as<const float>(),
-                  k.as<const float>(),
-                  v.as<const float>(),
-                  q.cols(),
-                  k.cols(),
-                  head_dim,
-                  p.scale,
-                  p.cu_q[0],
-                  (q.rows() + bs - 1) / bs,
-                  (k.rows() + bs - 1) / bs};
+  const TileCtx c{
+      q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];
-    const int64_t ntiles = (qb - qa + kBQ - 1) / kBQ;
+    if (p.block_mask == nullptr) {
+      const int64_t ntiles = (qb - qa + kBQ - 1) / kBQ;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int64_t t = 0; t < ntiles; ++t) {
       for (int h = 0; h < n_heads; ++h) {
-        const int64_t a = qa + t * kBQ;
-        attend_tile(c, p, a, std::min(a + kBQ, qb), ka, kb, h, h / group, out.data, out.dtype);
+        for (int64_t t = 0; t < ntiles; ++t) {
+          const int64_t a = qa + t * kBQ;
+          attend_tile(c, p, a, std::min(a + kBQ, qb), KeyRows{ka, kb - ka, nullptr}, h, h / group, out.data,
+                      out.dtype);
+        }
+      }
+      continue;
+    }
+    // Block-sparse: query tiles never cross a query block (at most kBQ rows of one), so each visits
+    // exactly the keys of its query block's kept key blocks, gathered into full key tiles; a dropped
+    // (query block, key block) pair costs nothing.
+    const int64_t bs = p.sparse_block;
+    const int64_t n_qb = (q.rows() + bs - 1) / bs, n_kb = (k.rows() + bs - 1) / bs;  // the pattern's strides
+    std::vector<int64_t> tiles;  // first row of each query tile
+    for (int64_t b = 0; qa + b * bs < qb; ++b)
+      for (int64_t a = qa + b * bs; a < std::min(qa + (b + 1) * bs, qb); a += kBQ) tiles.push_back(a);
+    const auto ntiles = static_cast<int64_t>(tiles.size());
+#pragma omp parallel
+    {
+      std::vector<int32_t> list;
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (int h = 0; h < n_heads; ++h) {
+        for (int64_t t = 0; t < ntiles; ++t) {
+          const int64_t a = tiles[static_cast<size_t>(t)], b = (a - qa) / bs;
+          const int64_t end = std::min({a + kBQ, qa + (b + 1) * bs, qb});
+          const uint8_t* kept = p.block_mask + (h * n_qb + b) * n_kb;
+          list.clear();
+          for (int64_t j = 0; ka + j * bs < kb; ++j) {
+            if (kept[j] == 0) continue;
+            for (int64_t r = ka + j * bs; r < std::min(ka + (j + 1) * bs, kb); ++r)
+              list.push_back(static_cast<int32_t>(r));
+          }
+          attend_tile(c, p, a, end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h, h / group,
+                      out.data, out.dtype);
+        }
       }
     }
   }
@@ -501,39 +519,37 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
   const int64_t n_qb = (Mq + B - 1) / B, n_kb = (Mk + B - 1) / B;
   const int64_t g = p.n_prompt_keys / B;
   const int64_t keep_pre = sparse_keep(g, p.rho), keep_gen = sparse_keep(n_kb - g, p.rho);
-  const TileCtx c{q.as<const float>(),
-                  k.as<const float>(),
-                  nullptr,
-                  q.cols(),
-                  k.cols(),
-                  head_dim,
-                  p.scale,
-                  0,
-                  n_qb,
-                  n_kb};
+  const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
+  // Query tiles of whole query blocks (as many as fit in kBQ rows; one block when B > kBQ), so that
+  // several blocks share each transposed K tile.
+  const int64_t per_tile = std::max<int64_t>(1, kBQ / B), n_tiles = (n_qb + per_tile - 1) / per_tile;
 #pragma omp parallel
   {
-    std::vector<double> imp(static_cast<size_t>(n_kb));
+    std::vector<double> imp(static_cast<size_t>(per_tile * n_kb));
     std::vector<int64_t> order(static_cast<size_t>(n_kb));
 #pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t qb = 0; qb < n_qb; ++qb) {
-      for (int h = 0; h < n_heads; ++h) {
+    for (int h = 0; h < n_heads; ++h) {
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        const int64_t qb0 = t * per_tile, qb1 = std::min(n_qb, qb0 + per_tile);
         std::fill(imp.begin(), imp.end(), 0.0);
-        block_importance(c, qb * B, std::min(qb * B + B, Mq), Mk, h, h / group, B, imp.data());
-        uint8_t* row = mask + (h * n_qb + qb) * n_kb;
-        std::fill(row, row + n_kb, uint8_t{0});
-        auto keep = [&](int64_t a, int64_t b, int64_t n_keep) {  // the n_keep best blocks of [a, b)
-          const auto first = order.begin(), mid = first + n_keep, last = first + (b - a);
-          for (int64_t i = a; i < b; ++i) order[static_cast<size_t>(i - a)] = i;
-          std::partial_sort(first, mid, last, [&](int64_t x, int64_t y) {
-            const double ix = imp[static_cast<size_t>(x)], iy = imp[static_cast<size_t>(y)];
-            return ix > iy || (ix == iy && x < y);
-          });
-          for (auto it = first; it != mid; ++it) row[*it] = 1;
-        };
-        keep(0, g, keep_pre);
-        keep(g, n_kb, keep_gen);
+        block_importance(c, qb0 * B, std::min(qb1 * B, Mq), Mk, h, h / group, B, n_kb, imp.data());
+        for (int64_t qb = qb0; qb < qb1; ++qb) {
+          const double* bimp = imp.data() + (qb - qb0) * n_kb;
+          uint8_t* row = mask + (h * n_qb + qb) * n_kb;
+          std::fill(row, row + n_kb, uint8_t{0});
+          auto keep = [&](int64_t a, int64_t b, int64_t n_keep) {  // the n_keep best blocks of [a, b)
+            const auto first = order.begin(), mid = first + n_keep, last = first + (b - a);
+            for (int64_t i = a; i < b; ++i) order[static_cast<size_t>(i - a)] = i;
+            std::partial_sort(first, mid, last, [&](int64_t x, int64_t y) {
+              const double ix = bimp[x], iy = bimp[y];
+              return ix > iy || (ix == iy && x < y);
+            });
+            for (auto it = first; it != mid; ++it) row[*it] = 1;
+          };
+          keep(0, g, keep_pre);
+          keep(g, n_kb, keep_gen);
+        }
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace tessera::cpu::simd {
 
@@ -47,6 +48,35 @@ inline float hsum(const vf& x) {
   float s = 0.0f;
   for (int i = 0; i < kW; ++i) s += x[i];
   return s;
+}
+
+// Transposes the kW x kW matrix held in r (r[i][j] becomes r[j][i]) in log2(kW) stages of two-input
+// shuffles: stage h pairs rows i and i + h and interleaves their chunks of h lanes (low halves of each
+// 2h-lane chunk into row i, high halves into row i + h), for h = kW/2, ..., 1.
+namespace detail {
+constexpr int interleave_index(int h, bool hi, int i) {
+  const int base = i / (2 * h) * (2 * h) + (hi ? h : 0), r = i % (2 * h);
+  return r < h ? base + r : kW + base + r - h;
+}
+template <int H, bool Hi, int... I>
+inline vf interleave(const vf& a, const vf& b, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(a, b, interleave_index(H, Hi, I)...);
+}
+template <int H>
+inline void transpose_stage(vf (&r)[kW]) {
+  using lanes = std::make_integer_sequence<int, kW>;
+  for (int i = 0; i < kW; ++i) {
+    if ((i & H) != 0) continue;
+    const vf lo = interleave<H, false>(r[i], r[i + H], lanes{}),
+             hi = interleave<H, true>(r[i], r[i + H], lanes{});
+    r[i] = lo;
+    r[i + H] = hi;
+  }
+  if constexpr (H > 1) transpose_stage<H / 2>(r);
+}
+}  // namespace detail
+inline void transpose(vf (&r)[kW]) {
+  detail::transpose_stage<kW / 2>(r);
 }
 
 // kW bf16 values widened to f32, and f32 rounded to bf16 (nearest, ties to even; NaN stays a quiet
