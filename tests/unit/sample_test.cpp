@@ -197,6 +197,42 @@ TEST(Sample, LongRowsMatchAnF64Reference) {
   EXPECT_NEAR(o.conf[0], px, 1e-6 * px);
 }
 
+// Greedy token and margin on rows of whole vectors plus a tail, with many ties (small integer logits):
+// the token is the lowest index of the largest kept logit, the margin P(1st) - P(2nd) counts a tied
+// runner-up (margin 0), in one lane, across lanes or in the tail; with a suppressed token and top-k.
+TEST(Sample, ArgmaxTiesAndMarginOnLongRows) {
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>(state >> 40);
+  };
+  int ties = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t V = std::vector<int64_t>{3, 16, 17, 31, 64, 1000, 4099}[static_cast<size_t>(trial % 7)];
+    const int spread = 2 + trial % 9;  // logits in {-spread, ..., spread}: many equal values
+    std::vector<float> row(static_cast<size_t>(V));
+    for (float& a : row) a = static_cast<float>(next() % (2 * spread + 1) - spread);
+    SampleParams p = trial % 2 == 0 ? llada(ConfKind::Margin) : dream(ConfKind::Margin);
+    if (trial % 3 == 1) p.suppress_token = next() % V;
+    if (trial % 4 == 3 && V > 8) p.top_k = 5;
+    SCOPED_TRACE("trial " + std::to_string(trial) + " V " + std::to_string(V));
+    std::vector<double> x(row.begin(), row.end());
+    if (p.suppress_token >= 0) x[static_cast<size_t>(p.suppress_token)] = -HUGE_VAL;
+    std::vector<double> sorted = x;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double cut = p.top_k > 0 ? sorted[static_cast<size_t>(p.top_k - 1)] : -HUGE_VAL;
+    const double m1 = sorted[0], m2 = V > 1 && sorted[1] >= cut ? sorted[1] : -HUGE_VAL;
+    ties += m1 == m2 ? 1 : 0;
+    double z = 0;
+    for (double a : x)
+      if (a != -HUGE_VAL && a >= cut) z += std::exp(a - m1);
+    const Out o = sample1(row, p);
+    EXPECT_EQ(o.tok[0], std::find(x.begin(), x.end(), m1) - x.begin());
+    EXPECT_NEAR(o.conf[0], (1.0 - std::exp(m2 - m1)) / z, 1e-6);
+  }
+  EXPECT_GT(ties, 10);  // the tied runner-up case is exercised
+}
+
 TEST(Sample, TopPThenTopKAsDream) {
   // top_p 0.5 first keeps {0, 1}; top_k 2 then keeps both. (top_k first would renormalise to
   // (0.533, 0.467) and top_p would keep only token 0.)

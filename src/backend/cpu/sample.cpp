@@ -135,9 +135,42 @@ double exp_sum(const RowView& x, float cut, float m) {
   return z + scalar(whole, x.V);
 }
 
+// Max, argmax and runner-up of the kept tokens: per lane over whole vectors of kW logits (each lane
+// keeps its first index of its max, its own runner-up), then the lanes merged; the tail element by
+// element. Equal to the scalar scan: the runner-up of the multiset is the larger of the lanes'
+// runners-up and the other lanes' maxima; NaN logits compare false, so they are never the max.
 Stats row_stats(const RowView& x, float cut) {
+  using namespace cpu::simd;
   Stats s;
-  for (int64_t v = 0; v < x.V; ++v) {
+  const int64_t whole = x.V <= std::numeric_limits<int32_t>::max() ? x.V / kW * kW : 0;
+  if (whole > 0) {
+    vi idx, arg{};
+    for (int i = 0; i < kW; ++i) idx[i] = i;
+    const vf vcut = splat(cut), vinf = splat(kNegInf);
+    vf m1 = vinf, m2 = vinf;
+    for (int64_t v = 0; v < whole; v += kW, idx += kW) {
+      vf l = load(x.L + v);
+      if (x.scale) l = l / x.t;
+      l = select(l < vcut, vinf, l);
+      if (x.suppress >= v && x.suppress < v + kW)
+        l = select(idx == static_cast<int32_t>(x.suppress), vinf, l);
+      const vi gt1 = l > m1;
+      m2 = select(gt1, m1, select(l > m2, l, m2));
+      m1 = select(gt1, l, m1);
+      arg = (gt1 & idx) | (~gt1 & arg);
+    }
+    int best = -1;
+    for (int i = 0; i < kW; ++i) {
+      if (m1[i] == kNegInf) continue;
+      if (best < 0 || m1[i] > m1[best] || (m1[i] == m1[best] && arg[i] < arg[best])) best = i;
+    }
+    if (best >= 0) {
+      s.m1 = m1[best];
+      s.arg = arg[best];
+      for (int i = 0; i < kW; ++i) s.m2 = std::max(s.m2, i == best ? m2[i] : m1[i]);
+    }
+  }
+  for (int64_t v = whole; v < x.V; ++v) {
     const float a = x(v);
     if (a == kNegInf || a < cut) continue;
     if (a > s.m1) {
