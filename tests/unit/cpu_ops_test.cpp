@@ -168,10 +168,10 @@ TEST(CpuAttention, MaskedKeysWeighExactlyNothing) {
   EXPECT_LT(rel_error(out.data(), ref.data(), rows), 1e-5);
 }
 
-// Block-sparse patterns: tiles smaller than, equal to and larger than the kernel's 32-row / 128-key
+// Block-sparse patterns: tiles smaller than, equal to and larger than the kernel's 128-row / 128-key
 // tiles, partial last blocks, a query block that keeps no key (output 0), with causal masks too.
 TEST(CpuAttention, BlockSparseSkipsExactlyTheDroppedTiles) {
-  for (const int bs : {8, 32, 48, 160}) {
+  for (const int bs : {8, 32, 48, 128, 160}) {
     SCOPED_TRACE("sparse block " + std::to_string(bs));
     AttnCase c{4, 2, 16, {0, 301}, {0, 301}, iota(301), iota(301)};
     c.sparse_block = bs;
