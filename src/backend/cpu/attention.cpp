@@ -206,7 +206,7 @@ inline void load_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk,
     for (int j = j0; j < j0 + n; ++j) {
       const bool pf = i0 + j + kW < rows.n;
       const float* kpf = pf ? c.k + rows[i0 + j + kW] * c.kv_stride + hk * d : nullptr;
-      const float* vpf = c.v + rows[i0 + j] * c.kv_stride + hk * d;
+      const float* vpf = prefetch_v ? c.v + rows[i0 + j] * c.kv_stride + hk * d : nullptr;  // c.v may be null
       for (int t = 0; t < d; t += 16) {
         if (pf) __builtin_prefetch(kpf + t);
         if (prefetch_v) __builtin_prefetch(vpf + t);
