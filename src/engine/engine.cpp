@@ -16,6 +16,21 @@ namespace tessera {
 
 namespace {
 
+// Sets the engine's per-sequence sampling for one packed forward and clears it on every exit, thrown
+// errors included.
+class PerSequenceSampling {
+ public:
+  PerSequenceSampling(std::span<const SampleParams>& slot, std::span<const SampleParams> sps) : slot_(slot) {
+    slot_ = sps;
+  }
+  PerSequenceSampling(const PerSequenceSampling&) = delete;
+  PerSequenceSampling& operator=(const PerSequenceSampling&) = delete;
+  ~PerSequenceSampling() { slot_ = {}; }
+
+ private:
+  std::span<const SampleParams>& slot_;
+};
+
 // The KV cache pool's layout: the State tensors of g, in declaration order, are consecutive slices of
 // the pool's rows, so the slice of a tensor starts at (the row bytes of the tensors before it) * rows.
 // Calls f(tensor id, row bytes before it, its row bytes) for each; returns the bytes of one pool row.
@@ -381,14 +396,8 @@ void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& 
 void Engine::forward_sample(std::span<const SeqInput> seqs, std::span<const SampleParams> sps,
                             std::span<int32_t> tokens, std::span<float> conf) {
   if (sps.size() != seqs.size()) fail("forward_sample: one SampleParams per sequence expected");
-  seq_sp_ = sps;
-  try {
-    forward_sample(seqs, sps.empty() ? SampleParams{} : sps[0], tokens, conf);
-  } catch (...) {
-    seq_sp_ = {};
-    throw;
-  }
-  seq_sp_ = {};
+  const PerSequenceSampling scoped(seq_sp_, sps);
+  forward_sample(seqs, sps.empty() ? SampleParams{} : sps[0], tokens, conf);
 }
 
 void Engine::forward_logits(std::span<const SeqInput> seqs, std::span<float> logits) {
@@ -584,17 +593,11 @@ void Engine::forward_cached(std::span<const CachedSeq> seqs, std::span<const Sam
                             std::span<int32_t> tokens, std::span<float> conf) {
   if (sps.size() != seqs.size() || seqs.empty())
     fail("forward_cached: one SampleParams per sequence, and at least one sequence, expected");
-  seq_sp_ = sps;
-  try {
-    const graph::Program& p = run_cached(OutputMode::Sample, seqs, &sps[0]);
-    const GraphIo& ids = io(OutputMode::Sample, true);
-    read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
-    read_output(p, ids.out[1], conf.data(), conf.size_bytes());
-  } catch (...) {
-    seq_sp_ = {};
-    throw;
-  }
-  seq_sp_ = {};
+  const PerSequenceSampling scoped(seq_sp_, sps);
+  const graph::Program& p = run_cached(OutputMode::Sample, seqs, &sps[0]);
+  const GraphIo& ids = io(OutputMode::Sample, true);
+  read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
+  read_output(p, ids.out[1], conf.data(), conf.size_bytes());
 }
 
 void Engine::forward_cached_logits(std::span<const CachedSeq> seqs, std::span<float> logits) {
