@@ -3,36 +3,20 @@
 // (the best large bf16 GEMM).
 // Usage: gemm_bench [--quick] [--json FILE]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 
 #ifdef TESSERA_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
 
 using namespace tessera;
-
-namespace {
-
-double time_best(int reps, const std::function<void()>& fn) {
-  fn();  // warm-up (primitive creation)
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
@@ -64,7 +48,7 @@ int main(int argc, char** argv) {
     std::vector<float> c(static_cast<size_t>(m * n));
     Tensor ta(const_cast<char*>(a.data()), dt, {m, k}), tw(const_cast<char*>(w.data()), dt, {n, k}),
         tc(c.data(), DType::F32, {m, n});
-    const double s = time_best(reps, [&] { be->gemm(ta, tw, nullptr, tc, false); });
+    const double s = bench::best_seconds(reps, [&] { be->gemm(ta, tw, nullptr, tc, false); });
     const double gf =
         2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s / 1e9;
     rows.push_back({"onednn", std::string(dtype_name(dt)), m, n, k, gf});
@@ -109,7 +93,7 @@ int main(int argc, char** argv) {
         Tensor ta(a.data(), DType::BF16, {m, k}), tw(q.data(), DType::BF16, {n, k}),
             tc(c.data(), DType::F32, {m, n});
         tw.quant = static_cast<int16_t>(qt);
-        const double sec = time_best(reps, [&] { be->gemm(ta, tw, nullptr, tc, false); });
+        const double sec = bench::best_seconds(reps, [&] { be->gemm(ta, tw, nullptr, tc, false); });
         const double gf = 2.0 * static_cast<double>(m * n) * static_cast<double>(k) / sec / 1e9;
         const std::string name = ggml_type_info(qt)->name;
         rows.push_back({"onednn", name, m, n, k, gf});
@@ -124,7 +108,7 @@ int main(int argc, char** argv) {
       const int64_t k = 4096;
       std::vector<float> a(static_cast<size_t>(m * k), 0.01f), w(static_cast<size_t>(n * k), 0.02f),
           c(static_cast<size_t>(m * n));
-      const double s = time_best(reps, [&] {
+      const double s = bench::best_seconds(reps, [&] {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
                     static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), w.data(), static_cast<int>(k),
                     0.0f, c.data(), static_cast<int>(n));

@@ -6,17 +6,16 @@
 // experts the layer reads (T) and the layer time, best of --reps, with its speed-up over vanilla routing
 // measured in the same run. Usage: moe_bench [--device cpu|cuda] [--quick] [--reps R] [--json FILE]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -182,13 +181,7 @@ int main(int argc, char** argv) {
           be->moe_ffn(tx, ti, tw, ex, ts, to);
           be->synchronize();
         };
-        layer();  // warm-up (GEMM primitives, first touch)
-        double best = 1e30;
-        for (int r = 0; r < reps; ++r) {
-          const auto t0 = std::chrono::steady_clock::now();
-          layer();
-          best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
+        const double best = bench::best_seconds(reps, layer);
         be->copy_to_host(state.data(), dstate, state.size() * 4);
         int unique = 0;
         for (int e = 0; e < L.E; ++e) unique += state[static_cast<size_t>(2 * L.E + e)] > 0.0f ? 1 : 0;

@@ -6,11 +6,9 @@
 // Usage: sparse_bench [--lengths 2048,4096] [--heads 8] [--kv-heads 8] [--head-dim 128] [--prompt-frac 0.95]
 //                     [--configs 32:0.5,128:0.3,128:0.1] [--reps 3]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "core/error.h"
 
 using namespace tessera;
@@ -30,16 +29,6 @@ std::vector<std::string> split(const std::string& s) {
   std::stringstream ss(s);
   for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
   return out;
-}
-
-double best_of(int reps, const std::function<void()>& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 }  // namespace
@@ -108,7 +97,8 @@ int main(int argc, char** argv) {
     p.cu_k = cu.data();
     p.q_pos = pos.data();
     p.k_pos = pos.data();
-    const double dense = best_of(reps, [&] { be->attention(tq, tk, tv, to, heads, kv_heads, head_dim, p); });
+    const double dense =
+        bench::best_seconds(reps, [&] { be->attention(tq, tk, tv, to, heads, kv_heads, head_dim, p); });
     for (const auto& [block, rho] : configs) {
       const int64_t nb = (L + block - 1) / block;
       std::vector<uint8_t> pattern(static_cast<size_t>(heads * nb * nb));
@@ -117,13 +107,13 @@ int main(int argc, char** argv) {
       sp.block = block;
       sp.rho = rho;
       sp.n_prompt_keys = static_cast<int64_t>(static_cast<double>(L) * prompt_frac);
-      const double select =
-          best_of(reps, [&] { be->sparse_select(tq, tk, heads, kv_heads, head_dim, sp, pattern.data()); });
+      const double select = bench::best_seconds(
+          reps, [&] { be->sparse_select(tq, tk, heads, kv_heads, head_dim, sp, pattern.data()); });
       AttnParams ps = p;
       ps.block_mask = pattern.data();
       ps.sparse_block = block;
       const double sparse =
-          best_of(reps, [&] { be->attention(tq, tk, tv, to, heads, kv_heads, head_dim, ps); });
+          bench::best_seconds(reps, [&] { be->attention(tq, tk, tv, to, heads, kv_heads, head_dim, ps); });
       const double kept = static_cast<double>(std::count(pattern.begin(), pattern.end(), uint8_t{1})) /
                           static_cast<double>(pattern.size());
       std::printf("%6lld %6d %5.2f %10.1f %10.1f %10.1f %7.1f%% %7.2fx %7.2fx\n", static_cast<long long>(L),
