@@ -351,6 +351,14 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   // masked positions) before the first forward.
   const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
   // The KV cache is held for the whole request: made first so that the budget check counts it.
+  // generate() ends it, and the SparseD request, however it ends; the guard covers a failed check.
+  struct Ended {
+    Engine& e;
+    ~Ended() {
+      e.kv_cache_end();
+      e.sparse_end();
+    }
+  } ended{*engine_};
   if (holds_kv_cache(g)) engine_->kv_cache_reset(canvas);
   // So are the SparseD patterns (generate() starts the same request again: nothing is reallocated).
   if (g.sparse)
@@ -370,7 +378,7 @@ Session::Output Session::timed(const std::function<GenerateResult()>& gen) const
 }
 
 void Session::check_budget(int64_t prompt_len, const GenerateOptions& g) {
-  if (engine_->activation_budget() == 0) return;
+  if (engine_->options().memory_budget == 0) return;
   if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
   engine_->check_memory(
       canvas_length(prompt_len, g),

@@ -78,6 +78,9 @@ class Denoiser {
     (void)capacity;
     fail("this denoiser has no KV cache");
   }
+  // The request that kv_cache_reset started has ended: its cache may be freed (an engine frees it only
+  // when memory is short; the next request reuses it otherwise). generate() calls it however it ends.
+  virtual void kv_cache_end() {}
   virtual void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                               std::span<const int32_t> positions, const SampleParams& sp,
                               std::span<int32_t> tokens, std::span<float> conf) {

@@ -600,19 +600,21 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.G = o.gen_length;
   L.canvas.assign(prompt.begin(), prompt.end());
   L.cache = o.cache == "prefix" ? 1 : o.cache == "dual" ? 2 : 0;
-  if (L.cache > 0) {
-    TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
-    den.kv_cache_reset(canvas_length(L.P, o, aligned));
-  }
-  // Whatever the request turned on (DES, SparseD) is turned off when it ends, however it ends.
+  // Whatever the request turned on (KV cache, DES, SparseD) is turned off when it ends, however it ends.
   struct RequestGuard {
     Denoiser& d;
-    bool des = false, sparse = false;
+    bool kv = false, des = false, sparse = false;
     ~RequestGuard() {
+      if (kv) d.kv_cache_end();
       if (des) d.des_end();
       if (sparse) d.sparse_end();
     }
   } guard{den};
+  if (L.cache > 0) {
+    TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use cache none");
+    den.kv_cache_reset(canvas_length(L.P, o, aligned));
+    guard.kv = true;
+  }
   if (o.des != "off" || o.moe_stats) {
     TESSERA_CHECK(den.supports_expert_sharing(),
                   o.des != "off" ? "expert sharing needs a mixture-of-experts model; use des off"
@@ -643,6 +645,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
     if (L.w_refresh > 0) {
       TESSERA_CHECK(den.supports_kv_cache(), "this denoiser has no KV cache; use window-refresh 0");
       den.kv_cache_reset(static_cast<int64_t>(L.canvas.size()));
+      guard.kv = true;
     }
   }
   if (o.sparse) {

@@ -244,7 +244,9 @@ const graph::Program* Engine::try_program(OutputMode mode, graph::StepShape shap
     shape.k_ffn = opt_.k_ffn;
     shape.k_logits = opt_.k_logits;
     if (opt_.memory_budget > 0) {  // lazy chunking: the smallest chunk counts whose plan fits
-      const memory::ChunkChoice choice = memory::choose_chunks(g, shape, activation_budget(), opt_.fit);
+      memory::ChunkChoice choice = memory::choose_chunks(g, shape, activation_budget(), opt_.fit);
+      if (!choice.fits && release_idle())  // what an ended request left held is freed first
+        choice = memory::choose_chunks(g, shape, activation_budget(), opt_.fit);
       if (!choice.fits) {
         floor = choice.floor;
         return nullptr;
@@ -437,8 +439,31 @@ void Engine::check_held(size_t others, size_t bytes, const std::string& what) co
       " plus " + what);
 }
 
+bool Engine::release_idle() {
+  bool freed = false;
+  if (kv_buf_ != nullptr && kv_slots_open() == 0) {
+    backend_->free_weights(kv_buf_);
+    kv_buf_ = nullptr;
+    kv_bytes_ = 0;
+    kv_pool_rows_ = 0;
+    freed = true;
+  }
+  if (sparse_buf_ != nullptr && !sparse_on_) {
+    backend_->free_weights(sparse_buf_);
+    sparse_buf_ = nullptr;
+    sparse_bytes_ = 0;
+    sparse_canvas_ = 0;
+    sparse_ready_ = false;
+    freed = true;
+  }
+  if (freed) plans_.clear();
+  return freed;
+}
+
 void Engine::grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what) {
-  check_held(kv_bytes_ + sparse_bytes_ - held, bytes, what);  // what is held besides this buffer
+  // What is held besides this buffer (`held` is kv_bytes_ or sparse_bytes_: release_idle may zero it).
+  if (!held_fits(kv_bytes_ + sparse_bytes_ - held, bytes)) release_idle();
+  check_held(kv_bytes_ + sparse_bytes_ - held, bytes, what);
   if (buf != nullptr) backend_->free_weights(buf);
   buf = nullptr;
   held = 0;
@@ -469,6 +494,7 @@ void Engine::kv_grow(int64_t rows, const std::string& what) {
     return;
   }
   const size_t bytes = kv_row_bytes_ * static_cast<size_t>(rows);
+  if (!held_fits(kv_bytes_ + sparse_bytes_, bytes)) release_idle();  // (idle patterns only: rows are live)
   check_held(kv_bytes_ + sparse_bytes_, bytes,
              what + ", while the pool grows (the caches held are copied into the grown pool)");
   void* grown = backend_->alloc_weights(bytes);
@@ -526,7 +552,8 @@ bool Engine::kv_fits(int64_t capacity) const {
   const int64_t need = kv_base(capacity) + capacity;
   if (need <= kv_pool_rows_) return true;
   // As kv_grow: with live rows the old pool is held while they are copied into the grown one.
-  return held_fits(sparse_bytes_ + (kv_slots_open() > 0 ? kv_bytes_ : 0),
+  // Idle patterns would be freed first (release_idle).
+  return held_fits((sparse_on_ ? sparse_bytes_ : 0) + (kv_slots_open() > 0 ? kv_bytes_ : 0),
                    kv_row_bytes_ * static_cast<size_t>(need));
 }
 

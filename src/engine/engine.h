@@ -101,7 +101,8 @@ class Engine final : public Denoiser {
   // Bytes of the workspace physically resident now (CPU: mincore over the committed range; other
   // devices: the committed bytes).
   size_t workspace_resident() const;
-  // The budget left for activations: memory_budget minus the weights (0 without a budget).
+  // The budget left for activations: memory_budget minus the weights and what is held across steps
+  // (KV cache pool, SparseD patterns); 0 without a budget, or with nothing left.
   size_t activation_budget() const;
   // Plans (and caches) the step of one sequence of n_tokens with n_logits selected rows; with a
   // memory budget, throws Error when it cannot fit. Run before a request's first step with its
@@ -131,6 +132,7 @@ class Engine final : public Denoiser {
               std::span<float> out) override;
   bool supports_kv_cache() const override { return true; }
   void kv_cache_reset(int64_t capacity) override;
+  void kv_cache_end() override { kv_close(0); }
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override;
@@ -144,7 +146,9 @@ class Engine final : public Denoiser {
   void logits_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,
                    std::span<const int32_t> positions, std::span<float> out);
   // Bytes held by the KV cache pool (0 until a request uses it): every layer's K and V, in the compute
-  // dtype, for every row of the pool.
+  // dtype, for every row of the pool. The pool outlives its requests (the next one reuses it); with a
+  // memory budget it is freed when no slot is open and a plan or another held buffer would not fit
+  // beside it. So are the SparseD patterns outside a sparse request.
   size_t kv_cache_bytes() const { return kv_bytes_; }
 
   // KV caches of concurrent requests (the batcher): every open slot is a region of `capacity` rows of
@@ -234,6 +238,10 @@ class Engine final : public Denoiser {
   // Whether the weights, `others` and `bytes` fit the budget; check_held throws grow_held's budget
   // error unless they do.
   bool held_fits(size_t others, size_t bytes) const;
+  // Frees what no request holds: the KV cache pool when no slot is open, the SparseD patterns outside
+  // a sparse request. Returns whether it freed anything (the cached plans are then dropped: the
+  // activation budget grew).
+  bool release_idle();
   void check_held(size_t others, size_t bytes, const std::string& what) const;
   // The KV cache pool: the first base of `capacity` free rows among the open slots' regions (the end of
   // the last region when no gap is large enough, possibly past kv_rows_); growth to `rows` rows.

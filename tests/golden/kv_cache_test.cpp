@@ -168,6 +168,70 @@ TEST(KvCache, MisuseFailsClearly) {
   expect_error([&] { tight->kv_cache_reset(40); }, "plus a KV cache of 40 positions");
 }
 
+// Under a memory budget, what an ended request left held (the KV cache pool, the SparseD patterns) is
+// freed when a later step would not fit beside it; a request's live cache is never freed.
+TEST(KvCache, AnEndedRequestsMemoryIsFreedWhenAStepNeedsIt) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 4");
+  const int64_t n = 120;  // the uncached step that needs the memory: n tokens, every one a logit row
+  auto plain = Engine::load(dir);
+  plain->check_memory(n, n, OutputMode::Sample, false);
+  const size_t peak = plain->last_step().planned_peak, w = plain->model().weight_bytes();
+  EngineOptions o;
+  o.memory_budget = w + peak + peak / 8;
+  // A cache of most of the budget: the step cannot fit beside it even fully chunked.
+  const int64_t per_row = plain->config().kv_cache_bytes_per_token(2);
+  const int64_t rows = std::min<int64_t>(static_cast<int64_t>(peak) / per_row, plain->config().max_positions);
+  ASSERT_GT(rows, n) << "the test needs a cache larger than the step's canvas";
+
+  auto e = Engine::load(dir, o);
+  e->kv_cache_reset(rows);  // a request holding its cache: the step does not fit
+  const size_t pool = e->kv_cache_bytes();
+  ASSERT_EQ(pool, static_cast<size_t>(rows * per_row));
+  expect_error([&] { e->check_memory(n, n, OutputMode::Sample, false); }, "memory budget");
+  EXPECT_EQ(e->kv_cache_bytes(), pool);  // a live cache is kept
+  e->kv_cache_end();  // the request ended: its pool is freed for the step, and only then
+  EXPECT_EQ(e->kv_cache_bytes(), pool);
+  e->check_memory(n, n, OutputMode::Sample, false);
+  EXPECT_EQ(e->kv_cache_bytes(), 0u);
+  // The next cached request takes a pool again.
+  e->kv_cache_reset(40);
+  EXPECT_EQ(e->kv_cache_bytes(), static_cast<size_t>(40 * per_row));
+
+  // generate() ends its cache however it ends. Here its cache reuses the large pool in place, so its
+  // first forward does not fit the budget; the pool is freed for the next step all the same.
+  auto g = Engine::load(dir, o);
+  g->kv_cache_reset(rows);
+  GenerateOptions go;
+  go.gen_length = 16;
+  go.block_length = 8;
+  go.steps = 4;
+  go.cache = "prefix";
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  expect_error([&] { generate(*g, prompt, go); }, "memory budget");
+  EXPECT_EQ(g->kv_slots_open(), 0);
+  EXPECT_EQ(g->kv_cache_bytes(), pool);
+  g->check_memory(n, n, OutputMode::Sample, false);
+  EXPECT_EQ(g->kv_cache_bytes(), 0u);
+  const GenerateResult r = generate(*g, prompt, go);  // a fresh pool of its own canvas
+  EXPECT_EQ(r.tokens.size(), 16u);
+  EXPECT_EQ(g->kv_slots_open(), 0);
+  EXPECT_EQ(g->kv_cache_bytes(), static_cast<size_t>(19 * per_row));
+
+  // SparseD patterns outside a sparse request are freed the same way: block 1 makes them large.
+  const int64_t canvas = plain->config().max_positions;
+  const auto patterns = static_cast<size_t>(plain->config().sparse_pattern_bytes(canvas, 1));
+  ASSERT_GT(patterns, peak / 4);
+  EngineOptions so;
+  so.memory_budget = w + patterns + peak / 8;
+  auto s = Engine::load(dir, so);
+  s->sparse_begin(canvas, SparseConfig{1, 0.5f, 10});
+  expect_error([&] { s->check_memory(n, n, OutputMode::Sample, false); }, "memory budget");
+  EXPECT_EQ(s->sparse_bytes(), patterns);
+  s->sparse_end();
+  s->check_memory(n, n, OutputMode::Sample, false);
+  EXPECT_EQ(s->sparse_bytes(), 0u);
+}
+
 TEST(KvCache, CliGeneratesWithEveryCache) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
   const std::string bin = TESSERA_BINARY;

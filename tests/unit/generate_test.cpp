@@ -60,6 +60,7 @@ class FakeDenoiser final : public Denoiser {
   // then predicts from the whole canvas (the fake has no stale state).
   bool supports_kv_cache() const override { return cached; }
   void kv_cache_reset(int64_t capacity) override { resets.push_back(capacity); }
+  void kv_cache_end() override { ++ends; }
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override {
@@ -100,6 +101,7 @@ class FakeDenoiser final : public Denoiser {
   std::vector<SparsePhase> phases;                    // of each predict() while a sparse request runs
   int block = 0;                                      // > 0: a block-causal model
   std::vector<int64_t> resets;
+  int ends = 0;  // kv_cache_end calls
   std::vector<std::array<int64_t, 3>> ranges;  // (q_lo, q_hi, canvas size) of each predict_cached
   std::vector<std::vector<int32_t>> calls;     // positions of each forward
   // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows;
@@ -484,6 +486,7 @@ TEST(Generate, KvCacheComputesTheExpectedRows) {
     const GenerateResult r = generate(d, kPrompt, o);
     EXPECT_EQ(d.calls.size(), static_cast<size_t>(r.steps_run));
     EXPECT_EQ(d.ranges.size(), d.calls.size());  // every forward went through the cache
+    EXPECT_EQ(d.ends, 1);  // the request's cache ended with it
     return std::make_pair(d.resets, d.ranges);
   };
   // Prompt 3, gen 8 in blocks of 4, 2 steps per block: canvas 11, blocks [3, 7) and [7, 11).
@@ -587,6 +590,7 @@ TEST(Generate, WindowPhasesComputeTheExpectedRows) {
   GenerateOptions o = window_options(12, 6, 3, 3);  // canvas 15, positions 3..14
   const GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(d.resets, (std::vector<int64_t>{15}));
+  EXPECT_EQ(d.ends, 1);
   EXPECT_EQ(d.log, (std::vector<std::string>{
                        // phase 1: window 3..8 (canvas 9), active {3,4,5}, then {4,5,6}, {5,6,7}
                        "c0-9/9", "r3,4,5,6/9", "r3,4,5,6,7/9",
@@ -606,6 +610,7 @@ TEST(Generate, WindowPhasesComputeTheExpectedRows) {
   o.window_refresh = 0;
   generate(n, kPrompt, o);
   EXPECT_TRUE(n.resets.empty());
+  EXPECT_EQ(n.ends, 0);
   EXPECT_EQ(n.log, (std::vector<std::string>{"p/9", "p/10", "p/11", "p/12", "p/13", "p/14", "p/15", "p/15",
                                              "p/15", "p/15", "p/15", "p/15"}));
 
