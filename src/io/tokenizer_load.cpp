@@ -208,7 +208,7 @@ void load_model(const json& m, const Ctx& c, Bpe& bpe) {
       if (sp == std::string::npos) c.bad("merge '" + s + "' has no space");
       a.assign(s, 0, sp);
       b.assign(s, sp + 1, std::string::npos);
-    } else if (mj.is_array() && mj.size() == 2) {
+    } else if (mj.is_array() && mj.size() == 2 && mj[0].is_string() && mj[1].is_string()) {
       a = mj[0].get<std::string>();
       b = mj[1].get<std::string>();
     } else {
@@ -230,14 +230,24 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, const std::string& s
   }
   auto im = std::make_shared<Impl>();
   im->source = source;
+  std::string section;  // where a JSON type error happened, for its message
   try {
+    if (!j.is_object()) c.bad("the top level is not an object");
     if (!j.contains("model")) c.bad("no \"model\" section");
+    section = "model";
     load_model(j["model"], c, im->bpe);
+    section = "normalizer";
     if (j.contains("normalizer")) load_normalizer(j["normalizer"], c, im->normalizer);
+    section = "pre_tokenizer";
     if (j.contains("pre_tokenizer")) load_pre_tokenizer(j["pre_tokenizer"], c, im->pre_tokenizer);
+    section = "decoder";
     if (j.contains("decoder")) load_decoder(j["decoder"], c, im->decoder);
+    section = "added_tokens";
     if (j.contains("added_tokens")) {
+      if (!j["added_tokens"].is_array()) c.bad("\"added_tokens\" is not an array");
+      size_t i = 0;
       for (const auto& a : j["added_tokens"]) {
+        section = "added_tokens[" + std::to_string(i++) + "]";
         const json& id = a.at("id");
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 30))
           c.bad("the id of an added token is not an integer in [0, 2^30]");
@@ -249,7 +259,11 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, const std::string& s
       }
     }
   } catch (const json::exception& e) {
-    fail("malformed tokenizer file " + source + ": " + e.what());
+    // nlohmann's messages open with "[json.exception.type_error.302] ": the section says more.
+    std::string what = e.what();
+    if (const size_t at = what.find("] "); what.rfind("[json.exception.", 0) == 0 && at != std::string::npos)
+      what.erase(0, at + 2);
+    fail("malformed tokenizer file " + source + ", in \"" + section + "\": " + what);
   }
   for (size_t i = 0; i < im->added.size(); ++i)
     im->added_by_first[static_cast<uint8_t>(im->added[i].content[0])].push_back(static_cast<int32_t>(i));

@@ -211,6 +211,23 @@ TEST(Tokenizer, UnsupportedTypesNameTheTypeAndFile) {
   expect_msg(with("decoder", R"({"type": "WordPiece", "prefix": "##"})"), "WordPiece");
   expect_msg(with("pre_tokenizer", R"({"type": "Sequence", "pretokenizers": [{"type": "Digits"}]})"),
              "Digits");
+  // Fields of the wrong JSON type: the message names the section (nlohmann's own prefix dropped).
+  const std::string added = R"({"added_tokens": [{"id": 0, "content": "a"}, {"id": 1, "content": 7}])";
+  for (const auto& [json, needle] : std::vector<std::pair<std::string, std::string>>{
+           {added + tiny_json(bpe).substr(19), "in \"added_tokens[1]\": type must be string, but is number"},
+           {tiny_json(R"({"type": "BPE", "vocab": {"a": 0}})"), "in \"model\": key 'merges' not found"},
+           {tiny_json(R"({"type": "BPE", "vocab": {"a": 0}, "merges": [["a", 1]]})"),
+            "a merge is neither \"a b\" nor [\"a\", \"b\"]"},
+           {R"(["model"])", "the top level is not an object"},
+           {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": 1})",
+            "\"added_tokens\" is not an array"}}) {
+    expect_msg(json, needle);
+    try {
+      Tokenizer::from_json(json, "my/tokenizer.json");
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find("[json.exception"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(Tokenizer::from_json("{not json", "x.json"), Error);
   EXPECT_THROW(Tokenizer::from_file("/no/such/dir/tokenizer.json"), Error);
   // the supported minimal file loads and merges
