@@ -46,6 +46,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"model", s.model_dir()},
       {"text", o.text},
       {"tokens", o.result.tokens},
+      {"stopped", o.stopped},  // the text was cut before a --stop sequence
       {"prompt_tokens", prompt_tokens},
       {"steps", o.result.steps_run},
       {"seconds", o.seconds},

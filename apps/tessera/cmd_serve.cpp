@@ -9,13 +9,15 @@
 // hold other engine state across forwards and run one at a time, as every request does with --batch 1.
 // Besides OpenAI's fields a request may set tessera's generation options: steps, block_length, alg,
 // threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
-// window_early_stop. A field the server does not know, a value it cannot honour (n > 1, stop, logprobs,
-// penalties), a prompt that does not fit the context or a bad value gets a 400 with an OpenAI-style error
-// object, never a silently different generation. Streaming (SSE): a diffusion model decides positions out of
-// order, so each event carries the text of the generation's decided prefix that was not sent yet (the
-// positions up to the first undecided one); the events concatenate to the final text. Then a last event with
-// the finish_reason, and "data: [DONE]". A model without a chat template gets the chat messages concatenated
-// (as `tessera chat` does).
+// window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the blocks
+// after the one it appears in are not generated. A field the server does not know, a value it cannot
+// honour (n > 1, logprobs, penalties), a prompt that does not fit the context or a bad value gets a 400 with
+// an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion model
+// decides positions out of order, so each event carries the text of the generation's decided prefix that was
+// not sent yet (the positions up to the first undecided one); the events concatenate to the final text. Then
+// a last event with the finish_reason, and "data: [DONE]". With stop sequences, the text that could begin one
+// is held back until it is ruled out. A model without a chat template gets the chat messages concatenated (as
+// `tessera chat` does).
 #include <httplib.h>
 
 #include <algorithm>
@@ -228,6 +230,9 @@ class Server {
       }
       std::string sent;
       const size_t P = ids.size();
+      // Text that could begin a stop sequence is held back until the sequence is ruled in or out.
+      size_t hold = 0;
+      for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
       std::vector<int32_t> prefix;
       const int32_t mask = session_.engine().mask_token();
       const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
@@ -236,7 +241,12 @@ class Server {
           if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
           prefix.push_back(ev.canvas[i]);
         }
-        const std::string text = complete_utf8(session_.tokenizer().decode(prefix, true));
+        std::string text = session_.tokenizer().decode(prefix, true);
+        if (const size_t cut = find_stop(text, o.stop); cut != std::string::npos)
+          text.resize(cut);
+        else
+          text.resize(text.size() - std::min(text.size(), hold));
+        text = complete_utf8(std::move(text));
         if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
           send(delta_event(text.substr(sent.size()), nullptr));
           sent = text;
@@ -273,7 +283,7 @@ class Server {
   }
 
   std::string finish_reason(const Session::Output& out, const GenerateOptions& o) const {
-    return static_cast<int>(out.result.tokens.size()) < o.gen_length ? "stop" : "length";
+    return out.stopped || static_cast<int>(out.result.tokens.size()) < o.gen_length ? "stop" : "length";
   }
 
   static json usage(size_t prompt_tokens, size_t completion_tokens) {

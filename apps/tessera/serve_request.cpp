@@ -100,7 +100,6 @@ GenerateOptions options(const json& body, const Session& session, const std::str
     }
   }
   if (given(body, "n") && int_field(body, "n") != 1) bad("only n = 1 is supported");
-  if (given(body, "stop")) bad("'stop' sequences are not supported");
   for (const char* k : {"logprobs", "echo"}) {
     if (given(body, k) && body[k] != false) bad(std::string("'") + k + "' is not supported");
   }
@@ -130,6 +129,23 @@ GenerateOptions options(const json& body, const Session& session, const std::str
     if (v < 0 || v > ctx) bad(std::string("'") + k + "' must be in [0, " + std::to_string(ctx) + "]");
     return static_cast<int>(v);
   };
+  if (given(body, "stop")) {  // a string or an array of up to 4 (OpenAI's limit), none empty
+    const json& v = body["stop"];
+    const char* what = "'stop' must be a non-empty string or an array of 1 to 4 non-empty strings";
+    o.stop.clear();
+    if (v.is_string()) {
+      o.stop.push_back(v.get<std::string>());
+    } else if (v.is_array() && !v.empty() && v.size() <= 4) {
+      for (const json& e : v) {
+        if (!e.is_string()) bad(what);
+        o.stop.push_back(e.get<std::string>());
+      }
+    } else {
+      bad(what);
+    }
+    for (const std::string& t : o.stop)
+      if (t.empty()) bad(what);
+  }
   if (given(body, "temperature")) o.temperature = float_field(body, "temperature");
   if (given(body, "top_p")) o.top_p = float_field(body, "top_p");
   if (given(body, "top_k")) o.top_k = small_int("top_k");

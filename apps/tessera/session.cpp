@@ -98,6 +98,11 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_flag("--window-early-stop", a.window_early_stop,
                 "Window-Diffusion: after an EOS is decided, never compute the positions after it (implies "
                 "--window)");
+  sub->add_option("--stop", a.stop,
+                  "stop sequence: the answer ends before it, and the blocks after the one it appears in "
+                  "are not generated (repeat for several)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
   sub->add_flag("--json", a.json, "print one JSON result object");
@@ -225,6 +230,7 @@ Session::Session(const SessionArgs& a) {
   gen_.window_in = a.window_in.value_or(gen_.window_in);
   gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
   gen_.window_early_stop = a.window_early_stop;
+  gen_.stop = a.stop;
   gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
@@ -365,15 +371,43 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
     engine_->sparse_begin(canvas,
                           SparseConfig{g.sparse_block, g.sparse_rho, static_cast<int64_t>(prompt.size())});
   check_budget(static_cast<int64_t>(prompt.size()), g);
-  return timed([&] { return generate(*engine_, prompt, g, on_step); });
+  return timed(g, [&](const GenerateOptions& s) { return generate(*engine_, prompt, s, on_step); });
 }
 
-Session::Output Session::timed(const std::function<GenerateResult()>& gen) const {
+size_t find_stop(std::string_view text, const std::vector<std::string>& stop) {
+  size_t at = std::string::npos;
+  for (const std::string& s : stop) at = std::min(at, text.find(s));
+  return at;
+}
+
+Session::Output Session::timed(const GenerateOptions& g,
+                               const std::function<GenerateResult(const GenerateOptions&)>& gen) const {
+  GenerateOptions s = g;
+  if (!g.stop.empty())  // the blocks after the one a stop sequence appears in are not generated
+    s.stop_when = [this, &g](std::span<const int32_t> t) {
+      return find_stop(tok_->decode(t, true), g.stop) != std::string::npos;
+    };
   Output o;
   const auto t0 = std::chrono::steady_clock::now();
-  o.result = gen();
+  o.result = gen(s);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.text = tok_->decode(o.result.tokens, true);
+  const size_t cut = find_stop(o.text, g.stop);
+  if (cut == std::string::npos) return o;
+  // The text ends before the stop sequence; the tokens keep those whose text lies wholly before it
+  // (the shortest prefix whose text reaches past the cut, less its last token).
+  o.text.resize(cut);
+  o.stopped = true;
+  std::vector<int32_t>& t = o.result.tokens;
+  size_t lo = 0, hi = t.size();  // decode(t[0, n)) grows with n: the smallest n that passes the cut
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (tok_->decode(std::span<const int32_t>(t.data(), mid + 1), true).size() > cut)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  t.resize(lo);
   return o;
 }
 
@@ -396,7 +430,7 @@ Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, con
   std::function<void()> check;  // on the engine thread, after the request's KV cache is opened
   if (engine_->options().memory_budget > 0)
     check = [&] { check_budget(static_cast<int64_t>(prompt.size()), g); };
-  return timed([&] { return b.generate(prompt, g, on_step, check); });
+  return timed(g, [&](const GenerateOptions& s) { return b.generate(prompt, s, on_step, check); });
 }
 
 }  // namespace tessera::cli

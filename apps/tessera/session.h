@@ -40,6 +40,7 @@ struct SessionArgs {
   int top_k = 0;
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
+  std::vector<std::string> stop;  // stop sequences
 };
 
 void add_session_options(CLI::App* sub, SessionArgs& a);
@@ -60,6 +61,7 @@ class Session {
     std::string text;
     GenerateResult result;
     double seconds = 0;
+    bool stopped = false;  // the text was cut before a stop sequence (result.tokens trimmed with it)
   };
   // Generates with a live view on `tty` (nullptr: none).
   Output run(const std::vector<int32_t>& prompt, FILE* tty);
@@ -85,8 +87,8 @@ class Session {
  private:
   // With a memory budget: fails unless the request's largest step fits (run on the engine's thread).
   void check_budget(int64_t prompt_len, const GenerateOptions& g);
-  // Runs a generation, timed, and decodes its tokens.
-  Output timed(const std::function<GenerateResult()>& gen) const;
+  // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.
+  Output timed(const GenerateOptions& g, const std::function<GenerateResult(const GenerateOptions&)>& gen) const;
   std::string dir_;
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
@@ -94,6 +96,9 @@ class Session {
   bool add_bos_ = false;
   GenerateOptions gen_;
 };
+
+// Where the first of the stop sequences begins in text (the earliest; std::string::npos: none).
+size_t find_stop(std::string_view text, const std::vector<std::string>& stop);
 
 // The directory of the bundled default model (models/tessera-tiny); throws with a hint otherwise.
 std::string default_model_dir();

@@ -378,6 +378,18 @@ struct Loop {
       if (is_eos(canvas[static_cast<size_t>(p)])) return true;
     return false;
   }
+  // After a block ending at hi (every position before hi decided): whether the later blocks are
+  // skipped, for an EOS (stop_at_eos) or a stop sequence (stop_when) in the generation so far.
+  bool ends_at(int hi) {
+    if (o.stop_at_eos && has_eos(P, hi)) return true;
+    if (!o.stop_when) return false;
+    const int32_t* first = canvas.data() + P;
+    const int32_t* last = canvas.data() + hi;
+    if (o.stop_at_eos) last = std::find_if(first, last, [&](int32_t t) { return is_eos(t); });
+    stopped = o.stop_when(std::span<const int32_t>(first, last));
+    return stopped;
+  }
+  bool stopped = false;  // stop_when ended the generation: the later blocks are undecided
 };
 
 void init_sampling(Loop& L, bool llada) {
@@ -401,6 +413,11 @@ GenerateResult finish(Loop& L) {
       if (!L.decided[p]) L.canvas[p] = eos;
   }
   res.tokens.assign(L.canvas.begin() + L.P, L.canvas.begin() + L.P + L.G);
+  if (L.stopped) {  // a stop sequence ended it: the answer ends before the first undecided position
+    size_t n = 0;
+    while (n < res.tokens.size() && L.decided[static_cast<size_t>(L.P) + n]) ++n;
+    res.tokens.resize(n);
+  }
   if (o.stop_at_eos) {
     auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
       return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end();
@@ -442,7 +459,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
         L.dream_block(lo, hi, o.steps, g);
       g += static_cast<uint64_t>(o.steps);
     }
-    if (o.stop_at_eos && hi < total && L.has_eos(L.P, hi)) break;
+    if (hi < total && L.ends_at(hi)) break;
   }
   return finish(L);
 }
@@ -546,6 +563,7 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
                 "window-early-stop needs an eos id to stop at; pass at least one eos id");
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
+  for (const std::string& s : o.stop) TESSERA_CHECK(!s.empty(), "a stop sequence must not be empty");
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
@@ -668,8 +686,9 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
       else
         L.dream_block(lo, hi, lay.steps_per_block, g0);
     }
-    // Every position before hi is decided: an EOS there ends the answer, later blocks are skipped.
-    if (o.stop_at_eos && b + 1 < lay.num_blocks && L.has_eos(L.P, hi)) break;
+    // Every position before hi is decided: an EOS (or a stop sequence) there ends the answer, later
+    // blocks are skipped.
+    if (b + 1 < lay.num_blocks && L.ends_at(hi)) break;
   }
 
   return finish(L);

@@ -112,6 +112,12 @@ struct GenerateOptions {
   int window_refresh = 32;  // forwards per phase; 0 = no cache
   bool window_early_stop = false;
   std::vector<int32_t> eos_ids;
+  // Stop sequences (text, each non-empty): the answer ends before the first one. generate() has no
+  // tokenizer: the caller that has one (cli::Session) cuts the text and sets stop_when, which
+  // generate() calls after every block but the last with the generated tokens decided so far (trimmed
+  // at the first EOS when stop_at_eos); true skips the later blocks, as an EOS does.
+  std::vector<std::string> stop;
+  std::function<bool(std::span<const int32_t>)> stop_when;
 };
 
 struct StepEvent {

@@ -2,6 +2,8 @@
 // one-line error and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -166,6 +168,41 @@ TEST(Cli, JsonOutputOfInvalidUtf8TextIsValidJson) {
   EXPECT_EQ(j["tokens"].size(), 16u);
   EXPECT_NE(j["text"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos)
       << "this model's text was valid UTF-8: the test did not test the replacement";
+}
+
+// --stop (repeatable): the text ends before the earliest stop sequence, the tokens are the unstopped
+// run's up to there, and the blocks after the one it appears in are not generated.
+TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
+  const std::string base = tessera_bin() + " generate -p \"Once upon a time\" --gen-length 64 --steps 64 " +
+                           "--block-length 16 --json --no-progress";
+  std::string out;
+  ASSERT_EQ(test::run_command(base + " 2>/dev/null", &out), 0) << out;
+  const auto full = nlohmann::json::parse(out);
+  const std::string text = full["text"];
+  ASSERT_EQ(full["steps"], 64);
+  EXPECT_EQ(full["stopped"], false);
+  // The first word of 3 or more letters after the first sixth of the text.
+  size_t a = text.size() / 6, b = a;
+  while (b - a < 3 && a < text.size()) {
+    a = b;
+    while (a < text.size() && !std::isalpha(static_cast<unsigned char>(text[a]))) ++a;
+    b = a;
+    while (b < text.size() && std::isalpha(static_cast<unsigned char>(text[b]))) ++b;
+  }
+  ASSERT_GE(b - a, 3u) << text;
+  const std::string word = text.substr(a, b - a);
+  ASSERT_EQ(test::run_command(base + " --stop zqzqzq --stop " + word + " 2>/dev/null", &out), 0) << out;
+  const auto cut = nlohmann::json::parse(out);
+  EXPECT_EQ(cut["text"], text.substr(0, text.find(word))) << word;
+  EXPECT_EQ(cut["stopped"], true);
+  const auto toks = cut["tokens"].get<std::vector<int32_t>>();
+  const auto all = full["tokens"].get<std::vector<int32_t>>();
+  ASSERT_LE(toks.size(), all.size());
+  EXPECT_TRUE(std::equal(toks.begin(), toks.end(), all.begin()));
+  // The word comes early: the last block at least is skipped (blocks of 16 steps).
+  EXPECT_LE(cut["steps"].get<int>(), 48);
+  EXPECT_EQ(cut["steps"].get<int>() % 16, 0);
+  test::expect_command_error(base + " --stop \"\" 2>&1", "a stop sequence must not be empty");
 }
 
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32

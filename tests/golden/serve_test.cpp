@@ -5,12 +5,14 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "io/tokenizer.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -115,6 +117,41 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   EXPECT_EQ(text, want["text"].get<std::string>());
   EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"], "length");
 
+  // Stop sequences: the text ends before the first one, streamed or not. One that appears in the first
+  // block of 8 (two of its tokens, plain ASCII) also ends the generation there: half the steps.
+  const auto tok = Tokenizer::from_file(dir / "tokenizer.json");
+  const auto ids = want["tokens"].get<std::vector<int32_t>>();
+  const std::string full = want["text"].get<std::string>();
+  std::string early;
+  for (size_t i = 2; i + 1 < 8 && early.empty(); ++i) {  // two tokens: the first may be decided alone
+    early = tok.decode(std::vector<int32_t>{ids[i], ids[i + 1]}, true);
+    if (std::any_of(early.begin(), early.end(),
+                    [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; }))
+      early.clear();
+  }
+  ASSERT_FALSE(early.empty()) << "no plain token in the first block of " << full;
+  for (const json& stop : {json(early), json::array({"\x01never", early}), json("\x01never")}) {
+    const bool hit = stop != json("\x01never");
+    const std::string text = hit ? full.substr(0, full.find(early)) : full;
+    json q = req;
+    q["stop"] = stop;
+    const json r = post(c, "/v1/completions", q.dump(), 200);
+    EXPECT_EQ(r["choices"][0]["text"], text) << stop;
+    EXPECT_EQ(r["choices"][0]["finish_reason"], hit ? "stop" : "length") << stop;
+    EXPECT_EQ(r["tessera"]["steps"], hit ? 8 : 16) << stop;
+    EXPECT_LT(r["usage"]["completion_tokens"].get<size_t>(), hit ? 8u : 17u) << stop;
+    q["stream"] = true;
+    auto s = c.Post("/v1/completions", q.dump(), "application/json");
+    ASSERT_TRUE(s);
+    const auto sev = events(s->body);
+    ASSERT_GE(sev.size(), 2u) << s->body;
+    std::string streamed;
+    for (size_t i = 0; i + 1 < sev.size(); ++i)
+      streamed += json::parse(sev[i])["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(streamed, text) << stop;
+    EXPECT_EQ(json::parse(sev[sev.size() - 2])["choices"][0]["finish_reason"], hit ? "stop" : "length");
+  }
+
   // Chat, streamed: a role chunk first; with the KV cache as a tessera option.
   const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
                      {"max_tokens", 16},
@@ -153,7 +190,10 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "max_tokens": 16, "block_length": 8, "steps": 5})",
        "not divisible by the number of blocks"},
       {R"({"prompt": "x", "n": 2})", "only n = 1"},
-      {R"({"prompt": "x", "stop": ["\n"]})", "'stop' sequences are not supported"},
+      {R"({"prompt": "x", "stop": ""})", "'stop' must be a non-empty string or an array of 1 to 4"},
+      {R"({"prompt": "x", "stop": ["a", 1]})", "'stop' must be a non-empty string or an array"},
+      {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", "an array of 1 to 4 non-empty strings"},
+      {R"({"prompt": "x", "stop": []})", "an array of 1 to 4 non-empty strings"},
       {R"({"prompt": "x", "cache": "lru"})", "unknown KV cache 'lru'"},
       {R"({"prompt": "x", "seed": -1})", "'seed' must be >= 0"},
       {R"({"prompt": "x", "sparse": 1})", "'sparse' must be true or false"},

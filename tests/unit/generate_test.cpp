@@ -101,7 +101,7 @@ class FakeDenoiser final : public Denoiser {
   std::vector<SparsePhase> phases;                    // of each predict() while a sparse request runs
   int block = 0;                                      // > 0: a block-causal model
   std::vector<int64_t> resets;
-  int ends = 0;  // kv_cache_end calls
+  int ends = 0;                                // kv_cache_end calls
   std::vector<std::array<int64_t, 3>> ranges;  // (q_lo, q_hi, canvas size) of each predict_cached
   std::vector<std::vector<int32_t>> calls;     // positions of each forward
   // Each forward: "p/N" predict over N positions, "cLO-HI/N" predict_cached, "rA,B,../N" predict_rows;
@@ -431,6 +431,52 @@ TEST(Generate, EosTrimAndEarlyStop) {
   for (int32_t t : noeos.tokens) EXPECT_NE(t, kEos);
 }
 
+// stop_when (a stop sequence, seen by the caller in the text) is asked after every block but the last,
+// with the generated tokens decided so far (cut at the first EOS); true skips the later blocks and the
+// answer ends before the first undecided position.
+TEST(Generate, StopWhenSkipsTheLaterBlocks) {
+  // Position 9 (offset 6) predicts EOS; the others 1 + offset % 5.
+  RowFn fn = [](std::span<const int32_t>, int p) {
+    std::vector<float> r(kV, 0.0f);
+    r[p == 9 ? kEos : 1 + (p - 3) % 5] = 5.0f;
+    return r;
+  };
+  FakeDenoiser d(fn);
+  GenerateOptions o;
+  o.gen_length = 12;
+  o.block_length = 4;
+  o.steps = 12;
+  o.eos_ids = {kEos};
+  o.stop_at_eos = false;
+  std::vector<std::vector<int32_t>> seen;
+  o.stop_when = [&](std::span<const int32_t> t) {
+    seen.emplace_back(t.begin(), t.end());
+    return t.size() >= 8;
+  };
+  GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{{1, 2, 3, 4}, {1, 2, 3, 4, 5, 1, kEos, 3}}));
+  EXPECT_EQ(r.steps_run, 8);  // the third block is skipped
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1, kEos, 3}));
+  // With stop_at_eos the block holding the EOS ends it first; stop_when sees the tokens before the EOS.
+  seen.clear();
+  o.stop_at_eos = true;
+  o.stop_when = [&](std::span<const int32_t> t) {
+    seen.emplace_back(t.begin(), t.end());
+    return false;
+  };
+  r = generate(d, kPrompt, o);
+  EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{{1, 2, 3, 4}}));
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1}));
+  EXPECT_EQ(r.steps_run, 8);
+  // Never true: every block runs; the last block is not asked about.
+  seen.clear();
+  o.stop_at_eos = false;
+  r = generate(d, kPrompt, o);
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_EQ(r.steps_run, 12);
+  EXPECT_EQ(r.tokens.size(), 12u);
+}
+
 TEST(Generate, CfgCombinesOnTheHost) {
   // Conditional logits (prompt visible) (0, 1, 1.2, ...) pick token 2; unconditional (prompt masked)
   // (0, 0, 1.5, ...). cfg 1: Lu + 2 (Lc - Lu) = (0, 2, 0.9, ...) picks token 1.
@@ -486,7 +532,7 @@ TEST(Generate, KvCacheComputesTheExpectedRows) {
     const GenerateResult r = generate(d, kPrompt, o);
     EXPECT_EQ(d.calls.size(), static_cast<size_t>(r.steps_run));
     EXPECT_EQ(d.ranges.size(), d.calls.size());  // every forward went through the cache
-    EXPECT_EQ(d.ends, 1);  // the request's cache ended with it
+    EXPECT_EQ(d.ends, 1);                        // the request's cache ended with it
     return std::make_pair(d.resets, d.ranges);
   };
   // Prompt 3, gen 8 in blocks of 4, 2 steps per block: canvas 11, blocks [3, 7) and [7, 11).
