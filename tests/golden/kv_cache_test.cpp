@@ -189,7 +189,7 @@ TEST(KvCache, AnEndedRequestsMemoryIsFreedWhenAStepNeedsIt) {
   ASSERT_EQ(pool, static_cast<size_t>(rows * per_row));
   expect_error([&] { e->check_memory(n, n, OutputMode::Sample, false); }, "memory budget");
   EXPECT_EQ(e->kv_cache_bytes(), pool);  // a live cache is kept
-  e->kv_cache_end();  // the request ended: its pool is freed for the step, and only then
+  e->kv_cache_end();                     // the request ended: its pool is freed for the step, and only then
   EXPECT_EQ(e->kv_cache_bytes(), pool);
   e->check_memory(n, n, OutputMode::Sample, false);
   EXPECT_EQ(e->kv_cache_bytes(), 0u);

@@ -401,6 +401,15 @@ TEST(Generate, AlgTempSamplesPositionsReproducibly) {
   expect_each_once(a, 3, 10);
 }
 
+// gen positions in blocks of `block`, one token per step, stopping at EOS kEos.
+GenerateOptions eos_blocks(int gen, int block) {
+  GenerateOptions o;
+  o.gen_length = o.steps = gen;
+  o.block_length = block;
+  o.eos_ids = {kEos};
+  return o;
+}
+
 TEST(Generate, EosTrimAndEarlyStop) {
   // Position 5 (offset 2) predicts EOS confidently; the others predict token 4.
   RowFn fn = [](std::span<const int32_t>, int p) {
@@ -409,11 +418,7 @@ TEST(Generate, EosTrimAndEarlyStop) {
     return r;
   };
   FakeDenoiser d(fn);
-  GenerateOptions o;
-  o.gen_length = 8;
-  o.block_length = 4;
-  o.steps = 8;
-  o.eos_ids = {kEos};
+  GenerateOptions o = eos_blocks(8, 4);
   GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4}));
   EXPECT_EQ(r.steps_run, 4);  // the second block is skipped: the first holds an EOS
@@ -442,11 +447,7 @@ TEST(Generate, StopWhenSkipsTheLaterBlocks) {
     return r;
   };
   FakeDenoiser d(fn);
-  GenerateOptions o;
-  o.gen_length = 12;
-  o.block_length = 4;
-  o.steps = 12;
-  o.eos_ids = {kEos};
+  GenerateOptions o = eos_blocks(12, 4);
   o.stop_at_eos = false;
   std::vector<std::vector<int32_t>> seen;
   o.stop_when = [&](std::span<const int32_t> t) {
