@@ -132,11 +132,11 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   ASSERT_FALSE(early.empty()) << "no plain token in the first block of " << full;
   for (const json& stop : {json(early), json::array({"\x01never", early}), json("\x01never")}) {
     const bool hit = stop != json("\x01never");
-    const std::string text = hit ? full.substr(0, full.find(early)) : full;
+    const std::string expect = hit ? full.substr(0, full.find(early)) : full;
     json q = req;
     q["stop"] = stop;
     const json r = post(c, "/v1/completions", q.dump(), 200);
-    EXPECT_EQ(r["choices"][0]["text"], text) << stop;
+    EXPECT_EQ(r["choices"][0]["text"], expect) << stop;
     EXPECT_EQ(r["choices"][0]["finish_reason"], hit ? "stop" : "length") << stop;
     EXPECT_EQ(r["tessera"]["steps"], hit ? 8 : 16) << stop;
     EXPECT_LT(r["usage"]["completion_tokens"].get<size_t>(), hit ? 8u : 17u) << stop;
@@ -148,7 +148,7 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
     std::string streamed;
     for (size_t i = 0; i + 1 < sev.size(); ++i)
       streamed += json::parse(sev[i])["choices"][0]["text"].get<std::string>();
-    EXPECT_EQ(streamed, text) << stop;
+    EXPECT_EQ(streamed, expect) << stop;
     EXPECT_EQ(json::parse(sev[sev.size() - 2])["choices"][0]["finish_reason"], hit ? "stop" : "length");
   }
 
