@@ -10,8 +10,9 @@
 // Besides OpenAI's fields a request may set tessera's generation options: steps, block_length, alg,
 // threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
 // window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the blocks
-// after the one it appears in are not generated. A field the server does not know, a value it cannot
-// honour (n > 1, logprobs, penalties), a prompt that does not fit the context or a bad value gets a 400 with
+// after the one it appears in are not generated. `n` (up to 16) choices run at once, choice i with seed + i
+// (their forwards packed like concurrent requests). A field the server does not know, a value it cannot
+// honour (logprobs, penalties), a prompt that does not fit the context or a bad value gets a 400 with
 // an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion model
 // decides positions out of order, so each event carries the text of the generation's decided prefix that was
 // not sent yet (the positions up to the first undecided one); the events concatenate to the final text. Then
@@ -164,100 +165,122 @@ class Server {
     }
     const GenerateOptions& o = r.options;
     const std::vector<int32_t>& ids = r.prompt;
+    const int n = r.n;
     if (!r.stream) {
-      Session::Output out;
+      std::vector<Session::Output> outs(static_cast<size_t>(n));
       const Tag tag = next_tag();
       try {
-        out = session_.run(batcher_, ids, o, {});
+        run_choices(
+            n, [&](int i) { outs[static_cast<size_t>(i)] = session_.run(batcher_, ids, choice(o, i), {}); });
       } catch (const Error& e) {
         return reply_error(res, {400, "invalid_request_error", e.what()});
       }
       json j = envelope(tag, chat, false);
-      const std::string reason = finish_reason(out, o);
-      if (chat) {
-        j["choices"] = json::array({{{"index", 0},
-                                     {"message", {{"role", "assistant"}, {"content", out.text}}},
-                                     {"finish_reason", reason}}});
-      } else {
-        j["choices"] = json::array(
-            {{{"index", 0}, {"text", out.text}, {"logprobs", nullptr}, {"finish_reason", reason}}});
+      j["choices"] = json::array();
+      size_t completion = 0;
+      int steps = 0;
+      double seconds = 0;
+      for (int i = 0; i < n; ++i) {
+        const Session::Output& out = outs[static_cast<size_t>(i)];
+        const std::string reason = finish_reason(out, o);
+        if (chat) {
+          j["choices"].push_back({{"index", i},
+                                  {"message", {{"role", "assistant"}, {"content", out.text}}},
+                                  {"finish_reason", reason}});
+        } else {
+          j["choices"].push_back(
+              {{"index", i}, {"text", out.text}, {"logprobs", nullptr}, {"finish_reason", reason}});
+        }
+        completion += out.result.tokens.size();
+        steps = std::max(steps, out.result.steps_run);
+        seconds = std::max(seconds, out.seconds);
       }
-      j["usage"] = usage(ids.size(), out.result.tokens.size());
-      j["tessera"] = {{"steps", out.result.steps_run},
-                      {"seconds", out.seconds},
-                      {"cache", o.cache},
-                      {"sparse", o.sparse},
-                      {"des", o.des},
-                      {"window", o.window}};
+      j["usage"] = usage(ids.size(), completion);
+      j["tessera"] = {{"steps", steps},  // of the longest choice
+                      {"seconds", seconds}, {"cache", o.cache},  {"sparse", o.sparse},
+                      {"des", o.des},       {"window", o.window}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }
     const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider("text/event-stream",
-                                     [this, chat, o, ids, include_usage](size_t, httplib::DataSink& sink) {
-                                       return stream_events(chat, o, ids, include_usage, sink);
+                                     [this, chat, o, ids, n, include_usage](size_t, httplib::DataSink& sink) {
+                                       return stream_events(chat, o, ids, n, include_usage, sink);
                                      });
+  }
+
+  // The options of choice i of a request: its seed + i.
+  static GenerateOptions choice(const GenerateOptions& o, int i) {
+    GenerateOptions c = o;
+    c.seed += static_cast<uint64_t>(i);
+    return c;
+  }
+
+  // Runs fn(0), ..., fn(n - 1) at once (choice 0 on this thread, the others on their own) so that the
+  // batcher packs their forwards; once all have ended, rethrows the first failure.
+  static void run_choices(int n, const std::function<void(int)>& fn) {
+    std::vector<std::exception_ptr> err(static_cast<size_t>(n));
+    auto one = [&](int i) {
+      try {
+        fn(i);
+      } catch (...) {
+        err[static_cast<size_t>(i)] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> others;
+    for (int i = 1; i < n; ++i) others.emplace_back(one, i);
+    one(0);
+    for (std::thread& t : others) t.join();
+    for (const std::exception_ptr& e : err)
+      if (e) std::rethrow_exception(e);
   }
 
   // One streamed request (its events are written from the thread that runs its unmasking loop); false
   // when the client went away.
-  bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, bool include_usage,
-                     httplib::DataSink& sink) {
+  bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, int n,
+                     bool include_usage, httplib::DataSink& sink) {
     const Tag tag = next_tag();
+    std::mutex sink_mutex;  // the choices' threads write events
     auto send = [&](const json& j) {
       const std::string ev = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+      std::lock_guard<std::mutex> l(sink_mutex);
       if (!sink.write(ev.data(), ev.size())) throw ClientGone{};
     };
-    auto delta_event = [&](const std::string& text, const json& reason) {
+    auto delta_event = [&](int index, const std::string& text, const json& reason) {
       json j = envelope(tag, chat, true);
       if (chat) {
         json d = json::object();
         if (!text.empty()) d["content"] = text;
-        j["choices"] = json::array({{{"index", 0}, {"delta", d}, {"finish_reason", reason}}});
+        j["choices"] = json::array({{{"index", index}, {"delta", d}, {"finish_reason", reason}}});
       } else {
-        j["choices"] = json::array({{{"index", 0}, {"text", text}, {"finish_reason", reason}}});
+        j["choices"] = json::array({{{"index", index}, {"text", text}, {"finish_reason", reason}}});
       }
       return j;
     };
     try {
-      if (chat) {
+      for (int i = 0; chat && i < n; ++i) {
         json first = envelope(tag, true, true);
-        first["choices"] = json::array({{{"index", 0},
+        first["choices"] = json::array({{{"index", i},
                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                                          {"finish_reason", nullptr}}});
         send(first);
       }
-      std::string sent;
-      const size_t P = ids.size();
       // Text that could begin a stop sequence is held back until the sequence is ruled in or out.
       size_t hold = 0;
       for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
-      std::vector<int32_t> prefix;
-      const int32_t mask = session_.engine().mask_token();
-      const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
-        prefix.clear();  // the generation's decided prefix, up to the first mask or EOS
-        for (size_t i = P; i < ev.canvas.size() && ev.canvas[i] != mask; ++i) {
-          if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
-          prefix.push_back(ev.canvas[i]);
-        }
-        std::string text = session_.tokenizer().decode(prefix, true);
-        if (const size_t cut = find_stop(text, o.stop); cut != std::string::npos)
-          text.resize(cut);
-        else
-          text.resize(text.size() - std::min(text.size(), hold));
-        text = complete_utf8(std::move(text));
-        if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
-          send(delta_event(text.substr(sent.size()), nullptr));
-          sent = text;
-        }
+      std::vector<size_t> completion(static_cast<size_t>(n));
+      run_choices(n, [&](int c) {
+        completion[static_cast<size_t>(c)] = stream_choice(c, o, ids, hold, send, delta_event);
       });
-      const std::string rest = out.text.size() > sent.size() && out.text.compare(0, sent.size(), sent) == 0
-                                   ? out.text.substr(sent.size())
-                                   : std::string();
-      json last = delta_event(rest, finish_reason(out, o));
-      if (include_usage) last["usage"] = usage(ids.size(), out.result.tokens.size());
-      send(last);
+      if (include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
+        json u = envelope(tag, chat, true);
+        u["choices"] = json::array();
+        size_t total = 0;
+        for (size_t t : completion) total += t;
+        u["usage"] = usage(ids.size(), total);
+        send(u);
+      }
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
     } catch (const ClientGone&) {
@@ -269,6 +292,38 @@ class Server {
     }
     sink.done();
     return true;
+  }
+
+  // One choice of a streamed request: its deltas, then its finish reason; returns its tokens.
+  template <typename Send, typename Delta>
+  size_t stream_choice(int c, const GenerateOptions& o, const std::vector<int32_t>& ids, size_t hold,
+                       const Send& send, const Delta& delta_event) {
+    std::string sent;
+    const size_t P = ids.size();
+    std::vector<int32_t> prefix;
+    const int32_t mask = session_.engine().mask_token();
+    const Session::Output out = session_.run(batcher_, ids, choice(o, c), [&](const StepEvent& ev) {
+      prefix.clear();  // the generation's decided prefix, up to the first mask or EOS
+      for (size_t i = P; i < ev.canvas.size() && ev.canvas[i] != mask; ++i) {
+        if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
+        prefix.push_back(ev.canvas[i]);
+      }
+      std::string text = session_.tokenizer().decode(prefix, true);
+      if (const size_t cut = find_stop(text, o.stop); cut != std::string::npos)
+        text.resize(cut);
+      else
+        text.resize(text.size() - std::min(text.size(), hold));
+      text = complete_utf8(std::move(text));
+      if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
+        send(delta_event(c, text.substr(sent.size()), nullptr));
+        sent = text;
+      }
+    });
+    const std::string rest = out.text.size() > sent.size() && out.text.compare(0, sent.size(), sent) == 0
+                                 ? out.text.substr(sent.size())
+                                 : std::string();
+    send(delta_event(c, rest, finish_reason(out, o)));
+    return out.result.tokens.size();
   }
 
   // The text up to its last complete UTF-8 character (a byte-level model may stop inside one).

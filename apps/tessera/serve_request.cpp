@@ -99,7 +99,6 @@ GenerateOptions options(const json& body, const Session& session, const std::str
           "not_found_error");
     }
   }
-  if (given(body, "n") && int_field(body, "n") != 1) bad("only n = 1 is supported");
   for (const char* k : {"logprobs", "echo"}) {
     if (given(body, k) && body[k] != false) bad(std::string("'") + k + "' is not supported");
   }
@@ -243,6 +242,11 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
   if (!body.is_object()) bad("the request body must be a JSON object");
   r.options = options(body, session, model_id);
   r.prompt = prompt(body, chat, session, r.options);
+  if (given(body, "n")) {
+    const int64_t n = int_field(body, "n");
+    if (n < 1 || n > kMaxChoices) bad("'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
+    r.n = static_cast<int>(n);
+  }
   if (given(body, "stream")) r.stream = bool_field(body, "stream");
   if (given(body, "stream_options")) {
     const json& so = body["stream_options"];

@@ -22,10 +22,14 @@ struct BadRequest {
 // from an invalid body quoted by the JSON parser, are replaced).
 std::string error_body(const BadRequest& b);
 
+// The most choices (OpenAI's "n") one request may ask for: they run as that many sequences at once.
+constexpr int kMaxChoices = 16;
+
 struct ParsedRequest {
   GenerateOptions options;      // the session's defaults, then the request's fields; validated
   std::vector<int32_t> prompt;  // token ids, chat template applied for chat requests
   bool stream = false, include_usage = false;
+  int n = 1;  // choices: choice i samples with seed + i (at temperature 0 they are all the same)
 };
 
 // Parses and checks a request for the model of `session`, served under the name `model_id`; throws

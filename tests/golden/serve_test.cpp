@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "io/tokenizer.h"
@@ -152,6 +153,50 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
     EXPECT_EQ(json::parse(sev[sev.size() - 2])["choices"][0]["finish_reason"], hit ? "stop" : "length");
   }
 
+  // n choices: choice i is the request alone with seed + i (at temperature 1 they differ); streamed,
+  // each index's deltas concatenate to its text, and the usage comes last in a chunk of its own.
+  json nq = req;
+  nq["n"] = 3;
+  nq["temperature"] = 1.0;
+  const json nr = post(c, "/v1/completions", nq.dump(), 200);
+  ASSERT_EQ(nr["choices"].size(), 3u) << nr;
+  size_t tokens = 0;
+  std::set<std::string> distinct;
+  for (int i = 0; i < 3; ++i) {
+    json one = req;
+    one["temperature"] = 1.0;
+    one["seed"] = 3 + i;
+    const json alone = post(c, "/v1/completions", one.dump(), 200);
+    EXPECT_EQ(nr["choices"][i]["index"], i);
+    EXPECT_EQ(nr["choices"][i]["text"], alone["choices"][0]["text"]) << i;
+    tokens += alone["usage"]["completion_tokens"].get<size_t>();
+    distinct.insert(alone["choices"][0]["text"].get<std::string>());
+  }
+  EXPECT_EQ(nr["usage"]["completion_tokens"], tokens);
+  EXPECT_GT(distinct.size(), 1u);
+  nq["stream"] = true;
+  nq["stream_options"] = {{"include_usage", true}};
+  auto ns = c.Post("/v1/completions", nq.dump(), "application/json");
+  ASSERT_TRUE(ns);
+  const auto nev = events(ns->body);
+  ASSERT_GE(nev.size(), 5u) << ns->body;
+  EXPECT_EQ(nev.back(), "[DONE]");
+  std::string per[3];
+  int finished = 0;
+  for (size_t i = 0; i + 2 < nev.size(); ++i) {
+    const json e = json::parse(nev[i]);
+    ASSERT_EQ(e["choices"].size(), 1u) << nev[i];
+    const int k = e["choices"][0]["index"];
+    ASSERT_TRUE(k >= 0 && k < 3) << nev[i];
+    per[k] += e["choices"][0]["text"].get<std::string>();
+    finished += e["choices"][0]["finish_reason"].is_null() ? 0 : 1;
+  }
+  EXPECT_EQ(finished, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(per[i], nr["choices"][i]["text"]) << i;
+  const json last = json::parse(nev[nev.size() - 2]);
+  EXPECT_TRUE(last["choices"].empty()) << last;
+  EXPECT_EQ(last["usage"]["completion_tokens"], tokens);
+
   // Chat, streamed: a role chunk first; with the KV cache as a tessera option.
   const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
                      {"max_tokens", 16},
@@ -189,7 +234,9 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "max_tokens": "many"})", "'max_tokens' must be an integer"},
       {R"({"prompt": "x", "max_tokens": 16, "block_length": 8, "steps": 5})",
        "not divisible by the number of blocks"},
-      {R"({"prompt": "x", "n": 2})", "only n = 1"},
+      {R"({"prompt": "x", "n": 0})", "'n' must be in [1, 16]"},
+      {R"({"prompt": "x", "n": 17})", "'n' must be in [1, 16]"},
+      {R"({"prompt": "x", "n": "2"})", "'n' must be an integer"},
       {R"({"prompt": "x", "stop": ""})", "'stop' must be a non-empty string or an array of 1 to 4"},
       {R"({"prompt": "x", "stop": ["a", 1]})", "'stop' must be a non-empty string or an array"},
       {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", "an array of 1 to 4 non-empty strings"},
