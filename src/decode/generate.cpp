@@ -373,20 +373,15 @@ struct Loop {
   }
 
   bool is_eos(int32_t t) const { return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end(); }
-  bool has_eos(int lo, int hi) const {
-    for (int p = lo; p < hi; ++p)
-      if (is_eos(canvas[static_cast<size_t>(p)])) return true;
-    return false;
-  }
   // After a block ending at hi (every position before hi decided): whether the later blocks are
   // skipped, for an EOS (stop_at_eos) or a stop sequence (stop_when) in the generation so far.
   bool ends_at(int hi) {
-    if (o.stop_at_eos && has_eos(P, hi)) return true;
-    if (!o.stop_when) return false;
     const int32_t* first = canvas.data() + P;
     const int32_t* last = canvas.data() + hi;
-    if (o.stop_at_eos) last = std::find_if(first, last, [&](int32_t t) { return is_eos(t); });
-    stopped = o.stop_when(std::span<const int32_t>(first, last));
+    const int32_t* eos = std::find_if(first, last, [&](int32_t t) { return is_eos(t); });
+    if (o.stop_at_eos && eos != last) return true;
+    if (!o.stop_when) return false;
+    stopped = o.stop_when(std::span<const int32_t>(first, o.stop_at_eos ? eos : last));
     return stopped;
   }
   bool stopped = false;  // stop_when ended the generation: the later blocks are undecided
@@ -419,9 +414,7 @@ GenerateResult finish(Loop& L) {
     res.tokens.resize(n);
   }
   if (o.stop_at_eos) {
-    auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) {
-      return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end();
-    });
+    auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) { return L.is_eos(t); });
     res.tokens.erase(it, res.tokens.end());
   }
   return res;

@@ -84,18 +84,15 @@ constexpr int kMaxDP = kMaxD;          // padded head dimension (a multiple of k
 constexpr int kKt = kBK + kW;
 static_assert(kBQ % kR == 0 && kBK % (kW * kNV) == 0 && kMaxD % kW == 0, "attention tile sizes");
 
-// exp_neg on a vector, the same arithmetic lane by lane (floor as truncation corrected by the sign,
-// which is exact for the range used), so its results equal the scalar function's.
+// exp_neg on a vector, the same arithmetic lane by lane (simd::floor_parts: floor as truncation corrected
+// by the sign, which is exact for the range used), so its results equal the scalar function's.
 inline vf exp_neg(vf x) {
   const vf lim = splat(-100.0f);
   const vi keep = x >= lim;  // false for NaN, as max(-100, NaN) = -100
   x = simd::select(keep, x, lim);
   const vf t = x * 1.44269504088896341f;
-  const vi ti = __builtin_convertvector(t, vi);  // truncation toward 0; t <= 0
-  const vf tt = __builtin_convertvector(ti, vf);
-  const vi below = tt > t;  // -1 where truncation rounded up
-  const vf fl = tt + __builtin_convertvector(below, vf);
-  const vf f = t - fl;
+  vi n;
+  const vf f = t - simd::floor_parts(t, n);
   vf p = splat(1.5353362e-4f);
   p = p * f + 1.3398874e-3f;
   p = p * f + 9.6181291e-3f;
@@ -103,7 +100,7 @@ inline vf exp_neg(vf x) {
   p = p * f + 2.4022651e-1f;
   p = p * f + 6.9314718e-1f;
   p = p * f + 1.0f;
-  const vi e = ti + below + 127;
+  const vi e = n + 127;
   const vi bits = (e & ~(e < 1)) << 23;
   return p * (vf)bits;
 }

@@ -100,6 +100,16 @@ inline vf round_bf16(const vf& x) {
   return (vf)(bf16_bits(x) << 16);
 }
 
+// floor(t) for |t| < 2^31, as floats (returned) and as integers (n): truncation toward 0, less one
+// where it rounded up (t < 0).
+inline vf floor_parts(const vf& t, vi& n) {
+  const vi ti = __builtin_convertvector(t, vi);
+  const vf tt = __builtin_convertvector(ti, vf);
+  const vi below = tt > t;  // -1 where truncation rounded up
+  n = ti + below;
+  return tt + __builtin_convertvector(below, vf);
+}
+
 // e^x for every float x, within 2 ulp of the exact value: Cephes' expf (x = n ln2 + r, |r| <= ln2 / 2,
 // a degree-6 polynomial for e^r). Above 88.72 it is +inf, below -87.33 it is 0 (results that would be
 // subnormal are flushed), and NaN stays NaN.
@@ -108,10 +118,8 @@ inline vf exp(const vf& x0) {
   vf x = select(x0 > hi, hi, x0);
   x = select(x < lo, lo, x);
   const vf fx = x * 1.44269504088896341f + 0.5f;
-  const vi ti = __builtin_convertvector(fx, vi);  // truncation toward 0
-  const vf tt = __builtin_convertvector(ti, vf);
-  const vi below = tt > fx;  // -1 where truncation rounded up (fx < 0)
-  const vf n = tt + __builtin_convertvector(below, vf);
+  vi n_i;
+  const vf n = floor_parts(fx, n_i);
   x = x - n * 0.693359375f;
   x = x - n * -2.12194440e-4f;
   vf y = splat(1.9875691500e-4f);
@@ -122,7 +130,6 @@ inline vf exp(const vf& x0) {
   y = y * x + 5.0000001201e-1f;
   y = y * (x * x) + x + 1.0f;
   // 2^n in two halves, so that n = 128 (x near the top of the range) does not overflow the exponent.
-  const vi n_i = ti + below;
   const vi h = n_i >> 1;
   const vf s1 = (vf)((h + 127) << 23), s2 = (vf)((n_i - h + 127) << 23);
   vf r = y * s1 * s2;
