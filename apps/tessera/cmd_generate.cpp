@@ -41,6 +41,49 @@ std::string json_line(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// --logprobs N: per generated token its id, text, log-probability, the step that decided it and the N
+// most likely tokens at that step.
+nlohmann::json logprobs_json(const Session::Output& o, const Session& s) {
+  const auto n_top = static_cast<size_t>(s.logprobs_top());
+  const Tokenizer& tok = s.tokenizer();
+  nlohmann::json arr = nlohmann::json::array();
+  for (size_t i = 0; i < o.result.tokens.size() && i < o.result.logprobs.size(); ++i) {
+    const TokenLogprob& t = o.result.logprobs[i];
+    nlohmann::json top = nlohmann::json::array();
+    for (size_t k = 0; k < std::min(n_top, t.top.size()); ++k)
+      top.push_back({{"token", t.top[k].first},
+                     {"text", logprob_token_text(tok, t.top[k].first)},
+                     {"logprob", t.top[k].second}});
+    arr.push_back({{"token", o.result.tokens[i]},
+                   {"text", logprob_token_text(tok, o.result.tokens[i])},
+                   {"logprob", t.logprob},
+                   {"step", t.step},
+                   {"top", top}});
+  }
+  return arr;
+}
+
+// --logprobs without --json: one line per generated token after the text.
+void print_logprobs(const Session::Output& o, const Session& s, FILE* f) {
+  const auto n_top = static_cast<size_t>(s.logprobs_top());
+  const Tokenizer& tok = s.tokenizer();
+  auto quoted = [](const std::string& t) {
+    return nlohmann::json(t).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  std::fprintf(f, "%5s %5s %9s  %s\n", "index", "step", "logprob", "token (most likely at that step)");
+  for (size_t i = 0; i < o.result.tokens.size() && i < o.result.logprobs.size(); ++i) {
+    const TokenLogprob& t = o.result.logprobs[i];
+    std::string line = quoted(logprob_token_text(tok, o.result.tokens[i]));
+    for (size_t k = 0; k < std::min(n_top, t.top.size()); ++k) {
+      char lp[32];
+      std::snprintf(lp, sizeof lp, " %.3f", static_cast<double>(t.top[k].second));
+      line += (k == 0 ? "  (" : ", ") + quoted(logprob_token_text(tok, t.top[k].first)) + lp;
+      if (k + 1 == std::min(n_top, t.top.size())) line += ")";
+    }
+    std::fprintf(f, "%5zu %5d %9.4f  %s\n", i, t.step, static_cast<double>(t.logprob), line.c_str());
+  }
+}
+
 nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
   nlohmann::json j = {
       {"model", s.model_dir()},
@@ -62,6 +105,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"sparse_pattern_bytes", s.engine().sparse_bytes()},
       {"des", s.options().des}};
   const GenerateOptions& g = s.options();
+  if (g.logprobs) j["logprobs"] = logprobs_json(o, s);
   if (g.window) {
     j["window"] = {{"external", window_external(g)},
                    {"internal", g.window_in},
@@ -213,6 +257,7 @@ void add_generate(CLI::App& app, Registry& reg) {
       std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
     } else {
       std::printf("%s\n", o.text.c_str());
+      if (s.options().logprobs) print_logprobs(o, s, stdout);
       std::fflush(stdout);
       print_stats(o, s, stderr);
     }

@@ -11,8 +11,11 @@
 // threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
 // window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the blocks
 // after the one it appears in are not generated. `n` (up to 16) choices run at once, choice i with seed + i
-// (their forwards packed like concurrent requests). A field the server does not know, a value it cannot
-// honour (logprobs, penalties), a prompt that does not fit the context or a bad value gets a 400 with
+// (their forwards packed like concurrent requests). `logprobs` (completions: N; chat: true, with
+// top_logprobs N; N up to 20) gives each token's log-probability in the forward of the step that decided
+// it (raw logits) and the N most likely tokens there; streamed, each event carries those of the tokens
+// whose text it completes. A field the server does not know, a value it cannot
+// honour (echo, penalties), a prompt that does not fit the context or a bad value gets a 400 with
 // an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion model
 // decides positions out of order, so each event carries the text of the generation's decided prefix that was
 // not sent yet (the positions up to the first undecided one); the events concatenate to the final text. Then
@@ -166,6 +169,7 @@ class Server {
     const GenerateOptions& o = r.options;
     const std::vector<int32_t>& ids = r.prompt;
     const int n = r.n;
+    const int top = r.logprobs;
     if (!r.stream) {
       std::vector<Session::Output> outs(static_cast<size_t>(n));
       const Tag tag = next_tag();
@@ -183,13 +187,17 @@ class Server {
       for (int i = 0; i < n; ++i) {
         const Session::Output& out = outs[static_cast<size_t>(i)];
         const std::string reason = finish_reason(out, o);
+        const json lp = top < 0 ? json(nullptr)
+                                : logprobs_json(chat, out.result.tokens, out.result.logprobs, 0,
+                                                out.result.tokens.size(), top);
         if (chat) {
           j["choices"].push_back({{"index", i},
                                   {"message", {{"role", "assistant"}, {"content", out.text}}},
+                                  {"logprobs", lp},
                                   {"finish_reason", reason}});
         } else {
           j["choices"].push_back(
-              {{"index", i}, {"text", out.text}, {"logprobs", nullptr}, {"finish_reason", reason}});
+              {{"index", i}, {"text", out.text}, {"logprobs", lp}, {"finish_reason", reason}});
         }
         completion += out.result.tokens.size();
         steps = std::max(steps, out.result.steps_run);
@@ -204,10 +212,53 @@ class Server {
     }
     const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream",
-                                     [this, chat, o, ids, n, include_usage](size_t, httplib::DataSink& sink) {
-                                       return stream_events(chat, o, ids, n, include_usage, sink);
-                                     });
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, chat, o, ids, n, top, include_usage](size_t, httplib::DataSink& sink) {
+          return stream_events(chat, o, ids, n, top, include_usage, sink);
+        });
+  }
+
+  // OpenAI's logprobs of the tokens [a, b) of a choice's generated `tokens` (decided; lps beside them).
+  // Completions: {tokens, token_logprobs, top_logprobs (a {text: logprob} object per token),
+  // text_offset (bytes into the choice's text)}; chat: {content: [{token, logprob, bytes, top_logprobs:
+  // [{token, logprob, bytes}]}]}. Token texts are their bytes (invalid UTF-8 shows as U+FFFD; chat's
+  // bytes are exact).
+  json logprobs_json(bool chat, std::span<const int32_t> tokens, std::span<const TokenLogprob> lps, size_t a,
+                     size_t b, int top) const {
+    const Tokenizer& tk = session_.tokenizer();
+    auto bytes = [](const std::string& t) {
+      json v = json::array();
+      for (const char ch : t) v.push_back(static_cast<unsigned char>(ch));
+      return v;
+    };
+    json content = json::array(), texts = json::array(), values = json::array(), tops = json::array(),
+         offsets = json::array();
+    a = std::min(a, tokens.size());
+    size_t offset = tk.decode(tokens.first(a), true).size();
+    for (size_t i = a; i < b && i < lps.size(); ++i) {
+      const TokenLogprob& t = lps[i];
+      const std::string text = logprob_token_text(tk, tokens[i]);
+      const size_t k = std::min(static_cast<size_t>(top), t.top.size());
+      if (chat) {
+        json alts = json::array();
+        for (size_t j = 0; j < k; ++j) {
+          const std::string at = logprob_token_text(tk, t.top[j].first);
+          alts.push_back({{"token", at}, {"logprob", t.top[j].second}, {"bytes", bytes(at)}});
+        }
+        content.push_back(
+            {{"token", text}, {"logprob", t.logprob}, {"bytes", bytes(text)}, {"top_logprobs", alts}});
+        continue;
+      }
+      json alts = json::object();
+      for (size_t j = 0; j < k; ++j) alts[logprob_token_text(tk, t.top[j].first)] = t.top[j].second;
+      texts.push_back(text);
+      values.push_back(t.logprob);
+      tops.push_back(alts);
+      offsets.push_back(offset);
+      offset = tk.decode(tokens.first(i + 1), true).size();
+    }
+    if (chat) return {{"content", content}};
+    return {{"tokens", texts}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
   // The options of choice i of a request: its seed + i.
@@ -238,7 +289,7 @@ class Server {
 
   // One streamed request (its events are written from the thread that runs its unmasking loop); false
   // when the client went away.
-  bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, int n,
+  bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, int n, int top,
                      bool include_usage, httplib::DataSink& sink) {
     const Tag tag = next_tag();
     std::mutex sink_mutex;  // the choices' threads write events
@@ -247,15 +298,19 @@ class Server {
       std::lock_guard<std::mutex> l(sink_mutex);
       if (!sink.write(ev.data(), ev.size())) throw ClientGone{};
     };
-    auto delta_event = [&](int index, const std::string& text, const json& reason) {
+    auto delta_event = [&](int index, const std::string& text, const json& reason, const json& lp) {
       json j = envelope(tag, chat, true);
+      json c;
       if (chat) {
         json d = json::object();
         if (!text.empty()) d["content"] = text;
-        j["choices"] = json::array({{{"index", index}, {"delta", d}, {"finish_reason", reason}}});
+        c = {{"index", index}, {"delta", d}};
       } else {
-        j["choices"] = json::array({{{"index", index}, {"text", text}, {"finish_reason", reason}}});
+        c = {{"index", index}, {"text", text}};
       }
+      if (top >= 0) c["logprobs"] = lp;
+      c["finish_reason"] = reason;
+      j["choices"] = json::array({c});
       return j;
     };
     try {
@@ -271,7 +326,7 @@ class Server {
       for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
       std::vector<size_t> completion(static_cast<size_t>(n));
       run_choices(n, [&](int c) {
-        completion[static_cast<size_t>(c)] = stream_choice(c, o, ids, hold, send, delta_event);
+        completion[static_cast<size_t>(c)] = stream_choice(c, o, ids, hold, top, chat, send, delta_event);
       });
       if (include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
         json u = envelope(tag, chat, true);
@@ -296,9 +351,10 @@ class Server {
 
   // One choice of a streamed request: its deltas, then its finish reason; returns its tokens.
   template <typename Send, typename Delta>
-  size_t stream_choice(int c, const GenerateOptions& o, const std::vector<int32_t>& ids, size_t hold,
-                       const Send& send, const Delta& delta_event) {
+  size_t stream_choice(int c, const GenerateOptions& o, const std::vector<int32_t>& ids, size_t hold, int top,
+                       bool chat, const Send& send, const Delta& delta_event) {
     std::string sent;
+    size_t sent_tokens = 0;  // logprobs: the tokens of the prefix whose text was sent with theirs
     const size_t P = ids.size();
     std::vector<int32_t> prefix;
     const int32_t mask = session_.engine().mask_token();
@@ -315,14 +371,27 @@ class Server {
         text.resize(text.size() - std::min(text.size(), hold));
       text = complete_utf8(std::move(text));
       if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
-        send(delta_event(c, text.substr(sent.size()), nullptr));
+        json lp;
+        if (top >= 0) {  // the tokens whose text now lies wholly in what was sent
+          size_t k = sent_tokens;
+          while (k < prefix.size() &&
+                 session_.tokenizer().decode(std::span<const int32_t>(prefix).first(k + 1), true).size() <=
+                     text.size())
+            ++k;
+          lp = logprobs_json(chat, prefix, ev.logprobs, sent_tokens, k, top);
+          sent_tokens = k;
+        }
+        send(delta_event(c, text.substr(sent.size()), nullptr, lp));
         sent = text;
       }
     });
     const std::string rest = out.text.size() > sent.size() && out.text.compare(0, sent.size(), sent) == 0
                                  ? out.text.substr(sent.size())
                                  : std::string();
-    send(delta_event(c, rest, finish_reason(out, o)));
+    const json lp = top < 0 ? json(nullptr)
+                            : logprobs_json(chat, out.result.tokens, out.result.logprobs, sent_tokens,
+                                            out.result.tokens.size(), top);
+    send(delta_event(c, rest, finish_reason(out, o), lp));
     return out.result.tokens.size();
   }
 

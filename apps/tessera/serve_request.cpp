@@ -99,10 +99,7 @@ GenerateOptions options(const json& body, const Session& session, const std::str
           "not_found_error");
     }
   }
-  for (const char* k : {"logprobs", "echo"}) {
-    if (given(body, k) && body[k] != false) bad(std::string("'") + k + "' is not supported");
-  }
-  if (given(body, "top_logprobs")) bad("'top_logprobs' is not supported");
+  if (given(body, "echo") && body["echo"] != false) bad("'echo' is not supported");
   for (const char* k : {"presence_penalty", "frequency_penalty"}) {
     if (given(body, k) && num_field(body, k) != 0.0)
       bad(std::string("'") + k + "' is not supported (only 0)");
@@ -247,6 +244,24 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     if (n < 1 || n > kMaxChoices) bad("'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
     r.n = static_cast<int>(n);
   }
+  // OpenAI's logprobs: an integer in completions, a flag plus top_logprobs in chat completions.
+  const std::string top_max = std::to_string(kTopLogprobs);
+  if (chat) {
+    const bool lp = given(body, "logprobs") && bool_field(body, "logprobs");
+    if (given(body, "top_logprobs")) {
+      const int64_t k = int_field(body, "top_logprobs");
+      if (k < 0 || k > kTopLogprobs) bad("'top_logprobs' must be in [0, " + top_max + "]");
+      if (!lp) bad("'top_logprobs' needs 'logprobs': true");
+      r.logprobs = static_cast<int>(k);
+    } else if (lp) {
+      r.logprobs = 0;
+    }
+  } else if (given(body, "logprobs")) {
+    const int64_t k = int_field(body, "logprobs");
+    if (k < 0 || k > kTopLogprobs) bad("'logprobs' must be an integer in [0, " + top_max + "]");
+    r.logprobs = static_cast<int>(k);
+  }
+  r.options.logprobs = r.logprobs >= 0;
   if (given(body, "stream")) r.stream = bool_field(body, "stream");
   if (given(body, "stream_options")) {
     const json& so = body["stream_options"];

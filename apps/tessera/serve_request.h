@@ -30,6 +30,9 @@ struct ParsedRequest {
   std::vector<int32_t> prompt;  // token ids, chat template applied for chat requests
   bool stream = false, include_usage = false;
   int n = 1;  // choices: choice i samples with seed + i (at temperature 0 they are all the same)
+  // Log-probabilities of the generated tokens (completions: "logprobs": N; chat: "logprobs": true with
+  // "top_logprobs": N) with the N most likely tokens at each; -1: none. options.logprobs is set with it.
+  int logprobs = -1;
 };
 
 // Parses and checks a request for the model of `session`, served under the name `model_id`; throws

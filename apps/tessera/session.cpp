@@ -105,6 +105,10 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
   sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
+  sub->add_option("--logprobs", a.logprobs,
+                  "report each generated token's log-probability at the step that decided it, with the N "
+                  "most likely tokens there (0 to 20; in --json, else a table after the text)")
+      ->check(CLI::Range(0, static_cast<int>(kTopLogprobs)));
   sub->add_flag("--json", a.json, "print one JSON result object");
   sub->add_flag("--no-progress", a.no_progress, "no live view even on a terminal");
 }
@@ -231,6 +235,8 @@ Session::Session(const SessionArgs& a) {
   gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
   gen_.window_early_stop = a.window_early_stop;
   gen_.stop = a.stop;
+  gen_.logprobs = a.logprobs.has_value();
+  logprobs_top_ = a.logprobs.value_or(0);
   gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) gen_.eos_ids.push_back(c.eos_id);
@@ -408,6 +414,7 @@ Session::Output Session::timed(const GenerateOptions& g,
       lo = mid + 1;
   }
   t.resize(lo);
+  if (o.result.logprobs.size() > lo) o.result.logprobs.resize(lo);
   return o;
 }
 
@@ -417,7 +424,10 @@ void Session::check_budget(int64_t prompt_len, const GenerateOptions& g) {
   engine_->check_memory(
       canvas_length(prompt_len, g),
       engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
-      g.cfg_scale > 0 ? OutputMode::Logits : OutputMode::Sample, holds_kv_cache(g));
+      g.cfg_scale > 0 ? OutputMode::Logits
+      : g.logprobs    ? OutputMode::SampleLogprobs
+                      : OutputMode::Sample,
+      holds_kv_cache(g));
 }
 
 Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,

@@ -41,6 +41,7 @@ struct SessionArgs {
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
   std::vector<std::string> stop;  // stop sequences
+  std::optional<int> logprobs;    // report each token's log-probability and this many alternatives
 };
 
 void add_session_options(CLI::App* sub, SessionArgs& a);
@@ -79,6 +80,8 @@ class Session {
   const Engine& engine() const { return *engine_; }
   const ModelConfig& config() const { return engine_->config(); }
   const GenerateOptions& options() const { return gen_; }
+  // --logprobs N: the most likely tokens reported per generated token.
+  int logprobs_top() const { return logprobs_top_; }
   std::string model_dir() const { return dir_; }
   // The canvas of a request: prompt + gen_length, padded to whole blocks for block-causal models.
   int64_t canvas_length(int64_t prompt_len) const { return canvas_length(prompt_len, gen_); }
@@ -96,10 +99,16 @@ class Session {
   ChatFamily chat_family_ = ChatFamily::None;
   bool add_bos_ = false;
   GenerateOptions gen_;
+  int logprobs_top_ = 0;
 };
 
 // Where the first of the stop sequences begins in text (the earliest; std::string::npos: none).
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop);
+
+// The text of one token for logprobs output: its bytes (a byte-level piece may be part of a character).
+inline std::string logprob_token_text(const Tokenizer& t, int32_t id) {
+  return t.decode(std::span<const int32_t>(&id, 1));
+}
 
 // The directory of the bundled default model (models/tessera-tiny); throws with a hint otherwise.
 std::string default_model_dir();

@@ -145,7 +145,11 @@ struct SampleParams {
   float top_p = 1.0f;        // 1 = off (Dream)
   int suppress_token = -1;   // logit set to -inf before anything (LLaDA logits_eos_inf); -1 = none
   uint64_t seed = 0;         // counter RNG key: noise = rng(seed, row_key[i], vocab index)
+  // Also return the log-probabilities of the predictions (Denoiser::last_logprobs): the chosen token's
+  // and those of the kTopLogprobs most likely tokens, from the raw logits (no temperature, no filter).
+  bool logprobs = false;
 };
+constexpr int64_t kTopLogprobs = 20;  // most likely tokens returned per prediction (OpenAI's limit)
 
 // Counter-based RNG shared by every backend so that CPU and CUDA draw identical noise:
 // splitmix64 of (seed, a, b) -> uniform double in (0, 1).
@@ -234,6 +238,13 @@ class Backend {
 
   // Per row of logits [R, V] f32: logprob[r] = log_softmax(logits[r])[target[r]] (f32).
   virtual void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob) = 0;
+
+  // Per row of logits [R, V] f32: chosen[r] = log_softmax(logits[r])[token[r]] (f32, as token_logprob),
+  // and the K = ids.cols() (<= V) most likely tokens, most likely first (ties to the lower id; NaN
+  // logits never chosen): ids [R, K] i32 and their log_softmax values lp [R, K] f32. A row with fewer
+  // than K non-NaN logits pads with id -1 and NaN.
+  virtual void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids,
+                            Tensor& lp) = 0;
 
   // Router: logits [M, E] f32 -> ids [M, top_k] i32 and weights [M, top_k] f32 per MoeRouteParams,
   // all in f32: s = softmax(logits) (max-subtracted) or sigmoid(logits); selection scores

@@ -45,6 +45,14 @@ inline void cached_range(int64_t q_lo, int64_t q_hi, int64_t n, std::vector<int3
   for (int64_t r = q_lo; r < q_hi; ++r) rows[static_cast<size_t>(r - q_lo)] = static_cast<int32_t>(r);
 }
 
+// The log-probabilities of one predict call's positions, in its order (SampleParams::logprobs).
+struct PredictLogprobs {
+  int64_t top = 0;               // most likely tokens per position: min(kTopLogprobs, vocab)
+  std::vector<float> chosen;     // log_softmax(logits)[token] of the predicted token
+  std::vector<int32_t> top_ids;  // [n * top], most likely first
+  std::vector<float> top_lp;     // [n * top]
+};
+
 class Denoiser {
  public:
   virtual ~Denoiser() = default;
@@ -55,6 +63,9 @@ class Denoiser {
   // counter RNG is keyed by (sp.seed, position, vocab index), so results never depend on batching.
   virtual void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions,
                        const SampleParams& sp, std::span<int32_t> tokens, std::span<float> conf) = 0;
+  // After a predict / predict_cached / predict_rows call whose SampleParams asked for logprobs: those
+  // of its positions (valid until the next call).
+  virtual const PredictLogprobs& last_logprobs() const { fail("this denoiser returns no log-probabilities"); }
   // Full logits [positions.size(), vocab] in f32 for the given positions (host memory). Slower:
   // used only where a policy needs whole rows on the host (classifier-free guidance).
   virtual void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,

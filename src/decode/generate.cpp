@@ -70,6 +70,8 @@ struct Loop {
   std::vector<int32_t> phase_rows, step_rows;
   SampleParams base;
   GenerateResult res;
+  PredictLogprobs lp;                // logprobs: of the last forward's positions (pos)
+  std::vector<TokenLogprob> gen_lp;  // logprobs: per generated position, set when it is decided
   // Scratch reused across steps.
   std::vector<int32_t> pos, tok, chosen;
   std::vector<float> conf, lc, lu;
@@ -145,8 +147,17 @@ struct Loop {
     fresh = true;
   }
 
-  // (token, conf) for every position of pos, on the device or (cfg) on the host.
+  // (token, conf) for every position of pos, on the device or (cfg) on the host; with logprobs, theirs.
   void predict(const SampleParams& sp) {
+    forward(sp);
+    if (o.logprobs && o.cfg_scale <= 0.0f) {
+      lp = den.last_logprobs();
+      TESSERA_CHECK(
+          lp.chosen.size() == pos.size() && lp.top_lp.size() == pos.size() * static_cast<size_t>(lp.top),
+          "generate: the denoiser returned log-probabilities for another number of positions");
+    }
+  }
+  void forward(const SampleParams& sp) {
     if (sparse_select_at >= 0 && forwards <= sparse_select_at + 1) {
       den.sparse_phase(forwards < sparse_select_at    ? SparsePhase::Dense
                        : forwards == sparse_select_at ? SparsePhase::Select
@@ -208,6 +219,16 @@ struct Loop {
     const Tensor keys(pos.data(), DType::I32, {rows});
     Tensor t(tok.data(), DType::I32, {rows}), c(conf.data(), DType::F32, {rows});
     cpu_sample_rows(L, keys, sp, t, c);
+    if (o.logprobs) {  // of the guided logits, as the device computes them
+      lp.top = std::min(kTopLogprobs, V);
+      lp.chosen.resize(n);
+      lp.top_ids.resize(n * static_cast<size_t>(lp.top));
+      lp.top_lp.resize(lp.top_ids.size());
+      Tensor lc_tok(lp.chosen.data(), DType::F32, {rows});
+      Tensor ids(lp.top_ids.data(), DType::I32, {rows, lp.top}),
+          top(lp.top_lp.data(), DType::F32, {rows, lp.top});
+      cpu_top_logprobs(L, t, lc_tok, ids, top);
+    }
   }
 
   // Indices into pos ordered by confidence, highest first, ties to the lower position (NaN last).
@@ -270,6 +291,15 @@ struct Loop {
       decided[static_cast<size_t>(p)] = 1;
       canvas[static_cast<size_t>(p)] = tok[i];
       chosen.push_back(p);
+      if (o.logprobs) {
+        TokenLogprob& t = gen_lp[static_cast<size_t>(p - P)];
+        t.logprob = lp.chosen[i];
+        t.step = res.steps_run;
+        const auto top = static_cast<size_t>(lp.top);
+        t.top.clear();
+        for (size_t a = i * top; a < (i + 1) * top && lp.top_ids[a] >= 0; ++a)
+          t.top.emplace_back(lp.top_ids[a], lp.top_lp[a]);
+      }
       if (early_stop && is_eos(tok[i])) stop = std::min(stop, p + 1);
     }
     std::sort(chosen.begin(), chosen.end());
@@ -277,7 +307,7 @@ struct Loop {
     ++res.steps_run;
     if (on_step) {
       const auto shown = std::span<const int32_t>(canvas).first(static_cast<size_t>(P + G));
-      on_step(StepEvent{res.steps_run - 1, shown, res.order.back()});
+      on_step(StepEvent{res.steps_run - 1, shown, res.order.back(), gen_lp});
     }
   }
 
@@ -395,6 +425,8 @@ void init_sampling(Loop& L, bool llada) {
   L.base.top_k = o.top_k;
   L.base.top_p = o.top_p;
   L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
+  L.base.logprobs = o.logprobs && o.cfg_scale <= 0.0f;  // cfg: the host computes them
+  if (o.logprobs) L.gen_lp.assign(L.canvas.size() - static_cast<size_t>(L.P), TokenLogprob{});
 }
 
 // The generated part of the canvas, trimmed at the first EOS when asked.
@@ -416,6 +448,10 @@ GenerateResult finish(Loop& L) {
   if (o.stop_at_eos) {
     auto it = std::find_if(res.tokens.begin(), res.tokens.end(), [&](int32_t t) { return L.is_eos(t); });
     res.tokens.erase(it, res.tokens.end());
+  }
+  if (o.logprobs) {
+    L.gen_lp.resize(res.tokens.size());
+    res.logprobs = std::move(L.gen_lp);
   }
   return res;
 }

@@ -72,11 +72,13 @@
 // Steps whose schedule decides nothing (k = 0, or no origin coin came up) run no forward; they are
 // not counted in steps_run and produce no event.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode/denoiser.h"
@@ -118,18 +120,32 @@ struct GenerateOptions {
   // at the first EOS when stop_at_eos); true skips the later blocks, as an EOS does.
   std::vector<std::string> stop;
   std::function<bool(std::span<const int32_t>)> stop_when;
+  // Record each generated token's log-probability (GenerateResult::logprobs): the forward that decided
+  // it returns them beside the tokens (SampleParams::logprobs; with cfg, from the guided logits).
+  bool logprobs = false;
+};
+
+// A generated token's log-probability: log_softmax of the model's logits at its position, in the
+// forward of the step that decided it (raw logits: no temperature, no top-k / top-p filter; with cfg the
+// guided logits), and the most likely tokens of that distribution.
+struct TokenLogprob {
+  float logprob = NAN;                         // of the token; NaN for a position never decided
+  int step = -1;                               // the executed step that decided it (index into order)
+  std::vector<std::pair<int32_t, float>> top;  // min(kTopLogprobs, vocab) (token, logprob), most likely first
 };
 
 struct StepEvent {
   int step;                                          // 0-based index of the executed step
   std::span<const int32_t> canvas;                   // the whole canvas (prompt + generation)
   std::span<const int32_t> newly_decided_positions;  // absolute canvas positions, ascending
+  std::span<const TokenLogprob> logprobs;            // GenerateOptions::logprobs: per generated position
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;              // generated part only (trimmed at the first EOS if stop_at_eos)
   std::vector<std::vector<int32_t>> order;  // absolute positions decided at each executed step, ascending
   int steps_run = 0;                        // executed steps (each one forward; two with cfg)
+  std::vector<TokenLogprob> logprobs;       // GenerateOptions::logprobs: one per token of `tokens`
 };
 
 // Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:

@@ -21,6 +21,7 @@ struct Batcher::Call {
   SampleParams sp;
   std::span<int32_t> tokens;
   std::span<float> conf, out;
+  PredictLogprobs* lp = nullptr;  // sp.logprobs: the requester's copy of its rows' log-probabilities
   Clock::time_point posted;
   bool done = false;
   std::exception_ptr error;
@@ -57,6 +58,7 @@ class Batcher::Proxy final : public Denoiser {
     Call c = sample_call(canvas, positions, sp, tokens, conf);
     post(c);
   }
+  const PredictLogprobs& last_logprobs() const override { return lp_; }
   void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
               std::span<float> out) override {
     Call c;
@@ -88,9 +90,10 @@ class Batcher::Proxy final : public Denoiser {
   }
 
  private:
-  static Call sample_call(std::span<const int32_t> canvas, std::span<const int32_t> positions,
-                          const SampleParams& sp, std::span<int32_t> tokens, std::span<float> conf) {
+  Call sample_call(std::span<const int32_t> canvas, std::span<const int32_t> positions,
+                   const SampleParams& sp, std::span<int32_t> tokens, std::span<float> conf) {
     Call c;
+    if (sp.logprobs) c.lp = &lp_;
     c.canvas = canvas;
     c.positions = positions;
     c.sp = sp;
@@ -111,6 +114,7 @@ class Batcher::Proxy final : public Denoiser {
   int block_;
   const int slot_;
   std::vector<int32_t> range_;  // predict_cached's rows
+  PredictLogprobs lp_;          // of the last call that asked for them
 };
 
 Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
@@ -319,7 +323,11 @@ void Batcher::run_calls(std::deque<Call*>& calls) {
 // when the packed forward fails (so that an error reaches only the request that caused it).
 void Batcher::run_group(std::span<Call* const> calls, bool logits) {
   if (calls.size() > 1) {
-    const OutputMode mode = logits ? OutputMode::Logits : OutputMode::Sample;
+    bool lp = false;
+    for (const Call* c : calls) lp = lp || c->sp.logprobs;
+    const OutputMode mode = logits ? OutputMode::Logits
+                            : lp   ? OutputMode::SampleLogprobs
+                                   : OutputMode::Sample;
     bool fits = true;
     try {
       if (calls[0]->slot >= 0) {
@@ -404,10 +412,19 @@ void Batcher::run_packed(std::span<Call* const> calls, bool logits) {
     else
       engine_.forward_sample(seqs, sps, tokens_, conf_);
     size_t off = 0;
+    const PredictLogprobs& all = engine_.last_logprobs();
     for (Call* c : calls) {
       const size_t k = c->positions.size();
       std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(off), k, c->tokens.begin());
       std::copy_n(conf_.begin() + static_cast<std::ptrdiff_t>(off), k, c->conf.begin());
+      if (c->lp != nullptr) {  // this call's rows of the forward's log-probabilities
+        const auto t = static_cast<size_t>(all.top);
+        const auto at = [](const auto& v, size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
+        c->lp->top = all.top;
+        c->lp->chosen.assign(at(all.chosen, off), at(all.chosen, off + k));
+        c->lp->top_ids.assign(at(all.top_ids, off * t), at(all.top_ids, (off + k) * t));
+        c->lp->top_lp.assign(at(all.top_lp, off * t), at(all.top_lp, (off + k) * t));
+      }
       off += k;
     }
   }

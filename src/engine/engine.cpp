@@ -234,8 +234,8 @@ const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shap
 
 const graph::Program* Engine::try_program(OutputMode mode, graph::StepShape shape, bool kv_cache,
                                           size_t& floor) {
-  const PlanKey key{static_cast<int>(mode) + (kv_cache ? 3 : 0), shape.n_query, shape.n_kv, shape.n_logits,
-                    shape.n_seqs};
+  const PlanKey key{static_cast<int>(mode) + (kv_cache ? kOutputModes : 0), shape.n_query, shape.n_kv,
+                    shape.n_logits, shape.n_seqs};
   auto it = plans_.find(key);
   last_.plan_cached = it != plans_.end();
   if (it == plans_.end()) {
@@ -357,7 +357,7 @@ void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t 
 }
 
 const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
-  const auto m = static_cast<size_t>(mode), slot = m + (kv_cache ? 3 : 0);
+  const auto m = static_cast<size_t>(mode), slot = m + (kv_cache ? kOutputModes : 0);
   if (!io_ready_[slot]) {
     const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
     GraphIo& r = io_[slot];
@@ -373,8 +373,14 @@ const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
       r.cache_rows = g.find("cache_rows");
       r.kv_rows = g.find("kv_rows");
     }
-    const char* outs[3][2] = {{"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}};
+    const char* outs[kOutputModes][2] = {
+        {"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}, {"token", "conf"}};
     for (int i = 0; i < 2; ++i) r.out[i] = outs[m][i] != nullptr ? g.find(outs[m][i]) : -1;
+    if (mode == OutputMode::SampleLogprobs) {
+      r.lp = g.find("logprob");
+      r.top_ids = g.find("top_ids");
+      r.top_lp = g.find("top_logprobs");
+    }
     io_ready_[slot] = true;
   }
   return io_[slot];
@@ -388,11 +394,36 @@ void Engine::read_output(const graph::Program& p, int id, void* dst, size_t byte
                          bytes);
 }
 
+namespace {
+// The mode of a sampling forward: with the log-probabilities when any of its sequences asks for them.
+OutputMode sample_mode(const SampleParams& sp, std::span<const SampleParams> seqs) {
+  bool lp = sp.logprobs;
+  for (const SampleParams& s : seqs) lp = lp || s.logprobs;
+  return lp ? OutputMode::SampleLogprobs : OutputMode::Sample;
+}
+}  // namespace
+
+void Engine::read_sample(const graph::Program& p, OutputMode mode, bool kv_cache, std::span<int32_t> tokens,
+                         std::span<float> conf) {
+  const GraphIo& ids = io(mode, kv_cache);
+  read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
+  read_output(p, ids.out[1], conf.data(), conf.size_bytes());
+  if (mode != OutputMode::SampleLogprobs) return;
+  const size_t n = tokens.size();
+  logprobs_.top = std::min(kTopLogprobs, model_->config().vocab);
+  logprobs_.chosen.resize(n);
+  logprobs_.top_ids.resize(n * static_cast<size_t>(logprobs_.top));
+  logprobs_.top_lp.resize(logprobs_.top_ids.size());
+  read_output(p, ids.lp, logprobs_.chosen.data(), n * sizeof(float));
+  read_output(p, ids.top_ids, logprobs_.top_ids.data(), logprobs_.top_ids.size() * sizeof(int32_t));
+  read_output(p, ids.top_lp, logprobs_.top_lp.data(), logprobs_.top_lp.size() * sizeof(float));
+}
+
 void Engine::forward_sample(std::span<const SeqInput> seqs, const SampleParams& sp, std::span<int32_t> tokens,
                             std::span<float> conf) {
-  const graph::Program& p = run(OutputMode::Sample, seqs, &sp);
-  read_output(p, io(OutputMode::Sample).out[0], tokens.data(), tokens.size_bytes());
-  read_output(p, io(OutputMode::Sample).out[1], conf.data(), conf.size_bytes());
+  const OutputMode mode = sample_mode(sp, seq_sp_);
+  const graph::Program& p = run(mode, seqs, &sp);
+  read_sample(p, mode, false, tokens, conf);
 }
 
 void Engine::forward_sample(std::span<const SeqInput> seqs, std::span<const SampleParams> sps,
@@ -598,10 +629,9 @@ void Engine::predict_rows(std::span<const int32_t> canvas, std::span<const int32
                           std::span<const int32_t> positions, const SampleParams& sp,
                           std::span<int32_t> tokens, std::span<float> conf) {
   const CachedSeq s{0, canvas, rows, positions};
-  const graph::Program& p = run_cached(OutputMode::Sample, std::span<const CachedSeq>(&s, 1), &sp);
-  const GraphIo& ids = io(OutputMode::Sample, true);
-  read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
-  read_output(p, ids.out[1], conf.data(), conf.size_bytes());
+  const OutputMode mode = sample_mode(sp, {});
+  const graph::Program& p = run_cached(mode, std::span<const CachedSeq>(&s, 1), &sp);
+  read_sample(p, mode, true, tokens, conf);
 }
 
 void Engine::logits_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
@@ -621,10 +651,9 @@ void Engine::forward_cached(std::span<const CachedSeq> seqs, std::span<const Sam
   if (sps.size() != seqs.size() || seqs.empty())
     fail("forward_cached: one SampleParams per sequence, and at least one sequence, expected");
   const PerSequenceSampling scoped(seq_sp_, sps);
-  const graph::Program& p = run_cached(OutputMode::Sample, seqs, &sps[0]);
-  const GraphIo& ids = io(OutputMode::Sample, true);
-  read_output(p, ids.out[0], tokens.data(), tokens.size_bytes());
-  read_output(p, ids.out[1], conf.data(), conf.size_bytes());
+  const OutputMode mode = sample_mode(sps[0], sps);
+  const graph::Program& p = run_cached(mode, seqs, &sps[0]);
+  read_sample(p, mode, true, tokens, conf);
 }
 
 void Engine::forward_cached_logits(std::span<const CachedSeq> seqs, std::span<float> logits) {

@@ -128,6 +128,8 @@ class Engine final : public Denoiser {
   int32_t mask_token() const override { return model_->config().mask_id; }
   void predict(std::span<const int32_t> canvas, std::span<const int32_t> positions, const SampleParams& sp,
                std::span<int32_t> tokens, std::span<float> conf) override;
+  // Of the last forward_sample / forward_cached (all its rows) or predict* call that asked for them.
+  const PredictLogprobs& last_logprobs() const override { return logprobs_; }
   void logits(std::span<const int32_t> canvas, std::span<const int32_t> positions,
               std::span<float> out) override;
   bool supports_kv_cache() const override { return true; }
@@ -255,17 +257,22 @@ class Engine final : public Denoiser {
     int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
     int cache_rows = -1, kv_rows = -1;
     int out[2] = {-1, -1};
+    int lp = -1, top_ids = -1, top_lp = -1;  // SampleLogprobs
   };
   const GraphIo& io(OutputMode mode, bool kv_cache = false);
-  GraphIo io_[6];  // [mode + 3 * kv_cache]
-  bool io_ready_[6] = {};
+  GraphIo io_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
+  bool io_ready_[2 * kOutputModes] = {};
+  // A sampling forward's outputs: tokens and conf, and with logprobs (mode SampleLogprobs) logprobs_.
+  void read_sample(const graph::Program& p, OutputMode mode, bool kv_cache, std::span<int32_t> tokens,
+                   std::span<float> conf);
+  PredictLogprobs logprobs_;
 
   EngineOptions opt_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Workspace> ws_;
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t,
-                             int64_t>;  // mode + 3 * kv_cache, n_query, n_kv, n_logits, n_seqs
+                             int64_t>;  // mode + kOutputModes * kv_cache, n_query, n_kv, n_logits, n_seqs
   struct CachedPlan {
     graph::Program prog;
     double search_ms = 0.0;

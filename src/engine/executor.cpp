@@ -181,6 +181,11 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       b.token_logprob(in(0), in(1), o);
       break;
     }
+    case OpKind::TopLogprobs: {
+      Tensor chosen = out(0), ids = out(1), lp = out(2);
+      b.top_logprobs(in(0), in(1), chosen, ids, lp);
+      break;
+    }
     case OpKind::MoeRoute: {
       Tensor ids = out(0), w = out(1);
       MoeRouteParams rp = op.p.route;

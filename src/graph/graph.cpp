@@ -58,6 +58,8 @@ const char* op_name(OpKind k) {
       return "convert";
     case OpKind::GatherRows:
       return "gather_rows";
+    case OpKind::TopLogprobs:
+      return "top_logprobs";
   }
   return "?";
 }

@@ -66,8 +66,10 @@ enum class OpKind : uint8_t {
   ScatterRows,  // in: src, row indices; out: dst (State) with dst[rows[i]] = src[i]
   Convert,      // in: src; out: dst of another dtype (elementwise)
   GatherRows,   // in: src (State), row indices; out: dst with dst[i] = src[rows[i]] (bf16 widened to f32)
+  TopLogprobs,  // in: logits, tokens; out: the tokens' log-probabilities, and ids and log-probabilities
+                // [rows, K] of the K most likely tokens
 };
-constexpr int kOpKinds = static_cast<int>(OpKind::GatherRows) + 1;
+constexpr int kOpKinds = static_cast<int>(OpKind::TopLogprobs) + 1;
 const char* op_name(OpKind k);
 
 // A tensor operand. chunked: the op sees only the rows of the current chunk of the enclosing loop.

@@ -1,5 +1,6 @@
 // The shared transformer blocks as a graph template: every intermediate tensor is named, sizes are
 // symbolic (n_query rows; ffn_rows inside the FFN chunk loop; logit_rows inside the logits loop).
+#include <algorithm>
 #include <cmath>
 
 #include "models/model.h"
@@ -183,19 +184,29 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.end_loop();
     return g;
   }
-  const int out_a = mode == OutputMode::Sample ? g.add_output("token", DType::I32, Sym::NLogits)
-                                               : g.add_output("logprob", DType::F32, Sym::NLogits);
-  const int out_b = mode == OutputMode::Sample ? g.add_output("conf", DType::F32, Sym::NLogits) : -1;
+  const bool sample = mode != OutputMode::LogProb;
+  const int out_a = sample ? g.add_output("token", DType::I32, Sym::NLogits)
+                           : g.add_output("logprob", DType::F32, Sym::NLogits);
+  const int out_b = sample ? g.add_output("conf", DType::F32, Sym::NLogits) : -1;
+  const int64_t n_top = std::min(kTopLogprobs, o.vocab);
+  const bool with_lp = mode == OutputMode::SampleLogprobs;
+  const int lp = with_lp ? g.add_output("logprob", DType::F32, Sym::NLogits) : -1;
+  const int top_ids = with_lp ? g.add_output("top_ids", DType::I32, Sym::NLogits, n_top) : -1;
+  const int top_lp = with_lp ? g.add_output("top_logprobs", DType::F32, Sym::NLogits, n_top) : -1;
   g.begin_loop(Sym::NLogits, Sym::LogitRows);
   g.add_barrier(hn);
   g.add_barrier(logit_rows);
-  g.add_barrier(mode == OutputMode::Sample ? row_keys : target);
+  g.add_barrier(sample ? row_keys : target);
   const int logits = g.add_tensor("logits", -1, DType::F32, Sym::LogitRows, o.vocab);
   g.add_op(OpKind::GatherGemm, "logits", -1, {{hn}, {logit_rows, true}, {lm}}, {{logits}});
-  if (mode == OutputMode::Sample) {
+  if (sample) {
     g.add_op(OpKind::SampleRows, "sample", -1, {{logits}, {row_keys, true}}, {{out_a, true}, {out_b, true}});
   } else {
     g.add_op(OpKind::TokenLogprob, "logprob", -1, {{logits}, {target, true}}, {{out_a, true}});
+  }
+  if (with_lp) {  // the chosen tokens' log-probabilities and the most likely tokens'
+    g.add_op(OpKind::TopLogprobs, "top_logprobs", -1, {{logits}, {out_a, true}},
+             {{lp, true}, {top_ids, true}, {top_lp, true}});
   }
   g.end_loop();
   return g;

@@ -233,7 +233,7 @@ void Model::set_mask_block(int64_t block) {
 }
 
 const graph::GraphTemplate& Model::graph(OutputMode mode, bool kv_cache) {
-  auto& slot = graphs_[static_cast<int>(mode) + (kv_cache ? 3 : 0)];
+  auto& slot = graphs_[static_cast<int>(mode) + (kv_cache ? kOutputModes : 0)];
   if (!slot) {
     GraphOptions o = opts_;
     o.kv_cache = kv_cache;

@@ -23,7 +23,12 @@ enum class OutputMode {
   Sample,   // outputs "token" [n_logits] i32 and "conf" [n_logits] f32 (logits never leave the device)
   Logits,   // output "logits" [n_logits, vocab] f32
   LogProb,  // input "target" [n_logits]; output "logprob" [n_logits] f32
+  // Sample, and the log-probabilities of the predictions: "logprob" [n_logits] f32 of each chosen
+  // token, "top_ids" [n_logits, kTopLogprobs] i32 and "top_logprobs" [n_logits, kTopLogprobs] f32 of
+  // the most likely tokens (fewer columns when the vocabulary is smaller).
+  SampleLogprobs,
 };
+constexpr int kOutputModes = 4;
 
 // One transformer layer. Optional tensors are empty (ndim 0). A dense layer has the SwiGLU FFN
 // w_gate/w_up/w_down; an MoE layer has the router and the routed experts, and w_gate/w_up/w_down
@@ -127,7 +132,7 @@ class Model {
   Backend* backend_ = nullptr;
   std::vector<void*> owned_;  // backend allocations to free
   size_t weight_bytes_ = 0;
-  std::unique_ptr<graph::GraphTemplate> graphs_[6];  // [mode + 3 * kv_cache]
+  std::unique_ptr<graph::GraphTemplate> graphs_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
 };
 
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).

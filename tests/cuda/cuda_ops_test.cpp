@@ -439,6 +439,62 @@ TEST_F(CudaTest, TokenLogprobMatchesCpu) {
   EXPECT_CLOSE_TO_CPU(got, ref, 1e-5);
 }
 
+// The chosen tokens' log-probabilities and the K most likely tokens per row with theirs: ids equal to the
+// CPU's (ties to the lower id: the logits are on a coarse grid, so ties are many), values within 1e-5; NaN
+// logits never chosen, a row of mostly NaN pads with -1; K = 20 over LLaDA's vocabulary, and K = V.
+TEST_F(CudaTest, TopLogprobsMatchCpu) {
+  struct Case {
+    int64_t R, V, K;
+  };
+  for (const Case& c : {Case{40, 3001, 20}, Case{8, 126464, 20}, Case{5, 7, 7}, Case{3, 1000, 1}}) {
+    SCOPED_TRACE("V " + std::to_string(c.V) + " K " + std::to_string(c.K));
+    auto logits = random_floats(static_cast<size_t>(c.R * c.V), 63, 3.0f);
+    for (float& x : logits) x = std::round(x * 8.0f) / 8.0f;
+    if (c.R > 2 && c.V > 30) {
+      for (int64_t v = 0; v < c.V; ++v)
+        if (v % 97 != 0) logits[static_cast<size_t>(2 * c.V + v)] = NAN;  // row 2: a few real logits
+      logits[static_cast<size_t>(c.V + 5)] = -INFINITY;
+    }
+    const auto n = static_cast<size_t>(c.R * c.K);
+    auto tok = random_ids(static_cast<size_t>(c.R), static_cast<int32_t>(c.V), 64);
+    tok[0] = -1;  // out of range: NaN on both sides
+    std::vector<int32_t> ref_ids(n);
+    std::vector<float> ref_lp(n), ref_ch(tok.size());
+    {
+      std::vector<float> l = logits;
+      std::vector<int32_t> t = tok;
+      Tensor i(ref_ids.data(), DType::I32, {c.R, c.K}), o(ref_lp.data(), DType::F32, {c.R, c.K}),
+          ch(ref_ch.data(), DType::F32, {c.R});
+      cpu->top_logprobs(Tensor(l.data(), DType::F32, {c.R, c.V}), Tensor(t.data(), DType::I32, {c.R}), ch, i,
+                        o);
+    }
+    DevBuf dl(*gpu, logits.size() * 4), dt(*gpu, tok.size() * 4), dch(*gpu, tok.size() * 4), di(*gpu, n * 4),
+        dlp(*gpu, n * 4);
+    dl.upload(logits);
+    dt.upload(tok);
+    dch.poison();
+    di.poison();
+    dlp.poison();
+    Tensor ch = dch.view(DType::F32, {c.R}), i = di.view(DType::I32, {c.R, c.K}),
+           o = dlp.view(DType::F32, {c.R, c.K});
+    gpu->top_logprobs(dl.view(DType::F32, {c.R, c.V}), dt.view(DType::I32, {c.R}), ch, i, o);
+    const auto ids = di.download<int32_t>(n);
+    auto lp = dlp.download<float>(n);
+    auto chosen = dch.download<float>(tok.size());
+    EXPECT_EQ(ids, ref_ids);
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      EXPECT_EQ(std::isnan(chosen[j]), std::isnan(ref_ch[j])) << j;
+      if (std::isnan(chosen[j]) || std::isnan(ref_ch[j])) chosen[j] = ref_ch[j] = 0.0f;
+    }
+    EXPECT_CLOSE_TO_CPU(chosen, ref_ch, 1e-5);
+    for (size_t j = 0; j < n; ++j) {  // NaN where the CPU has NaN (row 2's normaliser, padding)
+      EXPECT_EQ(std::isnan(lp[j]), std::isnan(ref_lp[j])) << j;
+      if (std::isnan(lp[j]) || std::isnan(ref_lp[j])) lp[j] = ref_lp[j] = 0.0f;
+    }
+    EXPECT_CLOSE_TO_CPU(lp, ref_lp, 1e-5);
+  }
+}
+
 // SparseD selection on the GPU vs the double reference (and the CPU backend): every tie-free query
 // block selects the same tiles; shapes include GQA, a prompt boundary inside a block, partial blocks,
 // head dims 64 / 128, and a canvas whose key blocks exceed the default 48 KiB of shared memory.

@@ -202,6 +202,27 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   // The word comes early: the last block at least is skipped (blocks of 16 steps).
   EXPECT_LE(cut["steps"].get<int>(), 48);
   EXPECT_EQ(cut["steps"].get<int>() % 16, 0);
+  // --logprobs changes nothing in the generation; greedy tokens are their step's most likely; the
+  // values are trimmed with the tokens at a stop sequence.
+  ASSERT_EQ(test::run_command(base + " --logprobs 2 2>/dev/null", &out), 0) << out;
+  const auto lp = nlohmann::json::parse(out);
+  EXPECT_EQ(lp["tokens"], full["tokens"]);
+  ASSERT_EQ(lp["logprobs"].size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto& t = lp["logprobs"][i];
+    EXPECT_EQ(t["token"], all[i]);
+    ASSERT_EQ(t["top"].size(), 2u);
+    EXPECT_EQ(t["top"][0]["token"], all[i]);
+    EXPECT_EQ(t["top"][0]["logprob"], t["logprob"]);
+    EXPECT_LE(t["top"][1]["logprob"].get<double>(), t["logprob"].get<double>());
+    EXPECT_LT(t["logprob"].get<double>(), 0.0);
+  }
+  ASSERT_EQ(test::run_command(base + " --stop " + word + " --logprobs 0 2>/dev/null", &out), 0) << out;
+  const auto lp_cut = nlohmann::json::parse(out);
+  EXPECT_EQ(lp_cut["tokens"], cut["tokens"]);
+  EXPECT_EQ(lp_cut["logprobs"].size(), toks.size());
+  EXPECT_TRUE(lp_cut["logprobs"][0]["top"].empty());
+  test::expect_command_error(base + " --logprobs 21 2>&1", "--logprobs");
   test::expect_command_error(base + " --stop \"\" 2>&1", "a stop sequence must not be empty");
 }
 

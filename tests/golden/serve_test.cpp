@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -293,6 +294,105 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
 
 // Concurrent requests share packed forwards (--batch) and each gets what it gets alone: completions
 // and streams with their own prompts, seeds and samplers, and a KV-cache request (which runs alone).
+// logprobs: a completion's values are those `tessera generate --logprobs` reports for the same request
+// (which the Logprobs golden tests check against the model's logits); the chat format carries the same
+// values with exact bytes; streamed events carry them too, each token once; bad values are refused.
+TEST(Serve, LogprobsInBothFormatsStreamedAndNot) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  const auto tmp = test::temp_dir("serve_logprobs");
+  ServerProcess server("-m " + dir.string(), tmp);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  std::string cli_out;
+  ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + " generate -m " + dir.string() +
+                                  " -p \"Once upon a time\" --gen-length 32 --block-length 8 --steps 32 "
+                                  "--temperature 0.8 --seed 5 --logprobs 3 --json 2>/dev/null",
+                              &cli_out),
+            0);
+  const json cli = json::parse(cli_out);
+  const json& want = cli["logprobs"];
+  ASSERT_EQ(want.size(), cli["tokens"].size());
+  ASSERT_GT(want.size(), 0u);
+
+  const json req = {{"prompt", "Once upon a time"}, {"max_tokens", 32}, {"block_length", 8},
+                    {"temperature", 0.8},           {"seed", 5},        {"logprobs", 3}};
+  const json got = post(c, "/v1/completions", req.dump(), 200);
+  const json& lp = got["choices"][0]["logprobs"];
+  EXPECT_EQ(got["choices"][0]["text"], cli["text"]);
+  ASSERT_EQ(lp["tokens"].size(), want.size());
+  std::string joined;
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    EXPECT_EQ(lp["tokens"][i], want[i]["text"]);
+    EXPECT_EQ(lp["token_logprobs"][i], want[i]["logprob"]);
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 3u);
+    for (const json& t : want[i]["top"])
+      EXPECT_EQ(lp["top_logprobs"][i][t["text"].get<std::string>()], t["logprob"]);
+  }
+  EXPECT_EQ(joined, cli["text"]);
+
+  // Streamed: every token's values once, in order, the same as above.
+  json sreq = req;
+  sreq["stream"] = true;
+  auto r = c.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::vector<std::string> toks;
+  std::vector<double> vals;
+  for (const std::string& e : events(r->body)) {
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e);
+    const json& l = j["choices"][0]["logprobs"];
+    for (size_t i = 0; i < l["tokens"].size(); ++i) {
+      EXPECT_EQ(l["text_offset"][i], std::accumulate(toks.begin(), toks.end(), std::string()).size());
+      toks.push_back(l["tokens"][i]);
+      vals.push_back(l["token_logprobs"][i]);
+    }
+  }
+  EXPECT_EQ(json(toks), lp["tokens"]);
+  EXPECT_EQ(json(vals), lp["token_logprobs"]);
+
+  // Chat: the same values; the bytes of the tokens make the content.
+  const json creq = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                     {"max_tokens", 32},
+                     {"block_length", 8},
+                     {"temperature", 0.8},
+                     {"seed", 5},
+                     {"logprobs", true},
+                     {"top_logprobs", 2}};
+  const json chat = post(c, "/v1/chat/completions", creq.dump(), 200);
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), want.size());
+  std::string bytes;
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(content[i]["logprob"], want[i]["logprob"]);
+    ASSERT_EQ(content[i]["top_logprobs"].size(), 2u);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["logprob"], want[i]["top"][0]["logprob"]);
+    for (const json& b : content[i]["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+  }
+  EXPECT_EQ(bytes, chat["choices"][0]["message"]["content"]);
+  // Without logprobs the field is null, as OpenAI's.
+  json plain = creq;
+  plain.erase("logprobs");
+  plain.erase("top_logprobs");
+  EXPECT_TRUE(post(c, "/v1/chat/completions", plain.dump(), 200)["choices"][0]["logprobs"].is_null());
+
+  auto refused = [&](const std::string& path, const json& body, const std::string& msg) {
+    const json e = post(c, path, body.dump(), 400);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
+  };
+  refused("/v1/completions", {{"prompt", "a"}, {"logprobs", 21}}, "'logprobs' must be an integer in [0, 20]");
+  refused("/v1/completions", {{"prompt", "a"}, {"logprobs", true}}, "'logprobs' must be an integer");
+  refused("/v1/completions", {{"prompt", "a"}, {"echo", true}}, "'echo' is not supported");
+  refused("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}},
+          "'top_logprobs' needs 'logprobs': true");
+  refused("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"logprobs", true}, {"top_logprobs", -1}},
+          "'top_logprobs' must be in [0, 20]");
+}
+
 TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
   const auto tmp = test::temp_dir("serve-batch");

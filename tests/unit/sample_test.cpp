@@ -1,14 +1,18 @@
-// CPU sample_rows / token_logprob against hand-computed tokens and confidences.
+// CPU sample_rows / token_logprob / top_logprobs against hand-computed tokens, confidences and
+// log-probabilities, and a full-sort reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
 
 namespace tessera {
 namespace {
@@ -364,6 +368,79 @@ TEST(Sample, TokenLogprob) {
   cpu_token_logprob(L, T, O);
   EXPECT_NEAR(lp[0], 3.0 - std::log(e1 + e2 + e3), 1e-6);
   EXPECT_NEAR(lp[1], -std::log(3.0), 1e-6);
+}
+
+TEST(Sample, TopLogprobsHandComputed) {
+  // Row 0: a tie between ids 1 and 3 (the lower first); row 1: a NaN is never chosen, and a row with
+  // fewer non-NaN logits than K pads with id -1 and NaN.
+  std::vector<float> logits = {1.0f, 2.0f, 0.0f, 2.0f, NAN, 1.0f, NAN, NAN};
+  const double z0 = std::log(e1 + 2 * e2 + 1.0);
+  std::vector<int32_t> ids(6, 99), tok = {2, 4};
+  std::vector<float> lp(6, 99.0f), chosen(2, 99.0f);
+  Tensor L(logits.data(), DType::F32, {2, 4}), T(tok.data(), DType::I32, {2}),
+      C(chosen.data(), DType::F32, {2});
+  Tensor I(ids.data(), DType::I32, {2, 3}), O(lp.data(), DType::F32, {2, 3});
+  cpu_top_logprobs(L, T, C, I, O);
+  EXPECT_NEAR(chosen[0], 0.0 - z0, 1e-6);
+  EXPECT_TRUE(std::isnan(chosen[1]));  // out of the vocabulary
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_EQ(ids[2], 0);
+  EXPECT_NEAR(lp[0], 2.0 - z0, 1e-6);
+  EXPECT_NEAR(lp[1], 2.0 - z0, 1e-6);
+  EXPECT_NEAR(lp[2], 1.0 - z0, 1e-6);
+  // Row 1 holds NaN: its normaliser is NaN, as token_logprob's; the ids are still the non-NaN ones.
+  EXPECT_EQ(ids[3], 1);
+  EXPECT_EQ(ids[4], -1);
+  EXPECT_EQ(ids[5], -1);
+  EXPECT_TRUE(std::isnan(lp[4]) && std::isnan(lp[5]));
+  // K > V is refused.
+  std::vector<int32_t> big(10);
+  std::vector<float> bl(10);
+  Tensor BI(big.data(), DType::I32, {2, 5}), BO(bl.data(), DType::F32, {2, 5});
+  EXPECT_THROW(cpu_top_logprobs(L, T, C, BI, BO), Error);
+}
+
+TEST(Sample, TopLogprobsMatchAFullSortAndTokenLogprob) {
+  const int64_t R = 9, V = 5003, K = 20;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(R * V));
+  for (float& x : logits) x = std::round(nd(rng) * 4.0f) / 4.0f;  // quarter steps: many exact ties
+  logits[static_cast<size_t>(2 * V + 17)] = -INFINITY;
+  std::vector<int32_t> ids(static_cast<size_t>(R * K)), tok(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) tok[static_cast<size_t>(r)] = static_cast<int32_t>((r * 997) % V);
+  std::vector<float> lp(ids.size()), chosen(tok.size()), chosen_ref(tok.size());
+  Tensor L(logits.data(), DType::F32, {R, V}), T(tok.data(), DType::I32, {R});
+  Tensor C(chosen.data(), DType::F32, {R}), CR(chosen_ref.data(), DType::F32, {R});
+  Tensor I(ids.data(), DType::I32, {R, K}), O(lp.data(), DType::F32, {R, K});
+  cpu_top_logprobs(L, T, C, I, O);
+  cpu_token_logprob(L, T, CR);
+  EXPECT_EQ(chosen, chosen_ref);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits.data() + r * V;
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    // token_logprob of the same ids is the reference value (bit for bit: the same arithmetic).
+    std::vector<int32_t> tgt(order.begin(), order.begin() + K);
+    std::vector<float> ref(static_cast<size_t>(K));
+    std::vector<float> rows(static_cast<size_t>(K * V));
+    for (int64_t k = 0; k < K; ++k) std::copy_n(row, V, rows.begin() + k * V);
+    Tensor RL(rows.data(), DType::F32, {K, V}), RT(tgt.data(), DType::I32, {K}),
+        RO(ref.data(), DType::F32, {K});
+    cpu_token_logprob(RL, RT, RO);
+    double m = -INFINITY, z = 0.0;
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(row[v]));
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - m);
+    for (int64_t k = 0; k < K; ++k) {
+      EXPECT_EQ(ids[static_cast<size_t>(r * K + k)], order[static_cast<size_t>(k)])
+          << "row " << r << " rank " << k;
+      EXPECT_EQ(lp[static_cast<size_t>(r * K + k)], ref[static_cast<size_t>(k)]);
+      EXPECT_NEAR(lp[static_cast<size_t>(r * K + k)], row[order[static_cast<size_t>(k)]] - m - std::log(z),
+                  1e-5);
+    }
+  }
 }
 
 }  // namespace

@@ -65,6 +65,10 @@ class CpuBackend final : public Backend {
   void token_logprob(const Tensor& logits, const Tensor& target, Tensor& lp) override {
     cpu_token_logprob(logits, target, lp);
   }
+  void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids,
+                    Tensor& lp) override {
+    cpu_top_logprobs(logits, token, chosen, ids, lp);
+  }
   void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) override {
     cpu::moe_route(logits, p, ids, weights);
   }

@@ -1,5 +1,6 @@
-// CPU reference of sample_rows and token_logprob: one row of f32 logits -> (token, confidence), or
-// the log-probability of a target token. The CUDA backend is tested against these.
+// CPU reference of sample_rows, token_logprob and top_logprobs: one row of f32 logits -> (token,
+// confidence), the log-probability of a target token, or the most likely tokens with theirs. The CUDA backend
+// is tested against these.
 //
 // Semantics of one row L[V] with row key r (the absolute position) and seed = p.seed:
 //   suppress_token in [0, V): L[suppress] = -inf first.
@@ -313,6 +314,60 @@ void cpu_token_logprob(const Tensor& logits, const Tensor& target, Tensor& logpr
     double z = 0.0;
     for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]) - m);
     out[r] = static_cast<float>(static_cast<double>(row[t]) - m - std::log(z));
+  }
+}
+
+void cpu_top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids, Tensor& lp) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
+  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
+  TESSERA_CHECK(
+      token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
+      "top_logprobs: one i32 token and one f32 output per logits row expected");
+  TESSERA_CHECK(ids.dtype == DType::I32 && ids.ndim == 2 && ids.rows() == R && K >= 1 && K <= V,
+                "top_logprobs: ids must be i32 [rows, K] with 1 <= K <= vocab");
+  TESSERA_CHECK(lp.dtype == DType::F32 && lp.numel() == R * K, "top_logprobs: lp must be f32 [rows, K]");
+  const float* L = logits.as<const float>();
+  const int32_t* tok = token.as<const int32_t>();
+  float* ch = chosen.as<float>();
+  int32_t* id = ids.as<int32_t>();
+  float* out = lp.as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = L + r * V;
+    int32_t* ri = id + r * K;
+    float* ro = out + r * K;
+    // A sorted list of the best n so far (value descending; ascending ids enter after equal values,
+    // so ties keep the lower id).
+    int64_t n = 0;
+    float m = kNegInf;
+    for (int64_t v = 0; v < V; ++v) {
+      const float x = row[v];
+      m = std::max(m, x);
+      if (std::isnan(x) || (n == K && !(x > ro[K - 1]))) continue;
+      int64_t at = std::min(n, K - 1);
+      while (at > 0 && x > ro[at - 1]) {
+        ro[at] = ro[at - 1];
+        ri[at] = ri[at - 1];
+        --at;
+      }
+      ro[at] = x;
+      ri[at] = static_cast<int32_t>(v);
+      n = std::min(n + 1, K);
+    }
+    double z = 0.0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]) - m);
+    const double log_z = std::log(z);
+    const int64_t t = tok[r];
+    ch[r] = t < 0 || t >= V ? std::numeric_limits<float>::quiet_NaN()
+                            : static_cast<float>(static_cast<double>(row[t]) - m - log_z);
+    for (int64_t j = 0; j < K; ++j) {
+      if (j < n) {
+        ro[j] = static_cast<float>(static_cast<double>(ro[j]) - m - log_z);  // as token_logprob
+      } else {
+        ri[j] = -1;
+        ro[j] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
   }
 }
 

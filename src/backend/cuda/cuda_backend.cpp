@@ -149,6 +149,10 @@ class CudaBackend final : public Backend {
   void token_logprob(const Tensor& logits, const Tensor& target, Tensor& lp) override {
     cuda::token_logprob(logits, target, lp, stream_);
   }
+  void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids,
+                    Tensor& lp) override {
+    cuda::top_logprobs(logits, token, chosen, ids, lp, stream_);
+  }
   void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) override {
     cuda::moe_route(logits, p, ids, weights, stream_);
   }

@@ -57,6 +57,8 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
 void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                  Tensor& conf, cudaStream_t s);
 void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob, cudaStream_t s);
+void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids, Tensor& lp,
+                  cudaStream_t s);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s);
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s);

@@ -295,6 +295,54 @@ __global__ void __launch_bounds__(kT)
   }
 }
 
+// One block per row: K passes of a block-wide argmax, each over the values ordered after the previous
+// pick (value descending, then id ascending), so ties go to the lower id as on the CPU. K <= 20 passes
+// over a row that stays in L2; the log-probabilities are those of logprob_kernel.
+__global__ void __launch_bounds__(kT)
+    top_logprobs_kernel(const float* logits, int64_t V, int K, const int32_t* token, float* chosen,
+                        int32_t* ids, float* lps) {
+  __shared__ SampleSmem sm;
+  __shared__ double bc_d;
+  __shared__ ArgMaxD bc_a;
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * V;
+  double mx = 0.0, log_z = 0.0;
+  double prev_v = INFINITY;
+  int64_t prev_i = -1;
+  for (int k = 0; k < K; ++k) {
+    ArgMaxD best{-INFINITY, -1};
+    if (k == 0 || prev_i >= 0) {
+      for (int64_t v = threadIdx.x; v < V; v += kT) {
+        const double x = row[v];
+        if (isnan(x) || !(x < prev_v || (x == prev_v && v > prev_i))) continue;
+        if (best.i < 0 || x > best.v) best = ArgMaxD{x, v};  // ascending v: ties keep the lower id
+      }
+    }
+    best = cub::BlockReduce<ArgMaxD, kT>(sm.ra).Reduce(best, ArgMaxDOp());
+    if (threadIdx.x == 0) bc_a = best;
+    __syncthreads();
+    best = bc_a;
+    __syncthreads();
+    if (k == 0) {  // the row maximum (NaN ignored, as fmaxf does in logprob_kernel), then log(z)
+      mx = best.i >= 0 ? best.v : -INFINITY;
+      double z = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += kT) z += exp(static_cast<double>(row[v]) - mx);
+      log_z = log(block_sum(sm, z, &bc_d));
+      if (threadIdx.x == 0) {
+        const int64_t t = token[r];
+        chosen[r] = (t < 0 || t >= V) ? __int_as_float(0x7fc00000)
+                                      : static_cast<float>(static_cast<double>(row[t]) - mx - log_z);
+      }
+    }
+    if (threadIdx.x == 0) {
+      ids[r * K + k] = best.i >= 0 ? static_cast<int32_t>(best.i) : -1;
+      lps[r * K + k] = best.i >= 0 ? static_cast<float>(best.v - mx - log_z) : __int_as_float(0x7fc00000);
+    }
+    prev_v = best.v;
+    prev_i = best.i;
+  }
+}
+
 }  // namespace
 
 void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
@@ -321,6 +369,23 @@ void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob, 
   logprob_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(logits.as<const float>(), V,
                                                          target.as<const int32_t>(), logprob.as<float>());
   check_launch("token_logprob");
+}
+
+void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids, Tensor& lp,
+                  cudaStream_t s) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
+  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
+  TESSERA_CHECK(
+      token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
+      "top_logprobs: one i32 token and one f32 output per logits row expected");
+  TESSERA_CHECK(ids.dtype == DType::I32 && ids.ndim == 2 && ids.rows() == R && K >= 1 && K <= V,
+                "top_logprobs: ids must be i32 [rows, K] with 1 <= K <= vocab");
+  TESSERA_CHECK(lp.dtype == DType::F32 && lp.numel() == R * K, "top_logprobs: lp must be f32 [rows, K]");
+  if (R == 0) return;
+  top_logprobs_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(
+      logits.as<const float>(), V, static_cast<int>(K), token.as<const int32_t>(), chosen.as<float>(),
+      ids.as<int32_t>(), lp.as<float>());
+  check_launch("top_logprobs");
 }
 
 }  // namespace tessera::cuda
