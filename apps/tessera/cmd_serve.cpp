@@ -1,7 +1,8 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
 //   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
-//   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...}
+//   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...} (content: a string or
+//                              an array of text parts; the developer role is a system message)
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
 // thread (a pool of 2 * --batch + 8 of them) and shares packed forwards with the others on the one
 // engine thread, up to --batch sequences per forward; a request's result is the same as alone. A request with
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -52,8 +54,9 @@ struct ServeArgs {
   SessionArgs session;
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string model_id;  // default: the model directory's name
-  int batch = 8;         // sequences per packed forward (1: requests one at a time)
+  std::string model_id;        // default: the model directory's name
+  int batch = 8;               // sequences per packed forward (1: requests one at a time)
+  double batch_wait_ms = 2.0;  // how long a waiting forward waits for the other requests' calls
 };
 
 // A response's id and creation time.
@@ -67,7 +70,11 @@ struct ClientGone {};
 
 class Server {
  public:
-  explicit Server(const ServeArgs& a) : args_(a), session_(a.session), batcher_(session_.engine(), a.batch) {
+  explicit Server(const ServeArgs& a)
+      : args_(a),
+        session_(a.session),
+        batcher_(session_.engine(), a.batch,
+                 std::chrono::microseconds(static_cast<int64_t>(a.batch_wait_ms * 1000.0))) {
     model_id_ = a.model_id;
     if (model_id_.empty()) {
       fs::path p = fs::absolute(session_.model_dir()).lexically_normal();
@@ -447,6 +454,10 @@ void add_serve(CLI::App& app, Registry& reg) {
   sub->add_option("--batch", a->batch,
                   "most concurrent requests packed into one forward (default 8; 1: one request at a time)")
       ->check(CLI::Range(1, 256));
+  sub->add_option("--batch-wait", a->batch_wait_ms,
+                  "milliseconds a request's forward waits for the other requests' calls to join it (default "
+                  "2; 0: never waits for a request whose host code is slow)")
+      ->check(CLI::Range(0.0, 1000.0));
   reg.handlers.emplace_back(sub, [a] {
     Server s(*a);
     return s.run();

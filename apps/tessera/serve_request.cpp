@@ -192,6 +192,24 @@ GenerateOptions options(const json& body, const Session& session, const std::str
   return o;
 }
 
+// A message's content: a string, or OpenAI's array of content parts, of which only text parts
+// ({"type": "text", "text": "..."}) can be honoured; their texts are joined with newlines.
+std::string message_text(const json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& p = content[i];
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      bad("every content part needs a string 'type'");
+    const auto type = p["type"].get<std::string>();
+    if (type != "text") bad("content parts of type '" + type + "' are not supported (only text)");
+    if (!p.contains("text") || !p["text"].is_string()) bad("a text content part needs a string 'text'");
+    if (i > 0) text += '\n';
+    text += p["text"].get<std::string>();
+  }
+  return text;
+}
+
 std::vector<int32_t> prompt(const json& body, bool chat, const Session& session, const GenerateOptions& o) {
   std::vector<ChatMessage> msgs;
   bool use_chat = chat && session.has_chat_template();
@@ -200,12 +218,12 @@ std::vector<int32_t> prompt(const json& body, bool chat, const Session& session,
       bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
     for (const auto& m : body["messages"]) {
       if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-          !m["content"].is_string())
-        bad("every message needs a string 'role' and a string 'content'");
+          !(m["content"].is_string() || m["content"].is_array()))
+        bad("every message needs a string 'role' and a 'content' (a string or an array of text parts)");
       const auto role = m["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant")
-        bad("message role must be system, user or assistant, got '" + role + "'");
-      msgs.push_back({role, m["content"].get<std::string>()});
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+        bad("message role must be system, developer, user or assistant, got '" + role + "'");
+      msgs.push_back({role == "developer" ? "system" : role, message_text(m["content"])});
     }
   } else {
     if (!body.contains("prompt")) bad("'prompt' is required");

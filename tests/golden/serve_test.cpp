@@ -393,6 +393,44 @@ TEST(Serve, LogprobsInBothFormatsStreamedAndNot) {
           "'top_logprobs' must be in [0, 20]");
 }
 
+// Chat content as OpenAI's array of text parts is the same as their texts joined by newlines; other part
+// types are refused; the developer role is a system message. (The server runs with --batch-wait 0.)
+TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  const auto tmp = test::temp_dir("serve_parts");
+  ServerProcess server("-m " + dir.string() + " --batch-wait 0", tmp);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  auto chat = [&](const json& messages) {
+    const json req = {{"messages", messages}, {"max_tokens", 16}, {"block_length", 8}, {"seed", 2}};
+    return post(c, "/v1/chat/completions", req.dump(), 200)["choices"][0]["message"]["content"];
+  };
+  const json parts = {
+      {{"role", "developer"}, {"content", {{{"type", "text"}, {"text", "Be brief."}}}}},
+      {{"role", "user"},
+       {"content", {{{"type", "text"}, {"text", "Once upon"}}, {{"type", "text"}, {"text", "a time"}}}}}};
+  const json plain = {{{"role", "system"}, {"content", "Be brief."}},
+                      {{"role", "user"}, {"content", "Once upon\na time"}}};
+  const json want = chat(plain);
+  EXPECT_FALSE(want.get<std::string>().empty());
+  EXPECT_EQ(chat(parts), want);
+  // A different text gives a different answer (the parts are read, not dropped).
+  EXPECT_NE(chat({{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "The dog"}}}}}}), want);
+  auto refused = [&](const json& messages, const std::string& msg) {
+    const json e = post(c, "/v1/chat/completions", json{{"messages", messages}}.dump(), 400);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
+  };
+  refused({{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}},
+          "content parts of type 'image_url' are not supported");
+  refused({{{"role", "user"}, {"content", {{{"type", "text"}}}}}},
+          "a text content part needs a string 'text'");
+  refused({{{"role", "user"}, {"content", {"hi"}}}}, "every content part needs a string 'type'");
+  refused({{{"role", "user"}, {"content", 3}}}, "a 'content' (a string or an array of text parts)");
+  refused({{{"role", "tool"}, {"content", "x"}}},
+          "message role must be system, developer, user or assistant");
+}
+
 TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
   const auto tmp = test::temp_dir("serve-batch");
