@@ -1,6 +1,8 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
 //   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
+//                              (prompt: a string, token ids, or an array of either: several prompts, whose
+//                              choices are numbered prompt by prompt)
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...} (content: a string or
 //                              an array of text parts; the developer role is a system message)
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
@@ -174,15 +176,19 @@ class Server {
       return reply_error(res, b);
     }
     const GenerateOptions& o = r.options;
-    const std::vector<int32_t>& ids = r.prompt;
+    const std::vector<std::vector<int32_t>>& prompts = r.prompts;
     const int n = r.n;
+    const int total = static_cast<int>(prompts.size()) * n;  // choices in all: prompt c / n, choice c % n
+    size_t prompt_tokens = 0;
+    for (const auto& p : prompts) prompt_tokens += p.size();
     const int top = r.logprobs;
     if (!r.stream) {
-      std::vector<Session::Output> outs(static_cast<size_t>(n));
+      std::vector<Session::Output> outs(static_cast<size_t>(total));
       const Tag tag = next_tag();
       try {
-        run_choices(
-            n, [&](int i) { outs[static_cast<size_t>(i)] = session_.run(batcher_, ids, choice(o, i), {}); });
+        run_choices(total, [&](int i) {
+          outs[static_cast<size_t>(i)] = session_.run(batcher_, prompt_of(r, i), choice(o, i % n), {});
+        });
       } catch (const Error& e) {
         return reply_error(res, {400, "invalid_request_error", e.what()});
       }
@@ -191,7 +197,7 @@ class Server {
       size_t completion = 0;
       int steps = 0;
       double seconds = 0;
-      for (int i = 0; i < n; ++i) {
+      for (int i = 0; i < total; ++i) {
         const Session::Output& out = outs[static_cast<size_t>(i)];
         const std::string reason = finish_reason(out, o);
         const json lp = top < 0 ? json(nullptr)
@@ -210,19 +216,18 @@ class Server {
         steps = std::max(steps, out.result.steps_run);
         seconds = std::max(seconds, out.seconds);
       }
-      j["usage"] = usage(ids.size(), completion);
+      j["usage"] = usage(prompt_tokens, completion);
       j["tessera"] = {{"steps", steps},  // of the longest choice
                       {"seconds", seconds}, {"cache", o.cache},  {"sparse", o.sparse},
                       {"des", o.des},       {"window", o.window}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }
-    const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, chat, o, ids, n, top, include_usage](size_t, httplib::DataSink& sink) {
-          return stream_events(chat, o, ids, n, top, include_usage, sink);
-        });
+    res.set_chunked_content_provider("text/event-stream",
+                                     [this, chat, r, prompt_tokens](size_t, httplib::DataSink& sink) {
+                                       return stream_events(chat, r, prompt_tokens, sink);
+                                     });
   }
 
   // OpenAI's logprobs of the tokens [a, b) of a choice's generated `tokens` (decided; lps beside them).
@@ -268,7 +273,12 @@ class Server {
     return {{"tokens", texts}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  // The options of choice i of a request: its seed + i.
+  // The prompt of choice c of a request (choice c % n of prompt c / n).
+  static const std::vector<int32_t>& prompt_of(const ParsedRequest& r, int c) {
+    return r.prompts[static_cast<size_t>(c / r.n)];
+  }
+
+  // The options of choice i of a prompt: its seed + i.
   static GenerateOptions choice(const GenerateOptions& o, int i) {
     GenerateOptions c = o;
     c.seed += static_cast<uint64_t>(i);
@@ -296,8 +306,9 @@ class Server {
 
   // One streamed request (its events are written from the thread that runs its unmasking loop); false
   // when the client went away.
-  bool stream_events(bool chat, const GenerateOptions& o, const std::vector<int32_t>& ids, int n, int top,
-                     bool include_usage, httplib::DataSink& sink) {
+  bool stream_events(bool chat, const ParsedRequest& r, size_t prompt_tokens, httplib::DataSink& sink) {
+    const GenerateOptions& o = r.options;
+    const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
     const Tag tag = next_tag();
     std::mutex sink_mutex;  // the choices' threads write events
     auto send = [&](const json& j) {
@@ -321,7 +332,7 @@ class Server {
       return j;
     };
     try {
-      for (int i = 0; chat && i < n; ++i) {
+      for (int i = 0; chat && i < total; ++i) {
         json first = envelope(tag, true, true);
         first["choices"] = json::array({{{"index", i},
                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -331,16 +342,17 @@ class Server {
       // Text that could begin a stop sequence is held back until the sequence is ruled in or out.
       size_t hold = 0;
       for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
-      std::vector<size_t> completion(static_cast<size_t>(n));
-      run_choices(n, [&](int c) {
-        completion[static_cast<size_t>(c)] = stream_choice(c, o, ids, hold, top, chat, send, delta_event);
+      std::vector<size_t> completion(static_cast<size_t>(total));
+      run_choices(total, [&](int c) {
+        completion[static_cast<size_t>(c)] =
+            stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event);
       });
-      if (include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
+      if (r.include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
         json u = envelope(tag, chat, true);
         u["choices"] = json::array();
-        size_t total = 0;
-        for (size_t t : completion) total += t;
-        u["usage"] = usage(ids.size(), total);
+        size_t sum = 0;
+        for (size_t t : completion) sum += t;
+        u["usage"] = usage(prompt_tokens, sum);
         send(u);
       }
       const std::string done = "data: [DONE]\n\n";
@@ -358,14 +370,15 @@ class Server {
 
   // One choice of a streamed request: its deltas, then its finish reason; returns its tokens.
   template <typename Send, typename Delta>
-  size_t stream_choice(int c, const GenerateOptions& o, const std::vector<int32_t>& ids, size_t hold, int top,
+  // c: the choice's index; o: its options (its seed).
+  size_t stream_choice(int c, const std::vector<int32_t>& ids, const GenerateOptions& o, size_t hold, int top,
                        bool chat, const Send& send, const Delta& delta_event) {
     std::string sent;
     size_t sent_tokens = 0;  // logprobs: the tokens of the prefix whose text was sent with theirs
     const size_t P = ids.size();
     std::vector<int32_t> prefix;
     const int32_t mask = session_.engine().mask_token();
-    const Session::Output out = session_.run(batcher_, ids, choice(o, c), [&](const StepEvent& ev) {
+    const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
       prefix.clear();  // the generation's decided prefix, up to the first mask or EOS
       for (size_t i = P; i < ev.canvas.size() && ev.canvas[i] != mask; ++i) {
         if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;

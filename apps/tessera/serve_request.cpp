@@ -210,28 +210,68 @@ std::string message_text(const json& content) {
   return text;
 }
 
-std::vector<int32_t> prompt(const json& body, bool chat, const Session& session, const GenerateOptions& o) {
-  std::vector<ChatMessage> msgs;
-  bool use_chat = chat && session.has_chat_template();
-  if (chat) {
-    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-      bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
-    for (const auto& m : body["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-          !(m["content"].is_string() || m["content"].is_array()))
-        bad("every message needs a string 'role' and a 'content' (a string or an array of text parts)");
-      const auto role = m["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-        bad("message role must be system, developer, user or assistant, got '" + role + "'");
-      msgs.push_back({role == "developer" ? "system" : role, message_text(m["content"])});
+// A completions request's prompts: a string, an array of token ids, or an array of strings or of arrays
+// of token ids (each prompt as given: no BOS is added to token ids).
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Session& session,
+                                                     const GenerateOptions& o) {
+  if (!body.contains("prompt")) bad("'prompt' is required");
+  const json& p = body["prompt"];
+  const char* what =
+      "'prompt' must be a string, an array of token ids, or an array of strings or of token-id arrays";
+  auto ids_of = [&](const json& a) {
+    if (a.empty()) bad("a token-id prompt must not be empty");
+    std::vector<int32_t> ids;
+    for (const json& t : a) {
+      if (!t.is_number_integer()) bad(what);
+      const int64_t v = t.get<int64_t>();
+      if (v < 0 || v > INT32_MAX) bad("token id " + std::to_string(v) + " of the prompt is out of range");
+      ids.push_back(static_cast<int32_t>(v));
     }
-  } else {
-    if (!body.contains("prompt")) bad("'prompt' is required");
-    msgs.push_back({"user", str_field(body, "prompt")});
-    use_chat = false;
+    try {
+      session.check_prompt(ids, o, false);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+    return ids;
+  };
+  auto text_of = [&](const json& s) {
+    try {
+      return session.prompt_ids({{"user", s.get<std::string>()}}, false, o);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+  };
+  if (p.is_string()) return {text_of(p)};
+  if (!p.is_array() || p.empty()) bad(what);
+  if (p[0].is_number_integer()) return {ids_of(p)};
+  std::vector<std::vector<int32_t>> out;
+  for (const json& e : p) {
+    if (e.is_string())
+      out.push_back(text_of(e));
+    else if (e.is_array())
+      out.push_back(ids_of(e));
+    else
+      bad(what);
+  }
+  return out;
+}
+
+// A chat request's prompt: its messages, through the chat template when the model has one.
+std::vector<int32_t> chat_prompt(const json& body, const Session& session, const GenerateOptions& o) {
+  std::vector<ChatMessage> msgs;
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
+  for (const auto& m : body["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+        !(m["content"].is_string() || m["content"].is_array()))
+      bad("every message needs a string 'role' and a 'content' (a string or an array of text parts)");
+    const auto role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      bad("message role must be system, developer, user or assistant, got '" + role + "'");
+    msgs.push_back({role == "developer" ? "system" : role, message_text(m["content"])});
   }
   try {
-    return session.prompt_ids(msgs, use_chat, o);
+    return session.prompt_ids(msgs, session.has_chat_template(), o);
   } catch (const Error& e) {
     bad(e.what());
   }
@@ -256,11 +296,19 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
   }
   if (!body.is_object()) bad("the request body must be a JSON object");
   r.options = options(body, session, model_id);
-  r.prompt = prompt(body, chat, session, r.options);
+  if (chat)
+    r.prompts = {chat_prompt(body, session, r.options)};
+  else
+    r.prompts = completion_prompts(body, session, r.options);
   if (given(body, "n")) {
     const int64_t n = int_field(body, "n");
     if (n < 1 || n > kMaxChoices) bad("'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
     r.n = static_cast<int>(n);
+  }
+  if (r.prompts.size() * static_cast<size_t>(r.n) > static_cast<size_t>(kMaxSequences)) {
+    bad("a request may ask for at most " + std::to_string(kMaxSequences) +
+        " choices in all (prompts x n), got " + std::to_string(r.prompts.size()) + " x " +
+        std::to_string(r.n));
   }
   // OpenAI's logprobs: an integer in completions, a flag plus top_logprobs in chat completions.
   const std::string top_max = std::to_string(kTopLogprobs);

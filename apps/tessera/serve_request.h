@@ -22,12 +22,16 @@ struct BadRequest {
 // from an invalid body quoted by the JSON parser, are replaced).
 std::string error_body(const BadRequest& b);
 
-// The most choices (OpenAI's "n") one request may ask for: they run as that many sequences at once.
+// The most choices (OpenAI's "n") one request may ask for, and the most prompts times choices of a
+// completions request with several prompts: they run as that many sequences at once.
 constexpr int kMaxChoices = 16;
+constexpr int kMaxSequences = 64;
 
 struct ParsedRequest {
-  GenerateOptions options;      // the session's defaults, then the request's fields; validated
-  std::vector<int32_t> prompt;  // token ids, chat template applied for chat requests
+  GenerateOptions options;  // the session's defaults, then the request's fields; validated
+  // Token ids of each prompt (chat: one, the chat template applied). A completions "prompt" may be a
+  // string, token ids, or an array of either; choice p * n + i is prompt p's choice i.
+  std::vector<std::vector<int32_t>> prompts;
   bool stream = false, include_usage = false;
   int n = 1;  // choices: choice i samples with seed + i (at temperature 0 they are all the same)
   // Log-probabilities of the generated tokens (completions: "logprobs": N; chat: "logprobs": true with

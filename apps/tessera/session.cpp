@@ -265,6 +265,11 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     const auto body = tok_->encode(text);
     ids.insert(ids.end(), body.begin(), body.end());
   }
+  check_prompt(ids, o, true);
+  return ids;
+}
+
+void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const {
   const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
   if (total > engine_->config().max_positions) {
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
@@ -276,13 +281,15 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
   }
   for (const int32_t id : ids) {
-    if (id < 0 || id >= engine_->config().vocab) {
-      fail(dir_ + ": the tokenizer gave token " + std::to_string(id) + " (\"" + tok_->token_text(id) +
-           "\"), outside the model's vocabulary of " + std::to_string(engine_->config().vocab) +
-           " tokens: the tokenizer does not belong to this model");
+    if (id >= 0 && id < engine_->config().vocab) continue;
+    if (!tokenized) {
+      fail("token id " + std::to_string(id) + " of the prompt is outside the model's vocabulary [0, " +
+           std::to_string(engine_->config().vocab) + ")");
     }
+    fail(dir_ + ": the tokenizer gave token " + std::to_string(id) + " (\"" + tok_->token_text(id) +
+         "\"), outside the model's vocabulary of " + std::to_string(engine_->config().vocab) +
+         " tokens: the tokenizer does not belong to this model");
   }
-  return ids;
 }
 
 namespace {

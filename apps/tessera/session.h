@@ -57,6 +57,9 @@ class Session {
   }
   std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
                                   const GenerateOptions& o) const;
+  // Throws unless the token ids fit the context with the generation of `o` and lie in the vocabulary
+  // (tokenized: they came from the tokenizer, which the message then blames).
+  void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;
   bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
   struct Output {
     std::string text;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace tessera {
@@ -150,6 +151,20 @@ struct SampleParams {
   bool logprobs = false;
 };
 constexpr int64_t kTopLogprobs = 20;  // most likely tokens returned per prediction (OpenAI's limit)
+
+// The shapes Backend::top_logprobs takes (throws Error otherwise); returns K.
+inline int64_t check_top_logprobs(const Tensor& logits, const Tensor& token, const Tensor& chosen,
+                                  const Tensor& ids, const Tensor& lp) {
+  TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
+  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
+  TESSERA_CHECK(
+      token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
+      "top_logprobs: one i32 token and one f32 output per logits row expected");
+  TESSERA_CHECK(ids.dtype == DType::I32 && ids.ndim == 2 && ids.rows() == R && K >= 1 && K <= V,
+                "top_logprobs: ids must be i32 [rows, K] with 1 <= K <= vocab");
+  TESSERA_CHECK(lp.dtype == DType::F32 && lp.numel() == R * K, "top_logprobs: lp must be f32 [rows, K]");
+  return K;
+}
 
 // Counter-based RNG shared by every backend so that CPU and CUDA draw identical noise:
 // splitmix64 of (seed, a, b) -> uniform double in (0, 1).

@@ -431,6 +431,77 @@ TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
           "message role must be system, developer, user or assistant");
 }
 
+// A completions "prompt" may be several prompts, and token ids: choice p * n + i is prompt p's choice i,
+// the same as the request of that prompt alone; token ids generate what their text does (BOS included
+// as the model's config gives it); the usage counts every prompt once. Streamed, each choice's deltas
+// make its text. Bad prompts are refused.
+TEST(Serve, CompletionsTakeSeveralPromptsAndTokenIds) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  const auto tmp = test::temp_dir("serve_prompts");
+  ServerProcess server("-m " + dir.string(), tmp);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  const json base = {{"max_tokens", 16}, {"block_length", 8}, {"temperature", 1.0}, {"seed", 9}, {"n", 2}};
+  auto with = [&](const json& prompt) {
+    json r = base;
+    r["prompt"] = prompt;
+    return r;
+  };
+  const std::vector<std::string> texts = {"Once upon a time", "The dog"};
+  std::vector<json> alone;
+  size_t prompt_tokens = 0;
+  for (const std::string& t : texts) {
+    alone.push_back(post(c, "/v1/completions", with(t).dump(), 200));
+    prompt_tokens += alone.back()["usage"]["prompt_tokens"].get<size_t>();
+  }
+  const json both = post(c, "/v1/completions", with(texts).dump(), 200);
+  ASSERT_EQ(both["choices"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(both["choices"][i]["index"], i);
+    EXPECT_EQ(both["choices"][i]["text"], alone[i / 2]["choices"][i % 2]["text"]) << i;
+  }
+  EXPECT_EQ(both["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_NE(alone[0]["choices"][0]["text"], alone[1]["choices"][0]["text"]);
+
+  // Token ids: the tokenizer's ids of the text, with the BOS the string prompt got.
+  const auto tok = Tokenizer::from_file(dir / "tokenizer.json");
+  std::ifstream cf(dir / "config.json");
+  const int32_t bos = json::parse(cf)["bos_token_id"];
+  std::vector<int32_t> ids = tok.encode(texts[1]);
+  if (alone[1]["usage"]["prompt_tokens"].get<size_t>() == ids.size() + 1) ids.insert(ids.begin(), bos);
+  ASSERT_EQ(alone[1]["usage"]["prompt_tokens"].get<size_t>(), ids.size());
+  const json by_ids = post(c, "/v1/completions", with(ids).dump(), 200);
+  EXPECT_EQ(by_ids["choices"][1]["text"], alone[1]["choices"][1]["text"]);
+  const json mixed = post(c, "/v1/completions", with(json::array({ids, texts[0]})).dump(), 200);
+  EXPECT_EQ(mixed["choices"][0]["text"], alone[1]["choices"][0]["text"]);
+  EXPECT_EQ(mixed["choices"][3]["text"], alone[0]["choices"][1]["text"]);
+
+  // Streamed: the deltas of each index make its text.
+  json sreq = with(texts);
+  sreq["stream"] = true;
+  auto r = c.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::vector<std::string> streamed(4);
+  for (const std::string& e : events(r->body)) {
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e);
+    streamed[j["choices"][0]["index"].get<size_t>()] += j["choices"][0]["text"].get<std::string>();
+  }
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(streamed[i], both["choices"][i]["text"]) << i;
+
+  auto refused = [&](const json& prompt, const std::string& msg) {
+    const json e = post(c, "/v1/completions", with(prompt).dump(), 400);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
+  };
+  refused(json::array(), "'prompt' must be a string, an array of token ids");
+  refused(json::array({"a", 3}), "'prompt' must be a string, an array of token ids");
+  refused(json::array({json::array()}), "a token-id prompt must not be empty");
+  refused(json::array({1, 99999}), "token id 99999 of the prompt is outside the model's vocabulary");
+  refused(json::array({1, -2}), "token id -2 of the prompt is out of range");
+  refused(std::vector<std::string>(40, "a"), "at most 64 choices in all (prompts x n), got 40 x 2");
+}
+
 TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
   const auto tmp = test::temp_dir("serve-batch");

@@ -318,14 +318,7 @@ void cpu_token_logprob(const Tensor& logits, const Tensor& target, Tensor& logpr
 }
 
 void cpu_top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Tensor& ids, Tensor& lp) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
-  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
-  TESSERA_CHECK(
-      token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
-      "top_logprobs: one i32 token and one f32 output per logits row expected");
-  TESSERA_CHECK(ids.dtype == DType::I32 && ids.ndim == 2 && ids.rows() == R && K >= 1 && K <= V,
-                "top_logprobs: ids must be i32 [rows, K] with 1 <= K <= vocab");
-  TESSERA_CHECK(lp.dtype == DType::F32 && lp.numel() == R * K, "top_logprobs: lp must be f32 [rows, K]");
+  const int64_t R = logits.rows(), V = logits.cols(), K = check_top_logprobs(logits, token, chosen, ids, lp);
   const float* L = logits.as<const float>();
   const int32_t* tok = token.as<const int32_t>();
   float* ch = chosen.as<float>();
