@@ -267,7 +267,8 @@ std::string request(std::span<const uint8_t> data) {
   if (!refused.empty() || !r) return refused;
   const GenerateOptions& o = r->options;
   if (o.gen_length > 16 || o.steps > 16) return "";
-  return guarded("request", [&] { check_output("request", s, s.run(r->prompts.front(), o, {}), o.gen_length); });
+  return guarded("request",
+                 [&] { check_output("request", s, s.run(r->prompts.front(), o, {}), o.gen_length); });
 }
 
 std::string run(std::string_view name, std::span<const uint8_t> data) {
