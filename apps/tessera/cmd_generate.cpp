@@ -285,6 +285,7 @@ void add_generate(CLI::App& app, Registry& reg) {
         std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
       } else {
         std::printf("%s\n", o.text.c_str());
+        if (s.options().logprobs) print_logprobs(o, s, stdout);
         std::fflush(stdout);
         print_stats(o, s, stderr);
       }

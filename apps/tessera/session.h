@@ -108,9 +108,10 @@ class Session {
 // Where the first of the stop sequences begins in text (the earliest; std::string::npos: none).
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop);
 
-// The text of one token for logprobs output: its bytes (a byte-level piece may be part of a character).
+// The text of one token for logprobs output: its bytes (a byte-level piece may be part of a character),
+// with its leading space where a SentencePiece decoder would strip it at the start of a text.
 inline std::string logprob_token_text(const Tokenizer& t, int32_t id) {
-  return t.decode(std::span<const int32_t>(&id, 1));
+  return t.token_text(id);
 }
 
 // The directory of the bundled default model (models/tessera-tiny); throws with a hint otherwise.
