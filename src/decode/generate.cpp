@@ -70,7 +70,10 @@ struct Loop {
   std::vector<int32_t> phase_rows, step_rows;
   SampleParams base;
   GenerateResult res;
-  PredictLogprobs lp;                // logprobs: of the last forward's positions (pos)
+  // logprobs: those of the last forward's positions (pos), the denoiser's (valid until its next call)
+  // or, with cfg, host_lp computed here from the guided logits.
+  const PredictLogprobs* lp = nullptr;
+  PredictLogprobs host_lp;
   std::vector<TokenLogprob> gen_lp;  // logprobs: per generated position, set when it is decided
   // Scratch reused across steps.
   std::vector<int32_t> pos, tok, chosen;
@@ -150,10 +153,10 @@ struct Loop {
   // (token, conf) for every position of pos, on the device or (cfg) on the host; with logprobs, theirs.
   void predict(const SampleParams& sp) {
     forward(sp);
-    if (o.logprobs && o.cfg_scale <= 0.0f) {
-      lp = den.last_logprobs();
+    if (o.logprobs) {
+      lp = o.cfg_scale > 0.0f ? &host_lp : &den.last_logprobs();
       TESSERA_CHECK(
-          lp.chosen.size() == pos.size() && lp.top_lp.size() == pos.size() * static_cast<size_t>(lp.top),
+          lp->chosen.size() == pos.size() && lp->top_lp.size() == pos.size() * static_cast<size_t>(lp->top),
           "generate: the denoiser returned log-probabilities for another number of positions");
     }
   }
@@ -220,13 +223,14 @@ struct Loop {
     Tensor t(tok.data(), DType::I32, {rows}), c(conf.data(), DType::F32, {rows});
     cpu_sample_rows(L, keys, sp, t, c);
     if (o.logprobs) {  // of the guided logits, as the device computes them
-      lp.top = std::min(kTopLogprobs, V);
-      lp.chosen.resize(n);
-      lp.top_ids.resize(n * static_cast<size_t>(lp.top));
-      lp.top_lp.resize(lp.top_ids.size());
-      Tensor lc_tok(lp.chosen.data(), DType::F32, {rows});
-      Tensor ids(lp.top_ids.data(), DType::I32, {rows, lp.top}),
-          top(lp.top_lp.data(), DType::F32, {rows, lp.top});
+      PredictLogprobs& h = host_lp;
+      h.top = std::min(kTopLogprobs, V);
+      h.chosen.resize(n);
+      h.top_ids.resize(n * static_cast<size_t>(h.top));
+      h.top_lp.resize(h.top_ids.size());
+      Tensor lc_tok(h.chosen.data(), DType::F32, {rows});
+      Tensor ids(h.top_ids.data(), DType::I32, {rows, h.top}),
+          top(h.top_lp.data(), DType::F32, {rows, h.top});
       cpu_top_logprobs(L, t, lc_tok, ids, top);
     }
   }
@@ -293,12 +297,12 @@ struct Loop {
       chosen.push_back(p);
       if (o.logprobs) {
         TokenLogprob& t = gen_lp[static_cast<size_t>(p - P)];
-        t.logprob = lp.chosen[i];
+        t.logprob = lp->chosen[i];
         t.step = res.steps_run;
-        const auto top = static_cast<size_t>(lp.top);
+        const auto top = static_cast<size_t>(lp->top);
         t.top.clear();
-        for (size_t a = i * top; a < (i + 1) * top && lp.top_ids[a] >= 0; ++a)
-          t.top.emplace_back(lp.top_ids[a], lp.top_lp[a]);
+        for (size_t a = i * top; a < (i + 1) * top && lp->top_ids[a] >= 0; ++a)
+          t.top.emplace_back(lp->top_ids[a], lp->top_lp[a]);
       }
       if (early_stop && is_eos(tok[i])) stop = std::min(stop, p + 1);
     }
