@@ -54,6 +54,21 @@ class ServerProcess {
   int pid_ = 0, port_ = 0;
 };
 
+// The bundled default model, and a server of it with extra arguments logging under temp dir `name`.
+std::filesystem::path tiny_dir() {
+  return test::source_dir() / "models" / "tessera-tiny";
+}
+ServerProcess tiny_server(const std::string& extra, const std::string& name) {
+  return ServerProcess("-m " + tiny_dir().string() + extra, test::temp_dir(name));
+}
+
+// A client of the server that waits long enough for a generation.
+httplib::Client client_of(const ServerProcess& server, int timeout_s = 60) {
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(timeout_s, 0);
+  return c;
+}
+
 json post(httplib::Client& c, const std::string& path, const std::string& body, int want_status) {
   auto r = c.Post(path, body, "application/json");
   if (!r) {
@@ -62,6 +77,12 @@ json post(httplib::Client& c, const std::string& path, const std::string& body, 
   }
   EXPECT_EQ(r->status, want_status) << body << "\n" << r->body;
   return json::parse(r->body, nullptr, false);
+}
+
+// A request the server must refuse with a 400 whose message contains msg.
+void expect_refused(httplib::Client& c, const std::string& path, const json& body, const std::string& msg) {
+  const json e = post(c, path, body.dump(), 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
 }
 
 // The events of an SSE body ("data: X" lines), [DONE] included.
@@ -81,8 +102,7 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   const auto tmp = test::temp_dir("serve");
   ServerProcess server("-m " + dir.string() + " --model-id tiny", tmp);
   ASSERT_GT(server.port(), 0);
-  httplib::Client c("127.0.0.1", server.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(server);
 
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
@@ -292,18 +312,14 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       << second;
 }
 
-// Concurrent requests share packed forwards (--batch) and each gets what it gets alone: completions
-// and streams with their own prompts, seeds and samplers, and a KV-cache request (which runs alone).
 // logprobs: a completion's values are those `tessera generate --logprobs` reports for the same request
 // (which the Logprobs golden tests check against the model's logits); the chat format carries the same
 // values with exact bytes; streamed events carry them too, each token once; bad values are refused.
 TEST(Serve, LogprobsInBothFormatsStreamedAndNot) {
-  const auto dir = test::source_dir() / "models" / "tessera-tiny";
-  const auto tmp = test::temp_dir("serve_logprobs");
-  ServerProcess server("-m " + dir.string(), tmp);
+  const auto dir = tiny_dir();
+  ServerProcess server = tiny_server("", "serve_logprobs");
   ASSERT_GT(server.port(), 0);
-  httplib::Client c("127.0.0.1", server.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(server);
   std::string cli_out;
   ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + " generate -m " + dir.string() +
                                   " -p \"Once upon a time\" --gen-length 32 --block-length 8 --steps 32 "
@@ -379,29 +395,26 @@ TEST(Serve, LogprobsInBothFormatsStreamedAndNot) {
   plain.erase("top_logprobs");
   EXPECT_TRUE(post(c, "/v1/chat/completions", plain.dump(), 200)["choices"][0]["logprobs"].is_null());
 
-  auto refused = [&](const std::string& path, const json& body, const std::string& msg) {
-    const json e = post(c, path, body.dump(), 400);
-    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
-  };
-  refused("/v1/completions", {{"prompt", "a"}, {"logprobs", 21}}, "'logprobs' must be an integer in [0, 20]");
-  refused("/v1/completions", {{"prompt", "a"}, {"logprobs", true}}, "'logprobs' must be an integer");
-  refused("/v1/completions", {{"prompt", "a"}, {"echo", true}}, "'echo' is not supported");
-  refused("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}},
-          "'top_logprobs' needs 'logprobs': true");
-  refused("/v1/chat/completions",
-          {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"logprobs", true}, {"top_logprobs", -1}},
-          "'top_logprobs' must be in [0, 20]");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"logprobs", 21}},
+                 "'logprobs' must be an integer in [0, 20]");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"logprobs", true}},
+                 "'logprobs' must be an integer");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"echo", true}}, "'echo' is not supported");
+  expect_refused(c, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}},
+                 "'top_logprobs' needs 'logprobs': true");
+  expect_refused(
+      c, "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"logprobs", true}, {"top_logprobs", -1}},
+      "'top_logprobs' must be in [0, 20]");
 }
 
 // Chat content as OpenAI's array of text parts is the same as their texts joined by newlines; other part
 // types are refused; the developer role is a system message. (The server runs with --batch-wait 0.)
 TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
-  const auto dir = test::source_dir() / "models" / "tessera-tiny";
-  const auto tmp = test::temp_dir("serve_parts");
-  ServerProcess server("-m " + dir.string() + " --batch-wait 0", tmp);
+  ServerProcess server = tiny_server(" --batch-wait 0", "serve_parts");
   ASSERT_GT(server.port(), 0);
-  httplib::Client c("127.0.0.1", server.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(server);
   auto chat = [&](const json& messages) {
     const json req = {{"messages", messages}, {"max_tokens", 16}, {"block_length", 8}, {"seed", 2}};
     return post(c, "/v1/chat/completions", req.dump(), 200)["choices"][0]["message"]["content"];
@@ -418,8 +431,7 @@ TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
   // A different text gives a different answer (the parts are read, not dropped).
   EXPECT_NE(chat({{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "The dog"}}}}}}), want);
   auto refused = [&](const json& messages, const std::string& msg) {
-    const json e = post(c, "/v1/chat/completions", json{{"messages", messages}}.dump(), 400);
-    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
+    expect_refused(c, "/v1/chat/completions", {{"messages", messages}}, msg);
   };
   refused({{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}},
           "content parts of type 'image_url' are not supported");
@@ -436,12 +448,10 @@ TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
 // as the model's config gives it); the usage counts every prompt once. Streamed, each choice's deltas
 // make its text. Bad prompts are refused.
 TEST(Serve, CompletionsTakeSeveralPromptsAndTokenIds) {
-  const auto dir = test::source_dir() / "models" / "tessera-tiny";
-  const auto tmp = test::temp_dir("serve_prompts");
-  ServerProcess server("-m " + dir.string(), tmp);
+  const auto dir = tiny_dir();
+  ServerProcess server = tiny_server("", "serve_prompts");
   ASSERT_GT(server.port(), 0);
-  httplib::Client c("127.0.0.1", server.port());
-  c.set_read_timeout(60, 0);
+  httplib::Client c = client_of(server);
   const json base = {{"max_tokens", 16}, {"block_length", 8}, {"temperature", 1.0}, {"seed", 9}, {"n", 2}};
   auto with = [&](const json& prompt) {
     json r = base;
@@ -491,8 +501,7 @@ TEST(Serve, CompletionsTakeSeveralPromptsAndTokenIds) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(streamed[i], both["choices"][i]["text"]) << i;
 
   auto refused = [&](const json& prompt, const std::string& msg) {
-    const json e = post(c, "/v1/completions", with(prompt).dump(), 400);
-    EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
+    expect_refused(c, "/v1/completions", with(prompt), msg);
   };
   refused(json::array(), "'prompt' must be a string, an array of token ids");
   refused(json::array({"a", 3}), "'prompt' must be a string, an array of token ids");
@@ -502,6 +511,8 @@ TEST(Serve, CompletionsTakeSeveralPromptsAndTokenIds) {
   refused(std::vector<std::string>(40, "a"), "at most 64 choices in all (prompts x n), got 40 x 2");
 }
 
+// Concurrent requests share packed forwards (--batch) and each gets what it gets alone: completions
+// and streams with their own prompts, seeds and samplers, and a KV-cache request (which runs alone).
 TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");
   const auto tmp = test::temp_dir("serve-batch");
@@ -518,8 +529,7 @@ TEST(Serve, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   }
   // The text of one request's response (a stream's deltas concatenated).
   auto text_of = [&](const json& r) {
-    httplib::Client c("127.0.0.1", server.port());
-    c.set_read_timeout(60, 0);
+    httplib::Client c = client_of(server);
     auto res = c.Post("/v1/completions", r.dump(), "application/json");
     if (!res || res->status != 200) return std::string("no 200 response: ") + (res ? res->body : "none");
     if (!r.contains("stream")) return json::parse(res->body)["choices"][0]["text"].get<std::string>();
@@ -568,8 +578,7 @@ TEST(Serve, BatchesLargerThanEightRequests) {
   std::atomic<int> ready{0}, ok{0};
   for (int i = 0; i < n; ++i) {
     th.emplace_back([&, i] {
-      httplib::Client c("127.0.0.1", server.port());
-      c.set_read_timeout(120, 0);
+      httplib::Client c = client_of(server, 120);
       const json r = {{"prompt", "story " + std::to_string(i)}, {"max_tokens", 64}, {"block_length", 8}};
       ++ready;
       while (ready.load() < n) std::this_thread::yield();
