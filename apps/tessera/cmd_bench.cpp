@@ -1,15 +1,17 @@
 // tessera bench: generation speed of engine options side by side, in one run, on one prompt.
 //   tessera bench [-m DIR | --geometry NAME] [--prompt-len 512 | -p TEXT] [--gen-length 128]
-//                 [--block-length 32] [--steps N] [--threshold X] [--cache C] [--compare SPEC]... [--batch N]
-//                 [--json F]
+//                 [--block-length 32] [--steps N] [--threshold X] [--temperature T] [--cache C]
+//                 [--eos] [--stop TEXT]... [--compare SPEC]... [--batch N] [--json F]
 // The baseline is the options given; each --compare SPEC (the keys of tessera eval) changes some of
 // them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
 // speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows)
 // and the key rows they attended to,
 // the largest planned activation peak, the KV cache held, and the share of generated tokens equal to
 // the baseline's; for MoE models the mean unique experts per MoE layer and forward, and with --profile
-// the time in the MoE ops (router + expert FFN) and its speed-up. Generation never stops at EOS here, so
-// every row produces the same number of tokens (window-early-stop fills the tail after the EOS with it).
+// the time in the MoE ops (router + expert FFN) and its speed-up. Generation does not stop at EOS unless
+// --eos is given, so every row produces the same number of tokens (window-early-stop fills the tail
+// after the EOS with it); --eos and --stop TEXT end the answers as tessera generate does (tokens/s
+// counts the answer's tokens).
 // --batch N adds a throughput comparison: N requests with the baseline's options (N prompts of the same
 // length) one after another, then all at once through the Batcher (packed forwards), with the share of
 // requests whose tokens are identical in both.
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "apps/tessera/commands.h"
@@ -26,6 +29,7 @@
 #include "apps/tessera/session.h"
 #include "core/error.h"
 #include "engine/batcher.h"
+#include "io/model_files.h"
 #include "io/tokenizer.h"
 #include "memory/chunk_optimizer.h"
 
@@ -39,9 +43,12 @@ struct BenchArgs {
   std::string model, geometry, prompt, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
   std::string cache = "none";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1, batch = 0;
-  float threshold = 0.0f;
+  float threshold = 0.0f, temperature = 0.0f;
+  uint64_t seed = 0;
   bool dequantize = false;
   bool profile = false;
+  bool eos = false;               // --eos: the answers end at the model's EOS
+  std::vector<std::string> stop;  // --stop: ... or before a stop sequence
   std::vector<std::string> compare;
 };
 
@@ -64,7 +71,9 @@ std::unique_ptr<Engine> make_engine(const BenchArgs& a, const EngineOptions& eng
   return Engine::load(a.model.empty() ? default_model_dir() : a.model, eng);
 }
 
-Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, int reps) {
+// cut: cuts every answer before the first of o.stop (o.stop_when says when the decided tokens hold one).
+Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, int reps,
+            const Tokenizer* cut) {
   {  // warm-up: one forward over the whole canvas commits the workspace and starts the threads
     std::vector<int32_t> canvas = prompt, pos(static_cast<size_t>(o.gen_length)), tok(pos.size());
     std::vector<float> conf(pos.size());
@@ -97,6 +106,10 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     r.query_rows = rows;
     r.key_rows = keys;
     r.activation_peak = peak;
+    if (cut != nullptr) {
+      std::string text = cut->decode(res.tokens, true);
+      cut_at_stop(*cut, o.stop, res, text);
+    }
     r.tokens = std::move(res.tokens);
   }
   r.kv_cache = holds_kv_cache(o) ? e.kv_cache_bytes() : 0;
@@ -159,12 +172,18 @@ int run_bench(const BenchArgs& a) {
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
   TESSERA_CHECK(a.batch == 0 || a.batch >= 2, "--batch needs at least 2 requests");
+  TESSERA_CHECK(a.batch == 0 || (!a.eos && a.stop.empty()),
+                "--batch measures whole generations; give it without --eos and --stop");
   // --batch: prompt r of the batch (r = 0 is the benchmark's prompt; with -p every request has it).
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(std::max(a.batch, 1)));
   if (!a.prompt.empty()) {
     TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
     const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-    std::fill(prompts.begin(), prompts.end(), load_model_tokenizer(dir).encode(a.prompt));
+    std::vector<int32_t> ids;  // as tessera generate --raw encodes it
+    if (model_adds_bos(dir) && cfg.bos_id >= 0) ids.push_back(static_cast<int32_t>(cfg.bos_id));
+    const std::vector<int32_t> body = load_model_tokenizer(dir).encode(a.prompt);
+    ids.insert(ids.end(), body.begin(), body.end());
+    std::fill(prompts.begin(), prompts.end(), ids);
   } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
     for (size_t r = 0; r < prompts.size(); ++r) {
       for (int i = 0; i < a.prompt_len; ++i)
@@ -174,15 +193,25 @@ int run_bench(const BenchArgs& a) {
     }
   }
   const std::vector<int32_t>& prompt = prompts[0];
+  std::optional<Tokenizer> tok;  // --stop
+  if (!a.stop.empty()) {
+    TESSERA_CHECK(a.geometry.empty(), "--stop needs a model with a tokenizer (-m DIR), not --geometry");
+    tok = load_model_tokenizer(a.model.empty() ? default_model_dir() : a.model);
+  }
   GenerateOptions base;
   base.gen_length = a.gen_length;
   base.block_length = a.block_length;
   base.steps = a.steps > 0 ? a.steps : a.gen_length;
   base.alg = a.alg;
   base.threshold = a.threshold;
+  base.temperature = a.temperature;
+  base.seed = a.seed;
   base.cache = a.cache;
-  base.stop_at_eos = false;
+  base.stop_at_eos = a.eos;
+  TESSERA_CHECK(!a.eos || cfg.eos_id >= 0, "--eos: this model has no EOS token");
   if (cfg.eos_id >= 0) base.eos_ids = {cfg.eos_id};  // window-early-stop ends at it
+  base.stop = a.stop;
+  if (tok) base.stop_when = stop_checker(*tok, a.stop);
   const bool moe = base_engine->supports_expert_sharing();
   base.moe_stats = moe;  // unique experts per MoE layer in every row
   const bool block_causal = base_engine->attention_block() > 0;
@@ -196,7 +225,8 @@ int run_bench(const BenchArgs& a) {
   }
 
   std::vector<Row> rows;
-  Row b = measure(*base_engine, prompt, base, a.reps);
+  const Tokenizer* cut = tok ? &*tok : nullptr;
+  Row b = measure(*base_engine, prompt, base, a.reps, cut);
   b.label = "baseline";
   b.weights = base_engine->model().weight_bytes();
   rows.push_back(std::move(b));
@@ -209,7 +239,7 @@ int run_bench(const BenchArgs& a) {
       validate_generate_options(c.gen, cfg.vocab, block_causal);
       std::unique_ptr<Engine> own;
       if (c.own_engine) own = make_engine(a, c.eng);
-      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps);
+      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps, cut);
       r.label = spec;
       r.weights = (own ? *own : *base_engine).model().weight_bytes();
       size_t same = 0;
@@ -231,7 +261,9 @@ int run_bench(const BenchArgs& a) {
       "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d\n", what.c_str(),
       base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
       base.alg.c_str(),
-      base.threshold > 0 ? (", threshold " + std::to_string(base.threshold).substr(0, 4)).c_str() : "",
+      (std::string(base.threshold > 0 ? ", threshold " + std::to_string(base.threshold).substr(0, 4) : "") +
+       (base.temperature > 0 ? ", temperature " + std::to_string(base.temperature).substr(0, 4) : ""))
+          .c_str(),
       base.cache.c_str(), a.reps);
   std::printf("%-28s %9s %9s %8s %6s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
               "speed-up", "steps", "query rows", "key rows", "weights", "act. peak", "KV cache", "agreement");
@@ -240,8 +272,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("\n");
   const Row& r0 = rows.front();
   for (const Row& r : rows) {
+    const double tps = static_cast<double>(r.tokens.size()) / r.seconds;
     std::printf("%-28s %9.3f %9.1f %7.2fx %6d %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(), r.seconds,
-                a.gen_length / r.seconds, r0.seconds / r.seconds, r.steps, r.query_rows, r.key_rows,
+                tps, r0.seconds / r.seconds, r.steps, r.query_rows, r.key_rows,
                 human_bytes(static_cast<double>(r.weights)).c_str(),
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
@@ -257,7 +290,8 @@ int run_bench(const BenchArgs& a) {
     }
     comparisons.push_back({{"option", r.label},
                            {"seconds", r.seconds},
-                           {"tokens_per_second", a.gen_length / r.seconds},
+                           {"tokens", r.tokens.size()},
+                           {"tokens_per_second", tps},
                            {"speedup", r0.seconds / r.seconds},
                            {"steps", r.steps},
                            {"query_rows", r.query_rows},
@@ -339,6 +373,9 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("--alg", a->alg, "unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
+  sub->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  sub->add_option("--seed", a->seed, "sampling seed");
   sub->add_option("--threshold", a->threshold, "confidence-threshold decoding (0 = off)")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--cache", a->cache, "KV cache of the baseline")
@@ -358,6 +395,11 @@ void add_bench(CLI::App& app, Registry& reg) {
                   "also time N requests with the baseline's options one after another and batched (packed "
                   "forwards)")
       ->check(CLI::Range(2, 256));
+  sub->add_flag("--eos", a->eos,
+                "the answers end at the model's EOS (default: every row generates gen-length tokens)");
+  sub->add_option("--stop", a->stop,
+                  "the answers end before this text (repeatable; needs the model's tokenizer); tokens/s "
+                  "counts the answer's tokens");
   sub->add_option("--json", a->json_path, "write the results as JSON");
   sub->add_flag("--profile", a->profile,
                 "time every op (synchronising the device after each): the seconds of each op kind per row, "

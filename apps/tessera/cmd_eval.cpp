@@ -2,8 +2,8 @@
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
-// des-scope, window, window-ex, window-in, window-refresh, window-early-stop, logprobs, precision,
-// dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path.
+// des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, logprobs,
+// precision, dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

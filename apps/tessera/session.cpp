@@ -393,35 +393,45 @@ size_t find_stop(std::string_view text, const std::vector<std::string>& stop) {
   return at;
 }
 
+std::function<bool(std::span<const int32_t>)> stop_checker(const Tokenizer& t,
+                                                           const std::vector<std::string>& stop) {
+  if (stop.empty()) return {};
+  return [&t, stop](std::span<const int32_t> ids) {
+    return find_stop(t.decode(ids, true), stop) != std::string::npos;
+  };
+}
+
+bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, GenerateResult& r,
+                 std::string& text) {
+  const size_t cut = find_stop(text, stop);
+  if (cut == std::string::npos) return false;
+  // The tokens keep those whose text lies wholly before the cut: the shortest prefix whose text reaches
+  // past it, less its last token.
+  text.resize(cut);
+  std::vector<int32_t>& ids = r.tokens;
+  size_t lo = 0, hi = ids.size();  // decode(ids[0, n)) grows with n: the smallest n that passes the cut
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (t.decode(std::span<const int32_t>(ids.data(), mid + 1), true).size() > cut)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  ids.resize(lo);
+  if (r.logprobs.size() > lo) r.logprobs.resize(lo);
+  return true;
+}
+
 Session::Output Session::timed(const GenerateOptions& g,
                                const std::function<GenerateResult(const GenerateOptions&)>& gen) const {
   GenerateOptions s = g;
-  if (!g.stop.empty())  // the blocks after the one a stop sequence appears in are not generated
-    s.stop_when = [this, &g](std::span<const int32_t> t) {
-      return find_stop(tok_->decode(t, true), g.stop) != std::string::npos;
-    };
+  s.stop_when = stop_checker(*tok_, g.stop);  // generation ends once the decided tokens hold one
   Output o;
   const auto t0 = std::chrono::steady_clock::now();
   o.result = gen(s);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.text = tok_->decode(o.result.tokens, true);
-  const size_t cut = find_stop(o.text, g.stop);
-  if (cut == std::string::npos) return o;
-  // The text ends before the stop sequence; the tokens keep those whose text lies wholly before it
-  // (the shortest prefix whose text reaches past the cut, less its last token).
-  o.text.resize(cut);
-  o.stopped = true;
-  std::vector<int32_t>& t = o.result.tokens;
-  size_t lo = 0, hi = t.size();  // decode(t[0, n)) grows with n: the smallest n that passes the cut
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (tok_->decode(std::span<const int32_t>(t.data(), mid + 1), true).size() > cut)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  t.resize(lo);
-  if (o.result.logprobs.size() > lo) o.result.logprobs.resize(lo);
+  o.stopped = cut_at_stop(*tok_, g.stop, o.result, o.text);
   return o;
 }
 

@@ -107,6 +107,15 @@ class Session {
 
 // Where the first of the stop sequences begins in text (the earliest; std::string::npos: none).
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop);
+// GenerateOptions::stop_when for the stop sequences: whether the text of the tokens holds one (none
+// without stop sequences). `t` must outlive it.
+std::function<bool(std::span<const int32_t>)> stop_checker(const Tokenizer& t,
+                                                           const std::vector<std::string>& stop);
+// Cuts a generation before the first of the stop sequences: `text` (the decoded tokens) ends before it
+// and the tokens (and their log-probabilities) keep those whose text lies wholly before it. False, and
+// nothing changed, when no stop sequence is in the text.
+bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, GenerateResult& r,
+                 std::string& text);
 
 // The text of one token for logprobs output: its bytes (a byte-level piece may be part of a character),
 // with its leading space where a SentencePiece decoder would strip it at the start of a text.

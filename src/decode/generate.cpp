@@ -68,6 +68,11 @@ struct Loop {
   int stop = 0, u0 = 0, ext_end = 0, a_end = 0, phase_left = 0;
   uint64_t g_extra = 0;  // RNG step counter of the steps that finish a block after its schedule
   std::vector<int32_t> phase_rows, step_rows;
+  // The first undecided generated position: every token before it is final. With mid_block_stop, once
+  // the tokens before it hold an EOS (stop_at_eos) or a stop sequence (stop_when), no later step can
+  // change the answer and the generation ends at once (`ended`), inside a block too.
+  int prefix_end = 0;
+  bool ended = false;
   SampleParams base;
   GenerateResult res;
   // logprobs: those of the last forward's positions (pos), the denoiser's (valid until its next call)
@@ -313,6 +318,22 @@ struct Loop {
       const auto shown = std::span<const int32_t>(canvas).first(static_cast<size_t>(P + G));
       on_step(StepEvent{res.steps_run - 1, shown, res.order.back(), gen_lp});
     }
+    if (o.mid_block_stop) advance_prefix();
+  }
+
+  // Moves prefix_end past the positions decided now; ends the generation when the final tokens before
+  // it hold an EOS or a stop sequence (the answer ends there whatever the later steps decide).
+  void advance_prefix() {
+    const int from = prefix_end, end = P + G;
+    while (prefix_end < end && decided[static_cast<size_t>(prefix_end)]) ++prefix_end;
+    if (prefix_end == from) return;
+    const int32_t* first = canvas.data() + P;
+    const int32_t* last = canvas.data() + prefix_end;
+    if (o.stop_at_eos && std::any_of(first + (from - P), last, [&](int32_t t) { return is_eos(t); })) {
+      ended = true;
+    } else if (o.stop_when && o.stop_when(std::span<const int32_t>(first, last))) {
+      ended = stopped = true;
+    }
   }
 
   // LLaDA 1A inside [lo, hi): S steps of the per-block schedule. A window step decides at most its
@@ -330,6 +351,7 @@ struct Loop {
       owed = k - kk;
       rank(kk);
       commit(kk);
+      if (ended) return;
     }
     finish_block(lo, hi);
   }
@@ -337,7 +359,7 @@ struct Loop {
   // Window: positions of [lo, hi) still undecided after the block's schedule (its last counts went
   // past the active set) are decided a whole active set per step.
   void finish_block(int lo, int hi) {
-    while (win && prepare(lo, hi)) {
+    while (win && !ended && prepare(lo, hi)) {
       predict(params(g_extra++));
       idx.resize(pos.size());
       for (size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<int>(j);
@@ -367,6 +389,7 @@ struct Loop {
         idx.resize(m);
         for (size_t j = 0; j < m; ++j) idx[j] = static_cast<int>(j);
         commit(m);
+        if (ended) return;
         continue;
       }
       const auto k = static_cast<size_t>(dream_transfer_count(static_cast<int>(pos.size()), t, s, last));
@@ -380,6 +403,7 @@ struct Loop {
         rank(kk);
       }
       commit(kk);
+      if (ended) return;
     }
     finish_block(lo, hi);
   }
@@ -396,6 +420,7 @@ struct Loop {
       if (step < min_sched.size())
         k = std::max(k, std::min(idx.size(), static_cast<size_t>(min_sched[step])));
       commit(k);
+      if (ended) return;
     }
   }
 
@@ -471,6 +496,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
   const auto total = static_cast<int>(canvas_length(L.P, o, true));
   L.canvas.resize(static_cast<size_t>(total), L.mask);
   L.stop = total;
+  L.prefix_end = L.P;
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   init_sampling(L, llada);
@@ -492,7 +518,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
         L.dream_block(lo, hi, o.steps, g);
       g += static_cast<uint64_t>(o.steps);
     }
-    if (hi < total && L.ends_at(hi)) break;
+    if (L.ended || (!o.mid_block_stop && hi < total && L.ends_at(hi))) break;
   }
   return finish(L);
 }
@@ -685,6 +711,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   L.stop = static_cast<int>(L.canvas.size());
+  L.prefix_end = L.P;
   init_sampling(L, llada);
   if (o.window) {
     L.win = true;
@@ -720,8 +747,8 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
         L.dream_block(lo, hi, lay.steps_per_block, g0);
     }
     // Every position before hi is decided: an EOS (or a stop sequence) there ends the answer, later
-    // blocks are skipped.
-    if (b + 1 < lay.num_blocks && L.ends_at(hi)) break;
+    // blocks are skipped (mid_block_stop: as soon as the decided prefix held it).
+    if (L.ended || (!o.mid_block_stop && b + 1 < lay.num_blocks && L.ends_at(hi))) break;
   }
 
   return finish(L);

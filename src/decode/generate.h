@@ -115,11 +115,16 @@ struct GenerateOptions {
   bool window_early_stop = false;
   std::vector<int32_t> eos_ids;
   // Stop sequences (text, each non-empty): the answer ends before the first one. generate() has no
-  // tokenizer: the caller that has one (cli::Session) cuts the text and sets stop_when, which
-  // generate() calls after every block but the last with the generated tokens decided so far (trimmed
-  // at the first EOS when stop_at_eos); true skips the later blocks, as an EOS does.
+  // tokenizer: the caller that has one (cli::Session) cuts the text and sets stop_when, which says
+  // whether generated tokens hold a stop sequence. mid_block_stop (default): whenever the run of decided
+  // tokens from the start of the generation grows, generate() ends as soon as that run holds an EOS
+  // (stop_at_eos) or stop_when says it holds a stop sequence (asked with the run, not when it holds an
+  // EOS), inside a block too. Exact: the tokens of the run are final, so the answer is the same as
+  // running every step. false: asked only after every block but the last (the run cut at its first EOS
+  // when stop_at_eos) and true skips the later blocks; kept to measure what the default saves.
   std::vector<std::string> stop;
   std::function<bool(std::span<const int32_t>)> stop_when;
+  bool mid_block_stop = true;
   // Record each generated token's log-probability (GenerateResult::logprobs): the forward that decided
   // it returns them beside the tokens (SampleParams::logprobs; with cfg, from the guided logits).
   bool logprobs = false;

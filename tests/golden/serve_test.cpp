@@ -140,7 +140,7 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"], "length");
 
   // Stop sequences: the text ends before the first one, streamed or not. One that appears in the first
-  // block of 8 (two of its tokens, plain ASCII) also ends the generation there: half the steps.
+  // block of 8 (two of its tokens, plain ASCII) also ends the generation there: at most half the steps.
   const auto tok = Tokenizer::from_file(dir / "tokenizer.json");
   const auto ids = want["tokens"].get<std::vector<int32_t>>();
   const std::string full = want["text"].get<std::string>();
@@ -160,7 +160,10 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
     const json r = post(c, "/v1/completions", q.dump(), 200);
     EXPECT_EQ(r["choices"][0]["text"], expect) << stop;
     EXPECT_EQ(r["choices"][0]["finish_reason"], hit ? "stop" : "length") << stop;
-    EXPECT_EQ(r["tessera"]["steps"], hit ? 8 : 16) << stop;
+    if (hit)  // the answer's tokens are all decided within the first block (often sooner)
+      EXPECT_LE(r["tessera"]["steps"].get<int>(), 8) << stop;
+    else
+      EXPECT_EQ(r["tessera"]["steps"], 16) << stop;
     EXPECT_LT(r["usage"]["completion_tokens"].get<size_t>(), hit ? 8u : 17u) << stop;
     q["stream"] = true;
     auto s = c.Post("/v1/completions", q.dump(), "application/json");

@@ -421,6 +421,12 @@ TEST(Generate, EosTrimAndEarlyStop) {
   GenerateOptions o = eos_blocks(8, 4);
   GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4}));
+  // The EOS is decided first, then positions 3 and 4: the tokens before the EOS are final after the
+  // third step, which ends the generation (mid_block_stop) with the answer it would have anyway.
+  EXPECT_EQ(r.order, (std::vector<std::vector<int32_t>>{{5}, {3}, {4}}));
+  o.mid_block_stop = false;
+  r = generate(d, kPrompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4}));
   EXPECT_EQ(r.steps_run, 4);  // the second block is skipped: the first holds an EOS
 
   o.stop_at_eos = false;
@@ -436,18 +442,20 @@ TEST(Generate, EosTrimAndEarlyStop) {
   for (int32_t t : noeos.tokens) EXPECT_NE(t, kEos);
 }
 
-// stop_when (a stop sequence, seen by the caller in the text) is asked after every block but the last,
-// with the generated tokens decided so far (cut at the first EOS); true skips the later blocks and the
-// answer ends before the first undecided position.
+// Position 9 (offset 6) predicts EOS; the others 1 + offset % 5; all equally sure (left to right).
+std::vector<float> stop_rows(std::span<const int32_t>, int p) {
+  std::vector<float> r(kV, 0.0f);
+  r[p == 9 ? kEos : 1 + (p - 3) % 5] = 5.0f;
+  return r;
+}
+
+// Without mid_block_stop, stop_when (a stop sequence, seen by the caller in the text) is asked after
+// every block but the last, with the generated tokens decided so far (cut at the first EOS); true skips
+// the later blocks and the answer ends before the first undecided position.
 TEST(Generate, StopWhenSkipsTheLaterBlocks) {
-  // Position 9 (offset 6) predicts EOS; the others 1 + offset % 5.
-  RowFn fn = [](std::span<const int32_t>, int p) {
-    std::vector<float> r(kV, 0.0f);
-    r[p == 9 ? kEos : 1 + (p - 3) % 5] = 5.0f;
-    return r;
-  };
-  FakeDenoiser d(fn);
+  FakeDenoiser d(stop_rows);
   GenerateOptions o = eos_blocks(12, 4);
+  o.mid_block_stop = false;
   o.stop_at_eos = false;
   std::vector<std::vector<int32_t>> seen;
   o.stop_when = [&](std::span<const int32_t> t) {
@@ -476,6 +484,50 @@ TEST(Generate, StopWhenSkipsTheLaterBlocks) {
   EXPECT_EQ(seen.size(), 2u);
   EXPECT_EQ(r.steps_run, 12);
   EXPECT_EQ(r.tokens.size(), 12u);
+}
+
+// mid_block_stop (the default): stop_when is asked whenever the run of decided tokens from the start
+// grows, and true (or an EOS in that run) ends the generation inside the block.
+TEST(Generate, MidBlockStopEndsInsideTheBlock) {
+  FakeDenoiser d(stop_rows);
+  GenerateOptions o = eos_blocks(12, 4);
+  o.stop_at_eos = false;
+  std::vector<std::vector<int32_t>> seen;
+  o.stop_when = [&](std::span<const int32_t> t) {
+    seen.emplace_back(t.begin(), t.end());
+    return t.size() >= 6;
+  };
+  GenerateResult r = generate(d, kPrompt, o);
+  EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{
+                      {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5, 1}}));
+  EXPECT_EQ(r.steps_run, 6);  // two steps into the second block
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1}));
+  // An EOS in the decided run ends it too, before stop_when is asked about that run.
+  seen.clear();
+  o.stop_at_eos = true;
+  o.stop_when = [&](std::span<const int32_t> t) {
+    seen.emplace_back(t.begin(), t.end());
+    return false;
+  };
+  r = generate(d, kPrompt, o);
+  EXPECT_EQ(seen.size(), 6u);
+  EXPECT_EQ(r.steps_run, 7);  // the EOS at offset 6 is decided at the seventh step
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1}));
+  // A position decided out of order does not extend the run: asked only when the run grows.
+  RowFn late_first = [](std::span<const int32_t> c, int p) {
+    std::vector<float> r = stop_rows(c, p);
+    if (p == 5) r[3] = 9.0f;  // offset 2 decided first
+    return r;
+  };
+  FakeDenoiser d2(late_first);
+  seen.clear();
+  o.stop_at_eos = false;
+  r = generate(d2, kPrompt, o);
+  EXPECT_EQ(r.order.front(), (std::vector<int32_t>{5}));
+  ASSERT_EQ(seen.size(), 11u);  // after every step but the first (the last one too)
+  EXPECT_EQ(seen[0], (std::vector<int32_t>{1}));
+  EXPECT_EQ(seen[1], (std::vector<int32_t>{1, 2, 3}));  // offset 1 joins the run to offset 2
+  EXPECT_EQ(r.steps_run, 12);
 }
 
 TEST(Generate, CfgCombinesOnTheHost) {
