@@ -12,9 +12,9 @@
 // hold other engine state across forwards and run one at a time, as every request does with --batch 1.
 // Besides OpenAI's fields a request may set tessera's generation options: steps, block_length, alg,
 // threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
-// window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the blocks
-// after the one it appears in are not generated. `n` (up to 16) choices run at once, choice i with seed + i
-// (their forwards packed like concurrent requests). `logprobs` (completions: N; chat: true, with
+// window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the
+// generation ends as soon as its decided tokens hold one. `n` (up to 16) choices run at once, choice i with
+// seed + i (their forwards packed like concurrent requests). `logprobs` (completions: N; chat: true, with
 // top_logprobs N; N up to 20) gives each token's log-probability in the forward of the step that decided
 // it (raw logits) and the N most likely tokens there; streamed, each event carries those of the tokens
 // whose text it completes. A field the server does not know, a value it cannot
@@ -24,14 +24,20 @@
 // not sent yet (the positions up to the first undecided one); the events concatenate to the final text. Then
 // a last event with the finish_reason, and "data: [DONE]". With stop sequences, the text that could begin one
 // is held back until it is ruled out. A model without a chat template gets the chat messages concatenated (as
-// `tessera chat` does).
+// `tessera chat` does). A client that goes away ends its request at the next step: a stream notices when an
+// event cannot be written, a plain request by watching its connection (ClientWatch); /health counts them.
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -67,8 +73,59 @@ struct Tag {
   int64_t created = 0;
 };
 
-// The stopped-by-client signal of a stream: thrown from the step callback to end generate().
+// The stopped-by-client signal: thrown from the step callback to end generate().
 struct ClientGone {};
+
+// The connection of a request, to notice that its client went away while a non-streamed answer is
+// generated. httplib 0.11 gives a handler no socket, so it is found among the process's descriptors by
+// its two endpoints, as httplib wrote them into the request (it holds the socket open while the handler
+// runs). A peer that closed its side (FIN) or reset the connection then polls as POLLRDHUP / POLLHUP /
+// POLLERR. A client that half-closes after sending its request would read as gone; HTTP clients wait
+// for the answer with the connection open.
+class ClientWatch {
+ public:
+  explicit ClientWatch(const httplib::Request& req) : fd_(find_socket(req)) {}
+  bool gone() const {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
+ private:
+  // "host port" of a socket address, as httplib formats it (getnameinfo, numeric).
+  static std::string endpoint(const sockaddr_storage& a, socklen_t len) {
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      return {};
+    return std::string(host) + " " + port;
+  }
+  static int find_socket(const httplib::Request& req) {
+    const std::string local = req.local_addr + " " + std::to_string(req.local_port),
+                      remote = req.remote_addr + " " + std::to_string(req.remote_port);
+    DIR* d = opendir("/proc/self/fd");
+    if (d == nullptr) return -1;
+    int found = -1;
+    while (const dirent* e = readdir(d)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+      sockaddr_storage a{}, b{};
+      socklen_t la = sizeof(a), lb = sizeof(b);
+      const int f = static_cast<int>(fd);
+      if (getsockname(f, reinterpret_cast<sockaddr*>(&a), &la) != 0 ||
+          getpeername(f, reinterpret_cast<sockaddr*>(&b), &lb) != 0)
+        continue;
+      if (endpoint(a, la) == local && endpoint(b, lb) == remote) {
+        found = f;
+        break;
+      }
+    }
+    closedir(d);
+    return found;
+  }
+  int fd_;
+};
 
 class Server {
  public:
@@ -110,7 +167,8 @@ class Server {
                        {{"max", batcher_.max_batch()},
                         {"forwards", b.forwards},
                         {"sequences", b.sequences},
-                        {"largest", b.largest}}}};
+                        {"largest", b.largest}}},
+                      {"requests_abandoned", abandoned_.load()}};  // ended early: their client went away
       res.set_content(j.dump(), "application/json");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -185,10 +243,18 @@ class Server {
     if (!r.stream) {
       std::vector<Session::Output> outs(static_cast<size_t>(total));
       const Tag tag = next_tag();
+      const ClientWatch watch(req);
       try {
         run_choices(total, [&](int i) {
-          outs[static_cast<size_t>(i)] = session_.run(batcher_, prompt_of(r, i), choice(o, i % n), {});
+          outs[static_cast<size_t>(i)] =
+              session_.run(batcher_, prompt_of(r, i), choice(o, i % n), [&watch](const StepEvent&) {
+                if (watch.gone()) throw ClientGone{};
+              });
         });
+      } catch (const ClientGone&) {
+        ++abandoned_;
+        res.status = 499;  // nginx's "client closed request": nobody reads it
+        return;
       } catch (const Error& e) {
         return reply_error(res, {400, "invalid_request_error", e.what()});
       }
@@ -358,6 +424,7 @@ class Server {
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
     } catch (const ClientGone&) {
+      ++abandoned_;
       return false;  // the client went away: generation stopped at that step
     } catch (const Error& e) {
       const std::string ev =
@@ -450,7 +517,8 @@ class Server {
   std::string model_id_;
   int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   std::atomic<int64_t> count_{0};
-  Batcher batcher_;  // last member: its engine thread stops first
+  std::atomic<int64_t> abandoned_{0};  // requests whose client went away before the end
+  Batcher batcher_;                    // last member: its engine thread stops first
 };
 
 }  // namespace

@@ -1,9 +1,13 @@
 // tessera serve end to end: a real server process on a free port, requests through cpp-httplib's client.
 // A completion equals `tessera generate` with the same options; the streamed deltas concatenate to the
 // same text; every bad request gets a 4xx with an OpenAI-style error object and the server keeps going.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -597,6 +601,56 @@ TEST(Serve, BatchesLargerThanEightRequests) {
   const json b = json::parse(h->body)["batch"];
   EXPECT_GT(b["largest"].get<int>(), 8) << h->body;
   EXPECT_LE(b["largest"].get<int>(), 12) << h->body;
+}
+
+// A client that goes away ends its request: a plain one (the server watches its connection) and a
+// streamed one (an event cannot be written) stop generating well before their last step, /health counts
+// them, and the server goes on serving.
+TEST(Serve, RequestsEndWhenTheirClientGoesAway) {
+  ServerProcess server = tiny_server("", "serve-gone");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c = client_of(server);
+  auto health = [&] {
+    auto h = c.Get("/health");
+    return h ? json::parse(h->body) : json();
+  };
+  const int steps = 440;  // tens of milliseconds each on the tiny model at this length
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "plain");
+    const json before = health();
+    ASSERT_TRUE(before.contains("requests_abandoned")) << before.dump();
+    const std::string body =
+        json{{"prompt", "Once"}, {"max_tokens", steps}, {"block_length", steps}, {"stream", stream}}.dump();
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(server.port()));
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    const int64_t f0 = before["batch"]["forwards"].get<int64_t>();
+    for (int i = 0; i < 400 && health()["batch"]["forwards"].get<int64_t>() < f0 + 5; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    close(fd);  // gone, after its first steps
+    json after;
+    for (int i = 0; i < 200; ++i) {
+      after = health();
+      if (after["requests_abandoned"] > before["requests_abandoned"]) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(after["requests_abandoned"].get<int>(), before["requests_abandoned"].get<int>() + 1)
+        << after.dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int64_t ran = health()["batch"]["forwards"].get<int64_t>() - f0;
+    EXPECT_GE(ran, 5);
+    EXPECT_LT(ran, steps / 2) << "the request ran on after its client left";
+  }
+  post(c, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}}.dump(), 200);
 }
 
 }  // namespace
