@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -142,6 +143,18 @@ SparseSelection sparse_select_reference(const std::vector<float>& q, const std::
     }
   }
   return r;
+}
+
+std::string word_after(const std::string& text, size_t from) {
+  auto letter = [&](size_t i) { return std::isalpha(static_cast<unsigned char>(text[i])) != 0; };
+  size_t a = std::min(from, text.size()), b = a;
+  while (b - a < 3 && a < text.size()) {
+    a = b;
+    while (a < text.size() && !letter(a)) ++a;
+    b = a;
+    while (b < text.size() && letter(b)) ++b;
+  }
+  return b - a >= 3 ? text.substr(a, b - a) : std::string();
 }
 
 }  // namespace tessera::test

@@ -21,6 +21,8 @@ int run_command(const std::string& cmd, std::string* out);
 void expect_error(const std::function<void()>& f, const std::string& want);
 // Expects the shell command to fail with `want` in its stdout+stderr.
 void expect_command_error(const std::string& cmd, const std::string& want);
+// The first word of 3 or more ASCII letters that starts at or after offset `from` of text ("" if none).
+std::string word_after(const std::string& text, size_t from);
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
 // max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
 double rel_error(const float* a, const float* b, size_t n);

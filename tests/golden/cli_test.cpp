@@ -182,15 +182,8 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   ASSERT_EQ(full["steps"], 64);
   EXPECT_EQ(full["stopped"], false);
   // The first word of 3 or more letters after the first sixth of the text.
-  size_t a = text.size() / 6, b = a;
-  while (b - a < 3 && a < text.size()) {
-    a = b;
-    while (a < text.size() && !std::isalpha(static_cast<unsigned char>(text[a]))) ++a;
-    b = a;
-    while (b < text.size() && std::isalpha(static_cast<unsigned char>(text[b]))) ++b;
-  }
-  ASSERT_GE(b - a, 3u) << text;
-  const std::string word = text.substr(a, b - a);
+  const std::string word = test::word_after(text, text.size() / 6);
+  ASSERT_FALSE(word.empty()) << text;
   ASSERT_EQ(test::run_command(base + " --stop zqzqzq --stop " + word + " 2>/dev/null", &out), 0) << out;
   const auto cut = nlohmann::json::parse(out);
   EXPECT_EQ(cut["text"], text.substr(0, text.find(word))) << word;

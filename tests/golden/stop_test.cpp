@@ -25,18 +25,6 @@ int step_deciding_first(const GenerateResult& r, int P, size_t n) {
   return last;
 }
 
-// The first word of 3 or more letters after the first third of the text ("" if none).
-std::string a_later_word(const std::string& text) {
-  size_t a = text.size() / 3, b = a;
-  while (b - a < 3 && a < text.size()) {
-    a = b;
-    while (a < text.size() && !std::isalpha(static_cast<unsigned char>(text[a]))) ++a;
-    b = a;
-    while (b < text.size() && std::isalpha(static_cast<unsigned char>(text[b]))) ++b;
-  }
-  return b - a >= 3 ? text.substr(a, b - a) : std::string();
-}
-
 TEST(Stop, MidBlockStopGivesTheWholeRunsAnswerInTheStepsItNeeds) {
   const auto dir = test::source_dir() / "models" / "tessera-tiny";
   auto e = Engine::load(dir);
@@ -93,7 +81,7 @@ TEST(Stop, MidBlockStopGivesTheWholeRunsAnswerInTheStepsItNeeds) {
       // A stop sequence: the answer is the text before it, and the tokens it needs are the fewest
       // whose text holds it.
       const std::string full = tok.decode(ref.tokens, true);
-      const std::string word = a_later_word(full);
+      const std::string word = test::word_after(full, full.size() / 3);
       if (word.empty()) continue;
       ++stop_cases;
       size_t need = 1;

@@ -442,6 +442,16 @@ TEST(Generate, EosTrimAndEarlyStop) {
   for (int32_t t : noeos.tokens) EXPECT_NE(t, kEos);
 }
 
+// A stop_when that records the tokens it is asked about into `seen` and answers whether there are at
+// least `n` of them (0: never).
+std::function<bool(std::span<const int32_t>)> recording_stop(std::vector<std::vector<int32_t>>& seen,
+                                                             size_t n) {
+  return [&seen, n](std::span<const int32_t> t) {
+    seen.emplace_back(t.begin(), t.end());
+    return n > 0 && t.size() >= n;
+  };
+}
+
 // Position 9 (offset 6) predicts EOS; the others 1 + offset % 5; all equally sure (left to right).
 std::vector<float> stop_rows(std::span<const int32_t>, int p) {
   std::vector<float> r(kV, 0.0f);
@@ -458,10 +468,7 @@ TEST(Generate, StopWhenSkipsTheLaterBlocks) {
   o.mid_block_stop = false;
   o.stop_at_eos = false;
   std::vector<std::vector<int32_t>> seen;
-  o.stop_when = [&](std::span<const int32_t> t) {
-    seen.emplace_back(t.begin(), t.end());
-    return t.size() >= 8;
-  };
+  o.stop_when = recording_stop(seen, 8);
   GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{{1, 2, 3, 4}, {1, 2, 3, 4, 5, 1, kEos, 3}}));
   EXPECT_EQ(r.steps_run, 8);  // the third block is skipped
@@ -469,10 +476,7 @@ TEST(Generate, StopWhenSkipsTheLaterBlocks) {
   // With stop_at_eos the block holding the EOS ends it first; stop_when sees the tokens before the EOS.
   seen.clear();
   o.stop_at_eos = true;
-  o.stop_when = [&](std::span<const int32_t> t) {
-    seen.emplace_back(t.begin(), t.end());
-    return false;
-  };
+  o.stop_when = recording_stop(seen, 0);
   r = generate(d, kPrompt, o);
   EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{{1, 2, 3, 4}}));
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1}));
@@ -493,10 +497,7 @@ TEST(Generate, MidBlockStopEndsInsideTheBlock) {
   GenerateOptions o = eos_blocks(12, 4);
   o.stop_at_eos = false;
   std::vector<std::vector<int32_t>> seen;
-  o.stop_when = [&](std::span<const int32_t> t) {
-    seen.emplace_back(t.begin(), t.end());
-    return t.size() >= 6;
-  };
+  o.stop_when = recording_stop(seen, 6);
   GenerateResult r = generate(d, kPrompt, o);
   EXPECT_EQ(seen, (std::vector<std::vector<int32_t>>{
                       {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5, 1}}));
@@ -505,19 +506,16 @@ TEST(Generate, MidBlockStopEndsInsideTheBlock) {
   // An EOS in the decided run ends it too, before stop_when is asked about that run.
   seen.clear();
   o.stop_at_eos = true;
-  o.stop_when = [&](std::span<const int32_t> t) {
-    seen.emplace_back(t.begin(), t.end());
-    return false;
-  };
+  o.stop_when = recording_stop(seen, 0);
   r = generate(d, kPrompt, o);
   EXPECT_EQ(seen.size(), 6u);
   EXPECT_EQ(r.steps_run, 7);  // the EOS at offset 6 is decided at the seventh step
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 1}));
   // A position decided out of order does not extend the run: asked only when the run grows.
   RowFn late_first = [](std::span<const int32_t> c, int p) {
-    std::vector<float> r = stop_rows(c, p);
-    if (p == 5) r[3] = 9.0f;  // offset 2 decided first
-    return r;
+    std::vector<float> row = stop_rows(c, p);
+    if (p == 5) row[3] = 9.0f;  // offset 2 decided first
+    return row;
   };
   FakeDenoiser d2(late_first);
   seen.clear();
