@@ -235,6 +235,8 @@ int run_bench(const BenchArgs& a) {
   for (const std::string& spec : a.compare) {
     try {
       Candidate c = parse_spec(spec, base, eng);
+      TESSERA_CHECK(c.suffix,
+                    "suffix=off compares infilling in tessera eval --suffix-len; bench has no suffix");
       TESSERA_CHECK(c.gen.gen_length == base.gen_length, "a comparison must generate the same length");
       validate_generate_options(c.gen, cfg.vocab, block_causal);
       std::unique_ptr<Engine> own;

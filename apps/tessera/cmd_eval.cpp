@@ -2,8 +2,8 @@
 //   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
-// des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, logprobs,
-// precision, dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path.
+// des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, suffix,
+// logprobs, precision, dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -27,7 +27,7 @@ namespace {
 
 struct EvalArgs {
   std::string model, heldout, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
-  int64_t seqs = 32, seq_len = 128, prompts = 8, prompt_len = 32, gen_length = 32;
+  int64_t seqs = 32, seq_len = 128, prompts = 8, prompt_len = 32, gen_length = 32, suffix_len = 0;
   int steps = 0, block_length = 0, n_seeds = 2;
   uint64_t seed = 0;
   std::vector<double> ratios = {0.15, 0.5, 0.9};
@@ -103,14 +103,16 @@ int run_eval(const EvalArgs& a) {
     base.stop_at_eos = false;  // compare the whole generated span position by position
     if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
     validate_generate_options(base, exact->vocab_size());
-    const auto cases = eval::generation_cases(seqs, a.prompts, a.prompt_len, a.gen_length);
+    const auto cases = eval::generation_cases(seqs, a.prompts, a.prompt_len, a.gen_length, a.suffix_len);
     std::vector<uint64_t> seeds;
     for (int s = 0; s < a.n_seeds; ++s) seeds.push_back(a.seed + static_cast<uint64_t>(s));
     std::printf(
-        "\ngeneration: %zu prompts of %lld tokens x %zu seeds, %d tokens each; exact path: %s, %d steps, "
+        "\ngeneration: %zu prompts of %lld tokens x %zu seeds, %d tokens each%s; exact path: %s, %d steps, "
         "block %d, %s\n",
-        cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length, base.alg.c_str(),
-        base.steps, base.block_length, a.precision.c_str());
+        cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length,
+        a.suffix_len > 0 ? (", infilling before " + std::to_string(a.suffix_len) + " suffix tokens").c_str()
+                         : "",
+        base.alg.c_str(), base.steps, base.block_length, a.precision.c_str());
     const bool moe = exact->supports_expert_sharing();
     std::printf("%-28s %10s %10s %10s %10s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
                 "tokens/s", "steps", moe ? "  experts (block)" : "");
@@ -133,7 +135,7 @@ int run_eval(const EvalArgs& a) {
         validate_generate_options(c.gen, exact->vocab_size());
         std::unique_ptr<Engine> own;
         if (c.own_engine) own = Engine::load(dir, c.eng);
-        const eval::Generations g = eval::generate_all(own ? *own : *exact, c.gen, cases, seeds);
+        const eval::Generations g = eval::generate_all(own ? *own : *exact, c.gen, cases, seeds, c.suffix);
         const eval::GenSide side = eval::score(*exact, g, ex, cases, seeds.size(), a.gen_length);
         print_row(c.label, side);
         json j = side_json(side);
@@ -149,6 +151,7 @@ int run_eval(const EvalArgs& a) {
                          {"seeds", seeds},
                          {"prompt_len", a.prompt_len},
                          {"gen_length", a.gen_length},
+                         {"suffix_len", a.suffix_len},
                          {"exact_path",
                           {{"steps", base.steps},
                            {"block_length", base.block_length},
@@ -182,6 +185,10 @@ void add_eval(CLI::App& app, Registry& reg) {
   sub->add_option("--ratios", a->ratios, "infilling mask ratios")->delimiter(',');
   sub->add_option("--prompts", a->prompts, "generation prompts")->check(CLI::PositiveNumber);
   sub->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--suffix-len", a->suffix_len,
+                  "infilling: the held-out tokens after each reference continuation are its suffix "
+                  "(compare suffix=off: the same generation without it)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--gen-length", a->gen_length, "generated tokens")->check(CLI::PositiveNumber);
   sub->add_option("--steps", a->steps, "exact path: denoising steps (default: gen-length)");
   sub->add_option("--block-length", a->block_length, "exact path: block length (default: gen-length)");

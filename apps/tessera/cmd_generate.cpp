@@ -190,7 +190,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
   auto worker = [&] {
     for (size_t i; (i = next++) < n;) {
       try {
-        const bool use_chat = a.chat || (!a.raw && s.has_chat_template() && !prompts[i].empty());
+        const bool use_chat = a.chat || (!a.raw && !a.suffix && s.has_chat_template() && !prompts[i].empty());
         const auto ids = s.prompt_ids({{"user", prompts[i]}}, use_chat);
         prompt_tokens[i] = ids.size();
         out[i] = s.run(b, ids, s.options(), {});
@@ -239,9 +239,14 @@ void add_generate(CLI::App& app, Registry& reg) {
          "with --prompts-file: prompts generated at the same time, sharing packed forwards (default 8)")
       ->check(CLI::Range(1, 256));
   add_session_options(sub, *a);
+  sub->add_option("--suffix", a->suffix,
+                  "infilling: the text after the generated span (every forward sees it; the answer is the "
+                  "gen-length tokens between the prompt and it); raw text, no chat template");
   reg.handlers.emplace_back(sub, [a, prompt, prompts_file, batch, p_opt, f_opt] {
     if (p_opt->count() == 0 && f_opt->count() == 0)
       fail("give a prompt (-p TEXT) or a prompts file (--prompts-file)");
+    if (a->suffix && a->chat)
+      fail("--suffix infills raw text between the prompt and the suffix; drop --chat");
     if (f_opt->count() > 0) {
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
@@ -249,7 +254,7 @@ void add_generate(CLI::App& app, Registry& reg) {
     }
     check_utf8(*prompt, "the prompt");
     Session s(*a);
-    const bool use_chat = a->chat || (!a->raw && s.has_chat_template() && !prompt->empty());
+    const bool use_chat = a->chat || (!a->raw && !a->suffix && s.has_chat_template() && !prompt->empty());
     const auto ids = s.prompt_ids({{"user", *prompt}}, use_chat);
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     const auto o = s.run(ids, tty);

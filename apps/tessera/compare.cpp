@@ -64,6 +64,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "sparse-skip") {
         c.gen.sparse_skip = std::stof(v);
         c.gen.sparse = true;
+      } else if (k == "suffix") {
+        c.suffix = on_off();
       } else if (k == "mid-block-stop") {
         c.gen.mid_block_stop = on_off();
       } else if (k == "logprobs") {
@@ -100,7 +102,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         fail("--compare '" + spec + "': unknown option '" + k +
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
              "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
-             "window-refresh, window-early-stop, mid-block-stop, logprobs, precision, dequantize, device, "
+             "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, precision, dequantize, "
+             "device, "
              "k-ffn, k-logits, "
              "memory-budget)");
       }

@@ -1,7 +1,7 @@
 // --compare SPEC of tessera eval and tessera bench: a comma-separated list of key=value options (steps,
 // block-length, threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des,
 // des-k, des-beta, des-scope, window, window-ex, window-in, window-refresh, window-early-stop,
-// mid-block-stop, logprobs, precision, device, k-ffn, k-logits, memory-budget) applied to a base
+// mid-block-stop, suffix, logprobs, precision, device, k-ffn, k-logits, memory-budget) applied to a base
 // configuration.
 #pragma once
 #include <string>
@@ -19,6 +19,7 @@ struct Candidate {
   GenerateOptions gen;
   EngineOptions eng;
   bool own_engine = false;  // an engine option changed: the comparison needs an engine of its own
+  bool suffix = true;       // tessera eval --suffix-len: infill (suffix=off: continue without the suffix)
 };
 
 // Throws Error naming the spec and the offending key or value.

@@ -65,6 +65,7 @@ const std::set<std::string, std::less<>> kKnown = {"model",
                                                    "logprobs",
                                                    "top_logprobs",
                                                    "echo",
+                                                   "suffix",
                                                    "presence_penalty",
                                                    "frequency_penalty",
                                                    "steps",
@@ -180,6 +181,15 @@ GenerateOptions options(const json& body, const Session& session, const std::str
     o.window = true;
   }
   if (given(body, "cfg")) o.cfg_scale = float_field(body, "cfg");
+  if (given(body, "suffix")) {  // infilling: the text after the completion
+    const std::string t = str_field(body, "suffix");
+    try {
+      check_utf8(t, "'suffix'");
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+    o.suffix = session.tokenizer().encode(t);
+  }
   try {
     o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
                         given(body, "des_k"), given(body, "des_beta"), o.des);
@@ -295,6 +305,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     bad(std::string("the body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("the request body must be a JSON object");
+  if (chat && given(body, "suffix")) bad("'suffix' is a completions field; chat completions take none");
   r.options = options(body, session, model_id);
   if (chat)
     r.prompts = {chat_prompt(body, session, r.options)};

@@ -235,6 +235,10 @@ Session::Session(const SessionArgs& a) {
   gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
   gen_.window_early_stop = a.window_early_stop;
   gen_.stop = a.stop;
+  if (a.suffix) {
+    check_utf8(*a.suffix, "the suffix");
+    gen_.suffix = tok_->encode(*a.suffix);
+  }
   gen_.logprobs = a.logprobs.has_value();
   logprobs_top_ = a.logprobs.value_or(0);
   gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
@@ -274,6 +278,7 @@ void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOption
   if (total > engine_->config().max_positions) {
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
          std::to_string(o.gen_length) +
+         (o.suffix.empty() ? "" : " plus the suffix of " + std::to_string(o.suffix.size()) + " tokens") +
          (engine_->attention_block() > 0 ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
          " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
   }

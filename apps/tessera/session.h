@@ -40,8 +40,9 @@ struct SessionArgs {
   int top_k = 0;
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
-  std::vector<std::string> stop;  // stop sequences
-  std::optional<int> logprobs;    // report each token's log-probability and this many alternatives
+  std::vector<std::string> stop;      // stop sequences
+  std::optional<int> logprobs;        // report each token's log-probability and this many alternatives
+  std::optional<std::string> suffix;  // generate --suffix: infill between the prompt and this text
 };
 
 void add_session_options(CLI::App* sub, SessionArgs& a);

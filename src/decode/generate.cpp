@@ -218,7 +218,8 @@ struct Loop {
     lu.resize(nv);
     den.logits(std::span<const int32_t>(canvas).first(seen), pos, lc);
     ucanvas.assign(canvas.begin(), canvas.begin() + static_cast<std::ptrdiff_t>(seen));
-    std::fill(ucanvas.begin(), ucanvas.begin() + P, mask);
+    std::fill(ucanvas.begin(), ucanvas.begin() + P, mask);  // the condition: the prompt and the suffix
+    if (seen > static_cast<size_t>(P + G)) std::fill(ucanvas.begin() + P + G, ucanvas.end(), mask);
     den.logits(ucanvas, pos, lu);
     const float g = o.cfg_scale + 1.0f;
     for (size_t i = 0; i < nv; ++i) lc[i] = lu[i] + g * (lc[i] - lu[i]);
@@ -455,7 +456,8 @@ void init_sampling(Loop& L, bool llada) {
   L.base.top_p = o.top_p;
   L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
   L.base.logprobs = o.logprobs && o.cfg_scale <= 0.0f;  // cfg: the host computes them
-  if (o.logprobs) L.gen_lp.assign(L.canvas.size() - static_cast<size_t>(L.P), TokenLogprob{});
+  if (o.logprobs)  // the generated positions (block-causal: with the padding after them)
+    L.gen_lp.assign(L.canvas.size() - static_cast<size_t>(L.P) - o.suffix.size(), TokenLogprob{});
 }
 
 // The generated part of the canvas, trimmed at the first EOS when asked.
@@ -623,6 +625,17 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),
                 "logits-eos-inf needs an eos id to suppress; pass at least one eos id");
   for (const std::string& s : o.stop) TESSERA_CHECK(!s.empty(), "a stop sequence must not be empty");
+  if (!o.suffix.empty()) {
+    for (size_t i = 0; i < o.suffix.size(); ++i)
+      TESSERA_CHECK(o.suffix[i] >= 0 && o.suffix[i] < vocab_size,
+                    "suffix token " + std::to_string(o.suffix[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    TESSERA_CHECK(!block_causal,
+                  "a suffix needs a bidirectional model; this block-causal model cannot see text after the "
+                  "block it decodes");
+    TESSERA_CHECK(!o.window, "Window-Diffusion cannot be combined with a suffix (infilling); turn one off");
+    TESSERA_CHECK(!o.sparse, "sparse attention cannot be combined with a suffix (infilling); turn one off");
+  }
   if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
@@ -654,7 +667,7 @@ std::string implied_des(const std::optional<std::string>& des, bool k_given, boo
 }
 
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal) {
-  const int64_t n = prompt_len + o.gen_length;
+  const int64_t n = prompt_len + o.gen_length + static_cast<int64_t>(o.suffix.size());
   if (!block_causal) return n;
   const int64_t bl = o.block_length;
   return (n + bl - 1) / bl * bl;
@@ -708,8 +721,13 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
   if (!split && o.threshold <= 0.0f) lay.steps_per_block = o.steps;  // Dream over the whole generation
 
   L.canvas.resize(prompt.size() + static_cast<size_t>(o.gen_length), L.mask);
+  for (size_t i = 0; i < o.suffix.size(); ++i)
+    TESSERA_CHECK(o.suffix[i] != L.mask, "suffix token " + std::to_string(i) +
+                                             " is the mask token: the suffix is given text, not a gap");
+  L.canvas.insert(L.canvas.end(), o.suffix.begin(), o.suffix.end());
   L.decided.assign(L.canvas.size(), 0);
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
+  std::fill(L.decided.begin() + L.P + L.G, L.decided.end(), 1);  // the suffix
   L.stop = static_cast<int>(L.canvas.size());
   L.prefix_end = L.P;
   init_sampling(L, llada);

@@ -33,7 +33,8 @@
 //   prefix  the first forward of every block computes the whole canvas and refreshes the cache; later
 //           forwards of the block compute only rows [block start, end of canvas) and reuse the cached
 //           keys / values of the rows before the block.
-//   dual    as prefix, but later forwards compute only the block's rows [lo, hi): the suffix is cached too.
+//   dual    as prefix, but later forwards compute only the block's rows [lo, hi): the rows after the
+//           block (later blocks, an infilling suffix) are cached too.
 // Both are approximations for bidirectional models (cached rows do not see the block's new tokens
 // until the next block). For block-causal models they are exact (up to rounding) and the same: rows
 // of finished blocks never change nor attend to later rows, so the first forward of a block computes
@@ -125,6 +126,10 @@ struct GenerateOptions {
   std::vector<std::string> stop;
   std::function<bool(std::span<const int32_t>)> stop_when;
   bool mid_block_stop = true;
+  // Infilling: tokens after the generated span. The canvas is prompt + gen_length masks + suffix and
+  // every forward sees the suffix (cfg's unconditional canvas masks it with the prompt); the answer is
+  // the span between them. Bidirectional models only; not with Window-Diffusion or SparseD.
+  std::vector<int32_t> suffix;
   // Record each generated token's log-probability (GenerateResult::logprobs): the forward that decided
   // it returns them beside the tokens (SampleParams::logprobs; with cfg, from the guided logits).
   bool logprobs = false;
@@ -170,7 +175,8 @@ std::string implied_des(const std::optional<std::string>& des, bool k_given, boo
 // Whether a request holds a KV cache for its canvas: --cache, or the window's phase cache (refresh > 0).
 bool holds_kv_cache(const GenerateOptions& o);
 
-// The canvas a generation uses: prompt + gen_length, padded to whole blocks for block-causal models.
+// The canvas a generation uses: prompt + gen_length (+ the suffix), padded to whole blocks for
+// block-causal models.
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal);
 
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& opt,

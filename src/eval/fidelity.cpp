@@ -128,25 +128,28 @@ InfillResult infill(Engine& e, const std::vector<Seq>& seqs, double mask_ratio, 
 }
 
 std::vector<GenCase> generation_cases(const std::vector<Seq>& seqs, int64_t n, int64_t prompt_len,
-                                      int64_t gen_length) {
+                                      int64_t gen_length, int64_t suffix_len) {
   std::vector<GenCase> out;
   for (const Seq& s : seqs) {
     if (static_cast<int64_t>(out.size()) >= n) break;
-    if (static_cast<int64_t>(s.size()) < prompt_len + gen_length) continue;
-    out.push_back({Seq(s.begin(), s.begin() + prompt_len),
-                   Seq(s.begin() + prompt_len, s.begin() + prompt_len + gen_length)});
+    if (static_cast<int64_t>(s.size()) < prompt_len + gen_length + suffix_len) continue;
+    const auto at = [&](int64_t i) { return s.begin() + i; };
+    out.push_back({Seq(s.begin(), at(prompt_len)), Seq(at(prompt_len), at(prompt_len + gen_length)),
+                   Seq(at(prompt_len + gen_length), at(prompt_len + gen_length + suffix_len))});
   }
   if (out.empty()) fail("eval: no held-out sequence is long enough for the prompt plus the generation");
   return out;
 }
 
-double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups) {
-  const int64_t n = static_cast<int64_t>(seq.size()) - from;
+double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups, int64_t to) {
+  const int64_t end =
+      to < 0 ? static_cast<int64_t>(seq.size()) : std::min(to, static_cast<int64_t>(seq.size()));
+  const int64_t n = end - from;
   if (n <= 0) return 0.0;
   double total = 0;
   for (int g = 0; g < groups; ++g) {
     Seq canvas = seq, pos, tg;
-    for (int64_t i = from + g; i < static_cast<int64_t>(seq.size()); i += groups) {
+    for (int64_t i = from + g; i < end; i += groups) {
       pos.push_back(static_cast<int32_t>(i));
       tg.push_back(seq[static_cast<size_t>(i)]);
       canvas[static_cast<size_t>(i)] = e.mask_token();
@@ -161,7 +164,7 @@ double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups) {
 }
 
 Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vector<GenCase>& cases,
-                         const std::vector<uint64_t>& seeds) {
+                         const std::vector<uint64_t>& seeds, bool use_suffix) {
   TESSERA_CHECK(!seeds.empty() && !cases.empty(), "eval: no generation cases or seeds");
   Generations o;
   const auto t0 = std::chrono::steady_clock::now();
@@ -169,6 +172,7 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
     for (uint64_t seed : seeds) {
       GenerateOptions g = opt;
       g.seed = seed;
+      if (use_suffix) g.suffix = c.suffix;
       g.moe_stats = e.supports_expert_sharing();
       GenerateResult r = generate(e, c.prompt, g);
       o.steps += r.steps_run;
@@ -204,9 +208,11 @@ GenSide score(Engine& exact, const Generations& out, const Generations& exact_ou
     }
     s.tokens += static_cast<int64_t>(t.size());
     if (!t.empty()) {
-      Seq full = c.prompt;
+      Seq full = c.prompt;  // the generation between the prompt and the case's suffix (if any)
       full.insert(full.end(), t.begin(), t.end());
-      nll += pseudo_nll(exact, full, static_cast<int64_t>(c.prompt.size()), nll_groups) *
+      full.insert(full.end(), c.suffix.begin(), c.suffix.end());
+      const auto from = static_cast<int64_t>(c.prompt.size());
+      nll += pseudo_nll(exact, full, from, nll_groups, from + static_cast<int64_t>(t.size())) *
              static_cast<double>(t.size());
       nll_n += static_cast<int64_t>(t.size());
     }

@@ -7,12 +7,13 @@
 // most frequent token of the held-out set.
 //
 // Generation: prompts are the first prompt_len tokens of held-out sequences, the reference the next
-// gen_length tokens. The exact path (the reference engine and options, usually full recompute in f32
-// or the model's dtype, no approximation) and a candidate (other options and/or another engine)
-// generate from the same prompts and seeds; metrics per side: token agreement with the exact output,
-// NLL of the generated text under the exact model (pseudo-likelihood: the generated positions are
-// scored in `nll_groups` interleaved groups, each group masked at once while the others stay), and
-// the task metric: token match with the held-out reference continuation.
+// gen_length tokens (with suffix_len > 0 the tokens after those are a suffix: the generation infills). The
+// exact path (the reference engine and options, usually full recompute in f32 or the model's dtype, no
+// approximation) and a candidate (other options and/or another engine) generate from the same prompts and
+// seeds; metrics per side: token agreement with the exact output, NLL of the generated text under the exact
+// model (pseudo-likelihood: the generated positions are scored in `nll_groups` interleaved groups, each group
+// masked at once while the others stay), and the task metric: token match with the held-out reference
+// continuation.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -45,10 +46,10 @@ InfillResult infill(Engine& e, const std::vector<Seq>& seqs, double mask_ratio, 
                     int32_t unigram, int64_t batch_tokens = 4096);
 
 struct GenCase {
-  Seq prompt, reference;
+  Seq prompt, reference, suffix;  // suffix: the suffix_len held-out tokens after the reference (infilling)
 };
 std::vector<GenCase> generation_cases(const std::vector<Seq>& seqs, int64_t n, int64_t prompt_len,
-                                      int64_t gen_length);
+                                      int64_t gen_length, int64_t suffix_len = 0);
 
 struct GenSide {
   double agreement = 0;        // fraction of generated positions equal to the exact path's token
@@ -66,16 +67,19 @@ struct Generations {
   int64_t steps = 0;
   MoeStats moe;  // summed over the generations (MoE models; generate_all counts them)
 };
+// use_suffix: every case's suffix follows its generation (infilling); false: continuation only.
 Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vector<GenCase>& cases,
-                         const std::vector<uint64_t>& seeds);
+                         const std::vector<uint64_t>& seeds, bool use_suffix = true);
 
-// Scores `out` against the exact path's generations (agreement), the exact model (pseudo-NLL) and the
-// held-out continuations. Positions are compared over gen_length: a shorter output (stopped at EOS)
-// counts its missing positions as disagreements.
+// Scores `out` against the exact path's generations (agreement), the exact model (pseudo-NLL, between the
+// prompt and the case's suffix when it has one, whether or not `out` saw it) and the held-out
+// continuations. Positions are compared over gen_length: a shorter output (stopped at EOS) counts its
+// missing positions as disagreements.
 GenSide score(Engine& exact, const Generations& out, const Generations& exact_out,
               const std::vector<GenCase>& cases, size_t n_seeds, int64_t gen_length, int nll_groups = 4);
 
-// Pseudo-NLL (mean over positions [from, seq.size())) of `seq` under engine `e`.
-double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups);
+// Pseudo-NLL (mean over positions [from, to), to < 0: the end) of `seq` under engine `e`; the positions
+// after `to` stay as context.
+double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups, int64_t to = -1);
 
 }  // namespace tessera::eval

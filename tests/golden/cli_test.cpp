@@ -218,6 +218,23 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   test::expect_command_error(base + " --stop \"\" 2>&1", "a stop sequence must not be empty");
 }
 
+// tessera generate --suffix: infilling on raw text (an empty suffix is none); --chat and the options that
+// cannot see a suffix are refused with one line. (Serve.CompletionsInfillBeforeTheSuffix compares the text.)
+TEST(Cli, SuffixInfillsRawText) {
+  const std::string base =
+      tessera_bin() + " generate -p \"Once upon a time\" --gen-length 16 --json --no-progress";
+  std::string plain, empty, with;
+  ASSERT_EQ(test::run_command(base + " 2>/dev/null", &plain), 0) << plain;
+  ASSERT_EQ(test::run_command(base + " --suffix \"\" 2>/dev/null", &empty), 0) << empty;
+  ASSERT_EQ(test::run_command(base + " --suffix \" The end.\" 2>/dev/null", &with), 0) << with;
+  EXPECT_EQ(nlohmann::json::parse(empty)["tokens"], nlohmann::json::parse(plain)["tokens"]);
+  EXPECT_NE(nlohmann::json::parse(with)["tokens"], nlohmann::json::parse(plain)["tokens"]);
+  EXPECT_EQ(nlohmann::json::parse(with)["tokens"].size(), 16u);
+  expect_error("generate -p a --suffix b --chat",
+               "--suffix infills raw text between the prompt and the suffix");
+  expect_error("generate -p a --suffix b --window", "Window-Diffusion cannot be combined with a suffix");
+}
+
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
 // the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison is reported and fails.
 TEST(Cli, BenchComparesOptionsSideBySide) {

@@ -603,6 +603,47 @@ TEST(Serve, BatchesLargerThanEightRequests) {
   EXPECT_LE(b["largest"].get<int>(), 12) << h->body;
 }
 
+// Infilling: a completion's `suffix` follows the generated span in every forward; the text is the span,
+// as `tessera generate --suffix` gives it, streamed or not; the suffix changes the fill; chat completions
+// and the combinations the engine cannot honour get 400s.
+TEST(Serve, CompletionsInfillBeforeTheSuffix) {
+  const auto dir = tiny_dir();
+  ServerProcess server = tiny_server("", "serve_suffix");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c = client_of(server);
+  const std::string prompt = "Once upon a time, there was a", suffix = " and they lived happily ever after.";
+  std::string cli_out;
+  ASSERT_EQ(
+      test::run_command(std::string(TESSERA_BINARY) + " generate -m " + dir.string() + " -p \"" + prompt +
+                            "\" --suffix \"" + suffix + "\" --gen-length 16 --steps 16 --json 2>/dev/null",
+                        &cli_out),
+      0);
+  const json cli = json::parse(cli_out);
+  json req = {{"prompt", prompt}, {"suffix", suffix}, {"max_tokens", 16}};
+  const json got = post(c, "/v1/completions", req.dump(), 200);
+  EXPECT_EQ(got["choices"][0]["text"], cli["text"]);
+  req["stream"] = true;
+  auto s = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(s);
+  const auto ev = events(s->body);
+  ASSERT_GE(ev.size(), 2u);
+  std::string streamed;
+  for (size_t i = 0; i + 1 < ev.size(); ++i)
+    streamed += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, cli["text"]);
+  const json plain = post(c, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 16}}.dump(), 200);
+  EXPECT_NE(plain["choices"][0]["text"], got["choices"][0]["text"]) << "the suffix changed nothing";
+  expect_refused(c, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"suffix", "b"}},
+                 "'suffix' is a completions field");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", 3}}, "'suffix' must be a string");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b"}, {"window", true}},
+                 "Window-Diffusion cannot be combined with a suffix");
+  std::string long_suffix;
+  for (int i = 0; i < 600; ++i) long_suffix += " the";  // 600 tokens or more, past the context of 512
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", long_suffix}}, "plus the suffix of");
+}
+
 // A client that goes away ends its request: a plain one (the server watches its connection) and a
 // streamed one (an event cannot be written) stop generating well before their last step, /health counts
 // them, and the server goes on serving.

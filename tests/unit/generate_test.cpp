@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "decode/schedule.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -556,6 +557,54 @@ TEST(Generate, CfgCombinesOnTheHost) {
   EXPECT_TRUE(d2.calls.empty());
 }
 
+// Infilling: the canvas is prompt + masks + suffix in every forward (predict, the KV caches' forwards and
+// their reset capacity, cfg's two canvases with the suffix masked in the unconditional one); the suffix
+// is never predicted nor returned; the answer is the gen_length tokens between.
+TEST(Generate, SuffixFollowsTheGenerationInEveryForward) {
+  const std::vector<int32_t> suffix = {4, 5};
+  // Each position predicts the token after it on the canvas, or 1 before a mask: the suffix reaches
+  // the last generated position and, once it is decided, the one before it.
+  RowFn fn = [](std::span<const int32_t> c, int p) {
+    std::vector<float> r(kV, 0.0f);
+    const int32_t next = c[static_cast<size_t>(p) + 1];
+    r[next == kMask ? 1 : next] = 5.0f + 0.1f * static_cast<float>(p);  // right to left
+    return r;
+  };
+  for (const std::string cache : {"none", "prefix", "dual"}) {
+    SCOPED_TRACE(cache);
+    FakeDenoiser d(fn);
+    d.cached = true;
+    GenerateOptions o;
+    o.gen_length = o.steps = o.block_length = 3;
+    o.cache = cache;
+    o.suffix = suffix;
+    o.stop_at_eos = false;
+    std::vector<std::vector<int32_t>> canvases;
+    const GenerateResult r = generate(d, kPrompt, o, [&](const StepEvent& ev) {
+      canvases.emplace_back(ev.canvas.begin(), ev.canvas.end());
+    });
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{4, 4, 4}));  // each copies its right neighbour, the suffix's 4
+    EXPECT_EQ(r.order, (std::vector<std::vector<int32_t>>{{5}, {4}, {3}}));
+    EXPECT_EQ(canvases.back(), (std::vector<int32_t>{1, 2, 3, 4, 4, 4}));  // the events show prompt + span
+    for (const auto& call : d.calls)
+      for (int32_t p : call) EXPECT_LT(p, 6);  // never a suffix position
+    if (cache == "none") continue;
+    ASSERT_EQ(d.resets, (std::vector<int64_t>{8}));
+    for (const auto& rg : d.ranges) EXPECT_EQ(rg[2], 8);  // every forward's canvas holds the suffix
+  }
+  // cfg: the unconditional canvas masks the suffix with the prompt.
+  FakeDenoiser d(fn);
+  GenerateOptions o;
+  o.gen_length = o.steps = o.block_length = 1;
+  o.suffix = suffix;
+  o.cfg_scale = 1.0f;
+  generate(d, kPrompt, o);
+  ASSERT_EQ(d.logit_canvases.size(), 2u);
+  EXPECT_EQ(d.logit_canvases[0], (std::vector<int32_t>{1, 2, 3, kMask, 4, 5}));
+  EXPECT_EQ(d.logit_canvases[1], (std::vector<int32_t>(6, kMask)));
+  EXPECT_EQ(canvas_length(3, o, false), 6);
+}
+
 void expect_error(const GenerateOptions& o, const std::string& msg, std::vector<int32_t> prompt = kPrompt) {
   FakeDenoiser d(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
   try {
@@ -876,6 +925,23 @@ TEST(Generate, ValidationErrors) {
                }),
                "steps 100 is not divisible by the number of blocks 3");
   expect_error(with([](auto& o) { o.cache = "lru"; }), "unknown KV cache 'lru'; use none, prefix or dual");
+  expect_error(with([](auto& o) {
+                 o.suffix = {1, kV};
+               }),
+               "suffix token 8 at position 1 is outside the vocabulary");
+  expect_error(with([](auto& o) { o.suffix = {1, kMask}; }), "suffix token 1 is the mask token");
+  expect_error(with([](auto& o) {
+                 o.suffix = {1};
+                 o.window = true;
+               }),
+               "Window-Diffusion cannot be combined with a suffix");
+  expect_error(with([](auto& o) {
+                 o.suffix = {1};
+                 o.sparse = true;
+               }),
+               "sparse attention cannot be combined with a suffix");
+  test::expect_error([&] { validate_generate_options(with([](auto& o) { o.suffix = {1}; }), kV, true); },
+                     "a suffix needs a bidirectional model");
   expect_error(with([](auto& o) {
                  o.cache = "dual";
                  o.cfg_scale = 1.0f;
