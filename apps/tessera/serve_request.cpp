@@ -1,5 +1,6 @@
 #include "apps/tessera/serve_request.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <optional>
 #include <set>
@@ -189,6 +190,8 @@ GenerateOptions options(const json& body, const Session& session, const std::str
       bad(e.what());
     }
     o.suffix = session.tokenizer().encode(t);
+    if (std::find(o.suffix.begin(), o.suffix.end(), session.engine().mask_token()) != o.suffix.end())
+      bad("'suffix' holds the mask token: the suffix is given text, not a gap");
   }
   try {
     o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,

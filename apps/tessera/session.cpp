@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -238,6 +239,8 @@ Session::Session(const SessionArgs& a) {
   if (a.suffix) {
     check_utf8(*a.suffix, "the suffix");
     gen_.suffix = tok_->encode(*a.suffix);
+    if (std::find(gen_.suffix.begin(), gen_.suffix.end(), engine_->mask_token()) != gen_.suffix.end())
+      fail("the suffix holds the mask token: the suffix is given text, not a gap");
   }
   gen_.logprobs = a.logprobs.has_value();
   logprobs_top_ = a.logprobs.value_or(0);

@@ -233,6 +233,7 @@ TEST(Cli, SuffixInfillsRawText) {
   expect_error("generate -p a --suffix b --chat",
                "--suffix infills raw text between the prompt and the suffix");
   expect_error("generate -p a --suffix b --window", "Window-Diffusion cannot be combined with a suffix");
+  expect_error("generate -p a --suffix \"b<|mdm_mask|>\"", "the suffix holds the mask token");
 }
 
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32

@@ -637,6 +637,8 @@ TEST(Serve, CompletionsInfillBeforeTheSuffix) {
                  {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"suffix", "b"}},
                  "'suffix' is a completions field");
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", 3}}, "'suffix' must be a string");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b<|mdm_mask|>c"}},
+                 "'suffix' holds the mask token");
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b"}, {"window", true}},
                  "Window-Diffusion cannot be combined with a suffix");
   std::string long_suffix;
