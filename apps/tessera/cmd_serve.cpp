@@ -1,5 +1,6 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
 //   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models
+//   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens": [ids]}
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //                              (prompt: a string, token ids, or an array of either: several prompts, whose
 //                              choices are numbered prompt by prompt)
@@ -51,6 +52,7 @@
 #include "apps/tessera/serve_request.h"
 #include "apps/tessera/session.h"
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace tessera::cli {
 namespace fs = std::filesystem;
@@ -170,6 +172,32 @@ class Server {
                         {"largest", b.largest}}},
                       {"requests_abandoned", abandoned_.load()}};  // ended early: their client went away
       res.set_content(j.dump(), "application/json");
+    });
+    // Token counting for clients, as llama.cpp's server offers it (text <-> ids of this model).
+    svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const TokenizeRequest t = parse_tokenize(req.body, session_);
+        json ids = json::array();
+        for (const int32_t id : t.tokens) {
+          if (t.with_pieces)
+            ids.push_back({{"id", id}, {"piece", piece_json(logprob_token_text(session_.tokenizer(), id))}});
+          else
+            ids.push_back(id);
+        }
+        res.set_content(json{{"tokens", ids}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                        "application/json");
+      } catch (const BadRequest& b) {
+        reply_error(res, b);
+      }
+    });
+    svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const std::string text = parse_detokenize(req.body, session_);
+        res.set_content(json{{"content", text}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                        "application/json");
+      } catch (const BadRequest& b) {
+        reply_error(res, b);
+      }
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const json j = {
@@ -480,6 +508,21 @@ class Server {
                                             out.result.tokens.size(), top);
     send(delta_event(c, rest, finish_reason(out, o), lp));
     return out.result.tokens.size();
+  }
+
+  // A token's text for /tokenize: a string when it is valid UTF-8, else its bytes (part of a character),
+  // as llama.cpp's server gives it.
+  static json piece_json(const std::string& t) {
+    for (size_t i = 0; i < t.size();) {
+      const size_t n = utf8_char_length(t, i);
+      if (n == 0) {
+        json bytes = json::array();
+        for (const char ch : t) bytes.push_back(static_cast<unsigned char>(ch));
+        return bytes;
+      }
+      i += n;
+    }
+    return t;
   }
 
   // The text up to its last complete UTF-8 character (a byte-level model may stop inside one).

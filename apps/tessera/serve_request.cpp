@@ -298,9 +298,10 @@ std::string error_body(const BadRequest& b) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
-                            const std::string& model_id) {
-  ParsedRequest r;
+namespace {
+
+// The body as a JSON object, or a 400.
+json object_body(std::string_view body_text) {
   json body;
   try {
     body = json::parse(body_text);
@@ -308,6 +309,59 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     bad(std::string("the body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("the request body must be a JSON object");
+  return body;
+}
+
+// 400 for a field that is not one of `known`.
+void only_fields(const json& body, std::initializer_list<const char*> known) {
+  for (const auto& [k, v] : body.items())
+    if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
+      bad("unknown field '" + k + "'");
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize(std::string_view body_text, const Session& session) {
+  const json body = object_body(body_text);
+  only_fields(body, {"content", "add_special", "with_pieces"});
+  if (!given(body, "content")) bad("'content' is required");
+  const std::string text = str_field(body, "content");
+  try {
+    check_utf8(text, "'content'");
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+  TokenizeRequest r;
+  const int64_t bos = session.config().bos_id;
+  if (given(body, "add_special") && bool_field(body, "add_special") && session.adds_bos() && bos >= 0)
+    r.tokens.push_back(static_cast<int32_t>(bos));
+  const std::vector<int32_t> ids = session.tokenizer().encode(text);
+  r.tokens.insert(r.tokens.end(), ids.begin(), ids.end());
+  r.with_pieces = given(body, "with_pieces") && bool_field(body, "with_pieces");
+  return r;
+}
+
+std::string parse_detokenize(std::string_view body_text, const Session& session) {
+  const json body = object_body(body_text);
+  only_fields(body, {"tokens"});
+  if (!given(body, "tokens") || !body["tokens"].is_array()) bad("'tokens' must be an array of token ids");
+  const int64_t vocab = session.config().vocab;
+  std::vector<int32_t> ids;
+  for (const json& t : body["tokens"]) {
+    if (!t.is_number_integer()) bad("'tokens' must be an array of token ids");
+    const bool in = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                           : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
+    if (!in)
+      bad("token id " + t.dump() + " is outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return session.tokenizer().decode(ids, false);
+}
+
+ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
+                            const std::string& model_id) {
+  ParsedRequest r;
+  const json body = object_body(body_text);
   if (chat && given(body, "suffix")) bad("'suffix' is a completions field; chat completions take none");
   r.options = options(body, session, model_id);
   if (chat)

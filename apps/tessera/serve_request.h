@@ -44,4 +44,15 @@ struct ParsedRequest {
 ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
                             const std::string& model_id);
 
+// POST /tokenize as llama.cpp's server takes it: {"content": text, "add_special": false, "with_pieces":
+// false}; add_special puts the model's BOS first where it adds one (no chat template).
+struct TokenizeRequest {
+  std::vector<int32_t> tokens;
+  bool with_pieces = false;
+};
+TokenizeRequest parse_tokenize(std::string_view body_text, const Session& session);
+// POST /detokenize: {"tokens": [ids]} -> the text (special tokens kept, as llama.cpp's server does);
+// every id must lie in the model's vocabulary.
+std::string parse_detokenize(std::string_view body_text, const Session& session);
+
 }  // namespace tessera::cli

@@ -62,6 +62,7 @@ class Session {
   // (tokenized: they came from the tokenizer, which the message then blames).
   void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;
   bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
+  bool adds_bos() const { return add_bos_; }  // raw prompts start with the model's BOS
   struct Output {
     std::string text;
     GenerateResult result;

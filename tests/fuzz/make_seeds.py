@@ -95,7 +95,8 @@ def main():
         open(os.path.join(a.out, "tokenize", f"seed-{name}"), "wb").write(text.encode())
     open(os.path.join(a.out, "tokenize", "seed-invalid-utf8"), "wb").write(b"ab\xff\xfe c\xc3(\xe2\x82 end\x80")
     open(os.path.join(a.out, "llama2c", "seed-dim8"), "wb").write(llama2c_seed())
-    # request: route/model byte (bit 0 chat, bit 1 tessera-tiny-moe), then the body.
+    # request: route/model byte (bit 0 chat, bit 1 tessera-tiny-moe, bits 2-3: 2 /tokenize, 3 /detokenize),
+    # then the body.
     requests = {
         "completion": (0, {"prompt": "Once upon a time", "max_tokens": 8, "steps": 8, "seed": 3}),
         "chat": (1, {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
@@ -107,6 +108,9 @@ def main():
         "window": (1, {"messages": [{"role": "user", "content": "Go"}], "max_tokens": 16, "steps": 16,
                        "window_ex": 8, "window_in": 4, "window_refresh": 2, "window_early_stop": True,
                        "window": True}),
+        "tokenize": (8, {"content": "Once upon a time", "add_special": True, "with_pieces": True}),
+        "detokenize": (12, {"tokens": [5, 9, 300, 4090]}),
+        "suffix": (0, {"prompt": "The cat", "suffix": " sat down.", "max_tokens": 8, "steps": 8}),
         "moe-des": (3, {"messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 8, "steps": 4,
                         "des": "vote", "des_k": 6, "des_beta": 0.5, "des_scope": "block", "cfg": 0.0,
                         "top_p": 1.0, "top_k": 0, "user": "u", "logprobs": False, "echo": False,

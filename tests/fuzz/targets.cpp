@@ -253,9 +253,20 @@ std::string request(std::span<const uint8_t> data) {
     sessions[which] = std::make_unique<cli::Session>(a);
   }
   cli::Session& s = *sessions[which];
+  const int route = (data[0] >> 2) & 3;  // 0, 1: a completion or chat body; 2: /tokenize; 3: /detokenize
   std::optional<cli::ParsedRequest> r;
   const std::string refused = guarded("request", [&] {
     try {
+      if (route == 2) {
+        const cli::TokenizeRequest t = cli::parse_tokenize(as_text(data.subspan(1)), s);
+        for (const int32_t id : t.tokens)
+          if (id < 0 || id >= s.config().vocab) throw Finding("tokenize: id " + std::to_string(id));
+        return;
+      }
+      if (route == 3) {
+        (void)cli::parse_detokenize(as_text(data.subspan(1)), s);
+        return;
+      }
       r = cli::parse_request(as_text(data.subspan(1)), chat, s, "tessera-tiny");
     } catch (const cli::BadRequest& b) {
       if (b.status != 400 && b.status != 404) throw Finding("request: status " + std::to_string(b.status));

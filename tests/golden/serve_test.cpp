@@ -646,6 +646,47 @@ TEST(Serve, CompletionsInfillBeforeTheSuffix) {
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", long_suffix}}, "plus the suffix of");
 }
 
+// /tokenize and /detokenize (llama.cpp's server format): the model's tokenizer, BOS on request where the
+// model adds one, pieces that concatenate to the text, and back; bad bodies get 400s.
+TEST(Serve, TokenizeAndDetokenize) {
+  ServerProcess server = tiny_server("", "serve_tokenize");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c = client_of(server);
+  const Tokenizer tok = Tokenizer::from_file(tiny_dir() / "tokenizer.json");
+  const std::string text = "Once upon a time, \"caf\u00e9\" <|endoftext|>";
+  const std::vector<int32_t> want = tok.encode(text);
+  const json t = post(c, "/tokenize", json{{"content", text}}.dump(), 200);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(want.back(), 4088) << "the special token's text is its id, as in a prompt";
+  const json b = post(c, "/tokenize", json{{"content", text}, {"add_special", true}}.dump(), 200);
+  ASSERT_EQ(b["tokens"].size(), want.size() + 1);  // tessera-tiny adds its BOS (4089) to raw prompts
+  EXPECT_EQ(b["tokens"][0], 4089);
+  const json p = post(c, "/tokenize", json{{"content", text}, {"with_pieces", true}}.dump(), 200);
+  std::string joined;  // a piece that is part of a character comes as its bytes
+  int byte_pieces = 0;
+  for (const json& e : p["tokens"]) {
+    if (e["piece"].is_string()) {
+      joined += e["piece"].get<std::string>();
+      continue;
+    }
+    ++byte_pieces;
+    for (const json& ch : e["piece"]) joined += static_cast<char>(ch.get<int>());
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_GT(byte_pieces, 0) << "the test did not test pieces inside a character";
+  const json d = post(c, "/detokenize", json{{"tokens", want}}.dump(), 200);
+  EXPECT_EQ(d["content"], text);
+  expect_refused(c, "/tokenize", {{"text", "a"}}, "unknown field 'text'");
+  expect_refused(c, "/tokenize", {{"content", 5}}, "'content' must be a string");
+  expect_refused(c, "/detokenize", {{"tokens", {1, 4096}}},
+                 "token id 4096 is outside the model's vocabulary");
+  expect_refused(c, "/detokenize", {{"tokens", {1, -1}}}, "token id -1 is outside");
+  expect_refused(c, "/detokenize", {{"tokens", "1 2"}}, "'tokens' must be an array of token ids");
+  auto r = c.Post("/tokenize", "[1,", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+}
+
 // A client that goes away ends its request: a plain one (the server watches its connection) and a
 // streamed one (an event cannot be written) stop generating well before their last step, /health counts
 // them, and the server goes on serving.
