@@ -91,6 +91,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"tokens", o.result.tokens},
       {"stopped", o.stopped},  // the text was cut before a --stop sequence
       {"prompt_tokens", prompt_tokens},
+      {"suffix_tokens", s.options().suffix.size()},  // --suffix (infilling)
       {"steps", o.result.steps_run},
       {"seconds", o.seconds},
       {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},

@@ -266,7 +266,7 @@ class Server {
     const int n = r.n;
     const int total = static_cast<int>(prompts.size()) * n;  // choices in all: prompt c / n, choice c % n
     size_t prompt_tokens = 0;
-    for (const auto& p : prompts) prompt_tokens += p.size();
+    for (const auto& p : prompts) prompt_tokens += p.size() + o.suffix.size();  // the suffix is input too
     const int top = r.logprobs;
     if (!r.stream) {
       std::vector<Session::Output> outs(static_cast<size_t>(total));

@@ -622,6 +622,9 @@ TEST(Serve, CompletionsInfillBeforeTheSuffix) {
   json req = {{"prompt", prompt}, {"suffix", suffix}, {"max_tokens", 16}};
   const json got = post(c, "/v1/completions", req.dump(), 200);
   EXPECT_EQ(got["choices"][0]["text"], cli["text"]);
+  ASSERT_GT(cli["suffix_tokens"].get<size_t>(), 0u);
+  EXPECT_EQ(got["usage"]["prompt_tokens"],
+            cli["prompt_tokens"].get<size_t>() + cli["suffix_tokens"].get<size_t>());
   req["stream"] = true;
   auto s = c.Post("/v1/completions", req.dump(), "application/json");
   ASSERT_TRUE(s);
