@@ -27,11 +27,15 @@
 // is held back until it is ruled out. A model without a chat template gets the chat messages concatenated (as
 // `tessera chat` does). A client that goes away ends its request at the next step: a stream notices when an
 // event cannot be written, a plain request by watching its connection (ClientWatch); /health counts them.
+// SIGTERM / SIGINT stop the server gracefully (the requests in flight finish); a second one exits at once.
 #include <dirent.h>
+#include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -77,6 +81,14 @@ struct Tag {
 
 // The stopped-by-client signal: thrown from the step callback to end generate().
 struct ClientGone {};
+
+// SIGTERM / SIGINT: the handler (any thread may run it) writes a byte to this pipe; the server's watcher
+// thread reads it and stops the server gracefully.
+int g_stop_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int) {
+  const char c = 1;
+  [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &c, 1);
+}
 
 // The connection of a request, to notice that its client went away while a non-streamed answer is
 // generated. httplib 0.11 gives a handler no socket, so it is found among the process's descriptors by
@@ -242,7 +254,34 @@ class Server {
     std::fprintf(stderr, "tessera serve: %s (%s) on http://%s:%d\n", model_id_.c_str(),
                  session_.model_dir().c_str(), args_.host.c_str(), port);
     std::fflush(stderr);
-    if (!svr.listen_after_bind()) fail("the server stopped unexpectedly");
+    // Graceful stop: the first SIGTERM or SIGINT closes the listening socket (new connections are
+    // refused) and lets the requests in flight finish; a second one exits at once.
+    if (::pipe2(g_stop_pipe, O_CLOEXEC) != 0) fail("cannot create the stop pipe");
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+    std::thread watcher([&svr] {
+      char c = 0;
+      if (::read(g_stop_pipe[0], &c, 1) != 1 || c == 0) return;  // 0: the server ended by itself
+      std::fprintf(stderr,
+                   "tessera serve: stopping: new connections are refused, requests in flight finish\n");
+      std::fflush(stderr);
+      svr.stop();
+      if (::read(g_stop_pipe[0], &c, 1) != 1 || c == 0) return;
+      std::fprintf(stderr, "tessera serve: stopped at once (second signal)\n");
+      std::_Exit(130);
+    });
+    const bool ok = svr.listen_after_bind();
+    const char done = 0;
+    [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &done, 1);
+    watcher.join();
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (!ok) fail("the server stopped unexpectedly");
+    std::fprintf(stderr, "tessera serve: stopped\n");
     return 0;
   }
 

@@ -53,6 +53,7 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
   int port() const { return port_; }
+  int pid() const { return pid_; }
 
  private:
   int pid_ = 0, port_ = 0;
@@ -688,6 +689,44 @@ TEST(Serve, TokenizeAndDetokenize) {
   auto r = c.Post("/tokenize", "[1,", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
+}
+
+// SIGTERM stops the server gracefully: the request in flight finishes whole, new connections are
+// refused, and the process ends saying so.
+TEST(Serve, SigtermLetsTheRequestsInFlightFinish) {
+  const auto tmp = test::temp_dir("serve-sigterm");
+  ServerProcess server("-m " + tiny_dir().string(), tmp);
+  ASSERT_GT(server.port(), 0);
+  json done;
+  std::thread request([&] {
+    httplib::Client c = client_of(server);
+    done = post(c, "/v1/completions",
+                json{{"prompt", "Once"}, {"max_tokens", 440}, {"block_length", 440}}.dump(), 200);
+  });
+  {
+    httplib::Client h("127.0.0.1", server.port());
+    h.set_keep_alive(false);
+    for (int i = 0; i < 500; ++i) {
+      auto r = h.Get("/health");
+      if (r && json::parse(r->body)["batch"]["forwards"].get<int>() >= 5) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  request.join();
+  EXPECT_EQ(done["usage"]["completion_tokens"], 440) << done.dump();
+  EXPECT_EQ(done["tessera"]["steps"], 440);
+  httplib::Client late("127.0.0.1", server.port());
+  late.set_connection_timeout(2, 0);
+  EXPECT_FALSE(late.Get("/health")) << "a new connection was served after SIGTERM";
+  std::string log;
+  for (int i = 0; i < 100 && log.find("tessera serve: stopped\n") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream f(tmp / "serve.log");
+    log.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  EXPECT_NE(log.find("stopping: new connections are refused"), std::string::npos) << log;
+  EXPECT_NE(log.find("tessera serve: stopped\n"), std::string::npos) << log;
 }
 
 // A client that goes away ends its request: a plain one (the server watches its connection) and a
