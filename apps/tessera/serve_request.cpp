@@ -314,9 +314,11 @@ json object_body(std::string_view body_text) {
 
 // 400 for a field that is not one of `known`.
 void only_fields(const json& body, std::initializer_list<const char*> known) {
-  for (const auto& [k, v] : body.items())
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();  // not a structured binding: clang 14 cannot capture one
     if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
       bad("unknown field '" + k + "'");
+  }
 }
 
 }  // namespace
