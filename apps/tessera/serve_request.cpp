@@ -357,7 +357,11 @@ std::string parse_detokenize(std::string_view body_text, const Session& session)
       bad("token id " + t.dump() + " is outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
-  return session.tokenizer().decode(ids, false);
+  try {
+    return session.tokenizer().decode(ids, false);
+  } catch (const Error& e) {  // an id of the model's vocabulary that its tokenizer has no text for
+    bad(e.what());
+  }
 }
 
 ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
