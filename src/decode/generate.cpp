@@ -327,14 +327,7 @@ struct Loop {
   void advance_prefix() {
     const int from = prefix_end, end = P + G;
     while (prefix_end < end && decided[static_cast<size_t>(prefix_end)]) ++prefix_end;
-    if (prefix_end == from) return;
-    const int32_t* first = canvas.data() + P;
-    const int32_t* last = canvas.data() + prefix_end;
-    if (o.stop_at_eos && std::any_of(first + (from - P), last, [&](int32_t t) { return is_eos(t); })) {
-      ended = true;
-    } else if (o.stop_when && o.stop_when(std::span<const int32_t>(first, last))) {
-      ended = stopped = true;
-    }
+    if (prefix_end != from) ended = ends_before(from, prefix_end);
   }
 
   // LLaDA 1A inside [lo, hi): S steps of the per-block schedule. A window step decides at most its
@@ -433,15 +426,14 @@ struct Loop {
   }
 
   bool is_eos(int32_t t) const { return std::find(o.eos_ids.begin(), o.eos_ids.end(), t) != o.eos_ids.end(); }
-  // After a block ending at hi (every position before hi decided): whether the later blocks are
-  // skipped, for an EOS (stop_at_eos) or a stop sequence (stop_when) in the generation so far.
-  bool ends_at(int hi) {
-    const int32_t* first = canvas.data() + P;
-    const int32_t* last = canvas.data() + hi;
-    const int32_t* eos = std::find_if(first, last, [&](int32_t t) { return is_eos(t); });
-    if (o.stop_at_eos && eos != last) return true;
-    if (!o.stop_when) return false;
-    stopped = o.stop_when(std::span<const int32_t>(first, o.stop_at_eos ? eos : last));
+  // Whether the answer ends within the decided tokens [P, to): an EOS in [from, to) (stop_at_eos; the
+  // tokens before `from` were checked already) or a stop sequence in them (stop_when, asked only when
+  // they hold no EOS; sets `stopped`). Without mid_block_stop it is asked after every block but the
+  // last with every position before the block's end decided (from = P): true skips the later blocks.
+  bool ends_before(int from, int to) {
+    const int32_t* c = canvas.data();
+    if (o.stop_at_eos && std::any_of(c + from, c + to, [&](int32_t t) { return is_eos(t); })) return true;
+    if (o.stop_when && o.stop_when(std::span<const int32_t>(c + P, c + to))) stopped = true;
     return stopped;
   }
   bool stopped = false;  // stop_when ended the generation: the later blocks are undecided
@@ -520,7 +512,7 @@ GenerateResult generate_block_causal(Loop& L, bool llada) {
         L.dream_block(lo, hi, o.steps, g);
       g += static_cast<uint64_t>(o.steps);
     }
-    if (L.ended || (!o.mid_block_stop && hi < total && L.ends_at(hi))) break;
+    if (L.ended || (!o.mid_block_stop && hi < total && L.ends_before(L.P, hi))) break;
   }
   return finish(L);
 }
@@ -766,7 +758,7 @@ GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const Ge
     }
     // Every position before hi is decided: an EOS (or a stop sequence) there ends the answer, later
     // blocks are skipped (mid_block_stop: as soon as the decided prefix held it).
-    if (L.ended || (!o.mid_block_stop && b + 1 < lay.num_blocks && L.ends_at(hi))) break;
+    if (L.ended || (!o.mid_block_stop && b + 1 < lay.num_blocks && L.ends_before(L.P, hi))) break;
   }
 
   return finish(L);
