@@ -52,10 +52,10 @@ nlohmann::json logprobs_json(const Session::Output& o, const Session& s) {
     nlohmann::json top = nlohmann::json::array();
     for (size_t k = 0; k < std::min(n_top, t.top.size()); ++k)
       top.push_back({{"token", t.top[k].first},
-                     {"text", logprob_token_text(tok, t.top[k].first)},
+                     {"text", tok.token_text(t.top[k].first)},
                      {"logprob", t.top[k].second}});
     arr.push_back({{"token", o.result.tokens[i]},
-                   {"text", logprob_token_text(tok, o.result.tokens[i])},
+                   {"text", tok.token_text(o.result.tokens[i])},
                    {"logprob", t.logprob},
                    {"step", t.step},
                    {"top", top}});
@@ -73,15 +73,21 @@ void print_logprobs(const Session::Output& o, const Session& s, FILE* f) {
   std::fprintf(f, "%5s %5s %9s  %s\n", "index", "step", "logprob", "token (most likely at that step)");
   for (size_t i = 0; i < o.result.tokens.size() && i < o.result.logprobs.size(); ++i) {
     const TokenLogprob& t = o.result.logprobs[i];
-    std::string line = quoted(logprob_token_text(tok, o.result.tokens[i]));
+    std::string line = quoted(tok.token_text(o.result.tokens[i]));
     for (size_t k = 0; k < std::min(n_top, t.top.size()); ++k) {
       char lp[32];
       std::snprintf(lp, sizeof lp, " %.3f", static_cast<double>(t.top[k].second));
-      line += (k == 0 ? "  (" : ", ") + quoted(logprob_token_text(tok, t.top[k].first)) + lp;
+      line += (k == 0 ? "  (" : ", ") + quoted(tok.token_text(t.top[k].first)) + lp;
       if (k + 1 == std::min(n_top, t.top.size())) line += ")";
     }
     std::fprintf(f, "%5zu %5d %9.4f  %s\n", i, t.step, static_cast<double>(t.logprob), line.c_str());
   }
+}
+
+// Whether a raw prompt gets the chat template: --chat, or a model that has one unless --raw, an empty
+// prompt or an infilling --suffix.
+bool uses_chat(const SessionArgs& a, const Session& s, const std::string& prompt) {
+  return a.chat || (!a.raw && !a.suffix && s.has_chat_template() && !prompt.empty());
 }
 
 nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_tokens) {
@@ -191,8 +197,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
   auto worker = [&] {
     for (size_t i; (i = next++) < n;) {
       try {
-        const bool use_chat = a.chat || (!a.raw && !a.suffix && s.has_chat_template() && !prompts[i].empty());
-        const auto ids = s.prompt_ids({{"user", prompts[i]}}, use_chat);
+        const auto ids = s.prompt_ids({{"user", prompts[i]}}, uses_chat(a, s, prompts[i]));
         prompt_tokens[i] = ids.size();
         out[i] = s.run(b, ids, s.options(), {});
       } catch (const Error& e) {
@@ -255,8 +260,7 @@ void add_generate(CLI::App& app, Registry& reg) {
     }
     check_utf8(*prompt, "the prompt");
     Session s(*a);
-    const bool use_chat = a->chat || (!a->raw && !a->suffix && s.has_chat_template() && !prompt->empty());
-    const auto ids = s.prompt_ids({{"user", *prompt}}, use_chat);
+    const auto ids = s.prompt_ids({{"user", *prompt}}, uses_chat(*a, s, *prompt));
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     const auto o = s.run(ids, tty);
     if (a->json) {

@@ -192,7 +192,7 @@ class Server {
         json ids = json::array();
         for (const int32_t id : t.tokens) {
           if (t.with_pieces)
-            ids.push_back({{"id", id}, {"piece", piece_json(logprob_token_text(session_.tokenizer(), id))}});
+            ids.push_back({{"id", id}, {"piece", piece_json(session_.tokenizer().token_text(id))}});
           else
             ids.push_back(id);
         }
@@ -371,31 +371,26 @@ class Server {
   json logprobs_json(bool chat, std::span<const int32_t> tokens, std::span<const TokenLogprob> lps, size_t a,
                      size_t b, int top) const {
     const Tokenizer& tk = session_.tokenizer();
-    auto bytes = [](const std::string& t) {
-      json v = json::array();
-      for (const char ch : t) v.push_back(static_cast<unsigned char>(ch));
-      return v;
-    };
     json content = json::array(), texts = json::array(), values = json::array(), tops = json::array(),
          offsets = json::array();
     a = std::min(a, tokens.size());
     size_t offset = tk.decode(tokens.first(a), true).size();
     for (size_t i = a; i < b && i < lps.size(); ++i) {
       const TokenLogprob& t = lps[i];
-      const std::string text = logprob_token_text(tk, tokens[i]);
+      const std::string text = tk.token_text(tokens[i]);
       const size_t k = std::min(static_cast<size_t>(top), t.top.size());
       if (chat) {
         json alts = json::array();
         for (size_t j = 0; j < k; ++j) {
-          const std::string at = logprob_token_text(tk, t.top[j].first);
-          alts.push_back({{"token", at}, {"logprob", t.top[j].second}, {"bytes", bytes(at)}});
+          const std::string at = tk.token_text(t.top[j].first);
+          alts.push_back({{"token", at}, {"logprob", t.top[j].second}, {"bytes", byte_array(at)}});
         }
         content.push_back(
-            {{"token", text}, {"logprob", t.logprob}, {"bytes", bytes(text)}, {"top_logprobs", alts}});
+            {{"token", text}, {"logprob", t.logprob}, {"bytes", byte_array(text)}, {"top_logprobs", alts}});
         continue;
       }
       json alts = json::object();
-      for (size_t j = 0; j < k; ++j) alts[logprob_token_text(tk, t.top[j].first)] = t.top[j].second;
+      for (size_t j = 0; j < k; ++j) alts[tk.token_text(t.top[j].first)] = t.top[j].second;
       texts.push_back(text);
       values.push_back(t.logprob);
       tops.push_back(alts);
@@ -549,16 +544,19 @@ class Server {
     return out.result.tokens.size();
   }
 
+  // The bytes of a text as a JSON array of numbers.
+  static json byte_array(const std::string& t) {
+    json v = json::array();
+    for (const char ch : t) v.push_back(static_cast<unsigned char>(ch));
+    return v;
+  }
+
   // A token's text for /tokenize: a string when it is valid UTF-8, else its bytes (part of a character),
   // as llama.cpp's server gives it.
   static json piece_json(const std::string& t) {
     for (size_t i = 0; i < t.size();) {
       const size_t n = utf8_char_length(t, i);
-      if (n == 0) {
-        json bytes = json::array();
-        for (const char ch : t) bytes.push_back(static_cast<unsigned char>(ch));
-        return bytes;
-      }
+      if (n == 0) return byte_array(t);
       i += n;
     }
     return t;

@@ -103,9 +103,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
              "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
              "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
              "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, precision, dequantize, "
-             "device, "
-             "k-ffn, k-logits, "
-             "memory-budget)");
+             "device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);

@@ -185,13 +185,10 @@ GenerateOptions options(const json& body, const Session& session, const std::str
   if (given(body, "suffix")) {  // infilling: the text after the completion
     const std::string t = str_field(body, "suffix");
     try {
-      check_utf8(t, "'suffix'");
+      o.suffix = session.suffix_ids(t, "'suffix'");
     } catch (const Error& e) {
       bad(e.what());
     }
-    o.suffix = session.tokenizer().encode(t);
-    if (std::find(o.suffix.begin(), o.suffix.end(), session.engine().mask_token()) != o.suffix.end())
-      bad("'suffix' holds the mask token: the suffix is given text, not a gap");
   }
   try {
     o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
@@ -334,11 +331,8 @@ TokenizeRequest parse_tokenize(std::string_view body_text, const Session& sessio
     bad(e.what());
   }
   TokenizeRequest r;
-  const int64_t bos = session.config().bos_id;
-  if (given(body, "add_special") && bool_field(body, "add_special") && session.adds_bos() && bos >= 0)
-    r.tokens.push_back(static_cast<int32_t>(bos));
-  const std::vector<int32_t> ids = session.tokenizer().encode(text);
-  r.tokens.insert(r.tokens.end(), ids.begin(), ids.end());
+  const bool bos = given(body, "add_special") && bool_field(body, "add_special") && session.adds_bos();
+  r.tokens = encode_raw(session.tokenizer(), text, bos ? session.config().bos_id : -1);
   r.with_pieces = given(body, "with_pieces") && bool_field(body, "with_pieces");
   return r;
 }

@@ -236,12 +236,7 @@ Session::Session(const SessionArgs& a) {
   gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
   gen_.window_early_stop = a.window_early_stop;
   gen_.stop = a.stop;
-  if (a.suffix) {
-    check_utf8(*a.suffix, "the suffix");
-    gen_.suffix = tok_->encode(*a.suffix);
-    if (std::find(gen_.suffix.begin(), gen_.suffix.end(), engine_->mask_token()) != gen_.suffix.end())
-      fail("the suffix holds the mask token: the suffix is given text, not a gap");
-  }
+  if (a.suffix) gen_.suffix = suffix_ids(*a.suffix, "the suffix");
   gen_.logprobs = a.logprobs.has_value();
   logprobs_top_ = a.logprobs.value_or(0);
   gen_.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
@@ -252,6 +247,22 @@ Session::Session(const SessionArgs& a) {
     if (id >= 0 && id < c.vocab) gen_.eos_ids.push_back(id);
   }
   validate_generate_options(gen_, c.vocab, model_block > 0);
+}
+
+std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos) {
+  std::vector<int32_t> ids;
+  if (bos >= 0) ids.push_back(static_cast<int32_t>(bos));
+  const std::vector<int32_t> body = t.encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::vector<int32_t> Session::suffix_ids(const std::string& text, const std::string& what) const {
+  check_utf8(text, what.c_str());
+  std::vector<int32_t> ids = tok_->encode(text);
+  if (std::find(ids.begin(), ids.end(), engine_->mask_token()) != ids.end())
+    fail(what + " holds the mask token: the suffix is given text, not a gap");
+  return ids;
 }
 
 int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) const {
@@ -266,11 +277,9 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     if (chat_family_ == ChatFamily::None) fail(dir_ + " has no chat template (use --raw)");
     ids = tok_->encode(apply_chat_template(chat_family_, msgs, true));
   } else {
-    if (add_bos_) ids.push_back(engine_->config().bos_id);
     std::string text;
     for (const auto& m : msgs) text += m.content;
-    const auto body = tok_->encode(text);
-    ids.insert(ids.end(), body.begin(), body.end());
+    ids = encode_raw(*tok_, text, add_bos_ ? engine_->config().bos_id : -1);
   }
   check_prompt(ids, o, true);
   return ids;

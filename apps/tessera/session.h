@@ -63,6 +63,9 @@ class Session {
   void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;
   bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
   bool adds_bos() const { return add_bos_; }  // raw prompts start with the model's BOS
+  // The ids of an infilling suffix (GenerateOptions::suffix); throws, naming it `what`, for text that is
+  // not UTF-8 or whose tokens hold the mask token.
+  std::vector<int32_t> suffix_ids(const std::string& text, const std::string& what) const;
   struct Output {
     std::string text;
     GenerateResult result;
@@ -107,6 +110,9 @@ class Session {
   int logprobs_top_ = 0;
 };
 
+// Token ids of raw text (no chat template), `bos` first when it is >= 0.
+std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos);
+
 // Where the first of the stop sequences begins in text (the earliest; std::string::npos: none).
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop);
 // GenerateOptions::stop_when for the stop sequences: whether the text of the tokens holds one (none
@@ -118,12 +124,6 @@ std::function<bool(std::span<const int32_t>)> stop_checker(const Tokenizer& t,
 // nothing changed, when no stop sequence is in the text.
 bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, GenerateResult& r,
                  std::string& text);
-
-// The text of one token for logprobs output: its bytes (a byte-level piece may be part of a character),
-// with its leading space where a SentencePiece decoder would strip it at the start of a text.
-inline std::string logprob_token_text(const Tokenizer& t, int32_t id) {
-  return t.token_text(id);
-}
 
 // The directory of the bundled default model (models/tessera-tiny); throws with a hint otherwise.
 std::string default_model_dir();
