@@ -66,9 +66,14 @@ struct Row {
   std::vector<int32_t> tokens;
 };
 
+// The model directory of -m, else the bundled default model.
+std::string model_dir(const BenchArgs& a) {
+  return a.model.empty() ? default_model_dir() : a.model;
+}
+
 std::unique_ptr<Engine> make_engine(const BenchArgs& a, const EngineOptions& eng) {
   if (!a.geometry.empty()) return Engine::synthetic(named_geometry(a.geometry), eng);
-  return Engine::load(a.model.empty() ? default_model_dir() : a.model, eng);
+  return Engine::load(model_dir(a), eng);
 }
 
 // cut: cuts every answer before the first of o.stop (o.stop_when says when the decided tokens hold one).
@@ -176,14 +181,15 @@ int run_bench(const BenchArgs& a) {
                 "--batch measures whole generations; give it without --eos and --stop");
   // --batch: prompt r of the batch (r = 0 is the benchmark's prompt; with -p every request has it).
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(std::max(a.batch, 1)));
-  if (!a.prompt.empty()) {
-    TESSERA_CHECK(a.geometry.empty(), "-p needs a model with a tokenizer (-m DIR), not --geometry");
-    const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-    std::vector<int32_t> ids;  // as tessera generate --raw encodes it
-    if (model_adds_bos(dir) && cfg.bos_id >= 0) ids.push_back(static_cast<int32_t>(cfg.bos_id));
-    const std::vector<int32_t> body = load_model_tokenizer(dir).encode(a.prompt);
-    ids.insert(ids.end(), body.begin(), body.end());
-    std::fill(prompts.begin(), prompts.end(), ids);
+  TESSERA_CHECK(a.prompt.empty() || a.geometry.empty(),
+                "-p needs a model with a tokenizer (-m DIR), not --geometry");
+  TESSERA_CHECK(a.stop.empty() || a.geometry.empty(),
+                "--stop needs a model with a tokenizer (-m DIR), not --geometry");
+  std::optional<Tokenizer> tok;  // -p, --stop: the model's, loaded once
+  if (!a.prompt.empty() || !a.stop.empty()) tok = load_model_tokenizer(model_dir(a));
+  if (!a.prompt.empty()) {  // as tessera generate --raw encodes it
+    const bool bos = model_adds_bos(model_dir(a));
+    std::fill(prompts.begin(), prompts.end(), encode_raw(*tok, a.prompt, bos ? cfg.bos_id : -1));
   } else {  // fixed pseudo-random ordinary tokens (the lower half of the vocabulary: no special ids)
     for (size_t r = 0; r < prompts.size(); ++r) {
       for (int i = 0; i < a.prompt_len; ++i)
@@ -193,11 +199,6 @@ int run_bench(const BenchArgs& a) {
     }
   }
   const std::vector<int32_t>& prompt = prompts[0];
-  std::optional<Tokenizer> tok;  // --stop
-  if (!a.stop.empty()) {
-    TESSERA_CHECK(a.geometry.empty(), "--stop needs a model with a tokenizer (-m DIR), not --geometry");
-    tok = load_model_tokenizer(a.model.empty() ? default_model_dir() : a.model);
-  }
   GenerateOptions base;
   base.gen_length = a.gen_length;
   base.block_length = a.block_length;
@@ -211,7 +212,7 @@ int run_bench(const BenchArgs& a) {
   TESSERA_CHECK(!a.eos || cfg.eos_id >= 0, "--eos: this model has no EOS token");
   if (cfg.eos_id >= 0) base.eos_ids = {cfg.eos_id};  // window-early-stop ends at it
   base.stop = a.stop;
-  if (tok) base.stop_when = stop_checker(*tok, a.stop);
+  base.stop_when = tok ? stop_checker(*tok, a.stop) : nullptr;
   const bool moe = base_engine->supports_expert_sharing();
   base.moe_stats = moe;  // unique experts per MoE layer in every row
   const bool block_causal = base_engine->attention_block() > 0;
@@ -225,7 +226,7 @@ int run_bench(const BenchArgs& a) {
   }
 
   std::vector<Row> rows;
-  const Tokenizer* cut = tok ? &*tok : nullptr;
+  const Tokenizer* cut = a.stop.empty() ? nullptr : &*tok;
   Row b = measure(*base_engine, prompt, base, a.reps, cut);
   b.label = "baseline";
   b.weights = base_engine->model().weight_bytes();
@@ -247,8 +248,10 @@ int run_bench(const BenchArgs& a) {
       size_t same = 0;
       for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
         same += r.tokens[i] == rows.front().tokens[i] ? 1 : 0;
-      r.agreement =
-          static_cast<double>(same) / static_cast<double>(std::max<size_t>(rows.front().tokens.size(), 1));
+      // An empty answer (--eos / --stop at its first token) agrees with an empty baseline only.
+      const size_t base_n = rows.front().tokens.size();
+      r.agreement = base_n > 0 ? static_cast<double>(same) / static_cast<double>(base_n)
+                               : (r.tokens.empty() ? 1.0 : 0.0);
       rows.push_back(std::move(r));
     } catch (const Error& e) {
       std::fprintf(stderr, "tessera bench: comparison '%s' cannot run: %s\n", spec.c_str(), e.what());
@@ -257,8 +260,7 @@ int run_bench(const BenchArgs& a) {
     }
   }
 
-  const std::string what = a.geometry.empty() ? (a.model.empty() ? default_model_dir() : a.model)
-                                              : a.geometry + " (synthetic weights)";
+  const std::string what = a.geometry.empty() ? model_dir(a) : a.geometry + " (synthetic weights)";
   std::printf(
       "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d\n", what.c_str(),
       base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
