@@ -497,11 +497,14 @@ TEST_F(CudaTest, TopLogprobsMatchCpu) {
 
 // SparseD selection on the GPU vs the double reference (and the CPU backend): every tie-free query
 // block selects the same tiles; shapes include GQA, a prompt boundary inside a block, partial blocks,
-// head dims 64 / 128, and a canvas whose key blocks exceed the default 48 KiB of shared memory.
+// head dims 32 / 64 / 128, blocks of 256 (two 128-row passes per query block), fewer query rows than
+// keys, and a canvas whose key blocks exceed the default 48 KiB of shared memory. Blocks that are a
+// multiple of 8 take the tensor-core kernel, block 1 the scalar one.
 TEST_F(CudaTest, SparseSelectMatchesReference) {
   using Case = test::SparseSelectCase;
   for (const Case& c : {Case{4, 2, 64, 300, 300, 32, 0.3f, 150}, Case{2, 1, 128, 257, 257, 64, 0.5f, 64},
-                        Case{2, 2, 32, 100, 100, 16, 0.0f, 0}, Case{1, 1, 64, 64, 16000, 1, 0.3f, 9000}}) {
+                        Case{2, 2, 32, 100, 100, 16, 0.0f, 0}, Case{1, 1, 64, 64, 16000, 1, 0.3f, 9000},
+                        Case{4, 2, 128, 600, 1400, 256, 0.5f, 512}}) {
     SCOPED_TRACE("hq " + std::to_string(c.hq) + " mk " + std::to_string(c.mk));
     auto q = random_floats(static_cast<size_t>(c.mq * c.hq * c.d), 21, 2.0f);
     auto k = random_floats(static_cast<size_t>(c.mk * c.hkv * c.d), 22, 2.0f);
