@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pending GPU work in as few device calls as possible: the CUDA test binary (every op against the
+# The GPU work in as few device calls as possible: the CUDA test binary (every op against the
 # CPU backend, the golden tests on --device cuda, LLaDA2 included), then tessera's longest context at
 # 24 / 40 / 80 GiB (issue item 4c); separately, the KV cache's speed-ups at LLaDA-8B size. The GPU machine has nvcc and cmake but, by its package list, none of
 # tessera's libraries (oneDNN, PCRE2, utf8proc, GTest), so the binaries are built here and carried there.
