@@ -221,6 +221,60 @@ __device__ bool tile_kept(const AttnArgs& a, int h, int64_t k0, int nk, int64_t 
   return __any_sync(0xffffffffu, keep) != 0;
 }
 
+// S += Q K^T for one 64-key tile: sc holds this warp's 16 rows x 64 keys in the mma accumulator layout
+// (sc[jj][e]: row lane / 4 (+ 8 for e >= 2), key jj * 8 + (lane % 4) * 2 + e % 2), qf the warp's Q
+// fragments, sK the swizzled [64][D] bf16 key tile.
+template <int D>
+__device__ __forceinline__ void qk_tile(float (&sc)[8][4], const unsigned (&qf)[D / 16][4],
+                                        const __nv_bfloat16* sK, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+      unsigned b[4];
+      ldmatrix_x4(b, sK + tsw<D>(jp * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+      mma_bf16_16816(sc[jp * 2], qf[kk], b);
+      mma_bf16_16816(sc[jp * 2 + 1], qf[kk], b + 2);
+    }
+  }
+}
+
+// One tile of the online softmax (base 2) for the thread's two rows (lo, hi): mx_* are the thread's
+// maxima of the tile's scaled scores sc. Folds the tile into the running max m and sum l (reduced over
+// the 4 lanes that share a row), turns sc into exp2(s - m) and gives in al_* the factor by which what
+// was accumulated before this tile must be rescaled.
+__device__ __forceinline__ void online_softmax_tile(float (&sc)[8][4], float mx_lo, float mx_hi, float& m_lo,
+                                                    float& m_hi, float& l_lo, float& l_hi, float& al_lo,
+                                                    float& al_hi) {
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+  // A row with nothing visible yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0, no NaN).
+  const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+  al_lo = fast_exp2(m_lo - sub_lo);
+  al_hi = fast_exp2(m_hi - sub_hi);
+  float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    sc[jj][0] = fast_exp2(sc[jj][0] - sub_lo);
+    sc[jj][1] = fast_exp2(sc[jj][1] - sub_lo);
+    sc[jj][2] = fast_exp2(sc[jj][2] - sub_hi);
+    sc[jj][3] = fast_exp2(sc[jj][3] - sub_hi);
+    sum_lo += sc[jj][0] + sc[jj][1];
+    sum_hi += sc[jj][2] + sc[jj][3];
+  }
+  sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
+  sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
+  sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
+  sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
+  l_lo = l_lo * al_lo + sum_lo;
+  l_hi = l_hi * al_hi + sum_hi;
+  m_lo = mn_lo;
+  m_hi = mn_hi;
+}
+
 // 128 query rows per block (8 warps x 16 rows) against 64-key tiles of bf16 K / V that stream
 // through a two-stage cp.async buffer: the next kept tile loads while this one is computed.
 template <int D>
@@ -315,16 +369,7 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
     float sc[8][4];
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) sc[jj][0] = sc[jj][1] = sc[jj][2] = sc[jj][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        unsigned b[4];
-        ldmatrix_x4(b, sK + tsw<D>(jp * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-        mma_bf16_16816(sc[jp * 2], qf[kk], b);
-        mma_bf16_16816(sc[jp * 2 + 1], qf[kk], b + 2);
-      }
-    }
+    qk_tile<D>(sc, qf, sK, lane);
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
     if (nk == kBKV && nq == kFlashBQ && a.mask == MaskKind::None && !fine_sparse) {
       // Full, unmasked tile (the common case): scale only.
@@ -358,32 +403,8 @@ __global__ void __launch_bounds__(kFlashThreads) attn_flash_kernel(const AttnArg
         }
       }
     }
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    // A row with nothing visible yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0, no NaN).
-    const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    const float al_lo = fast_exp2(m_lo - sub_lo), al_hi = fast_exp2(m_hi - sub_hi);
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      sc[jj][0] = fast_exp2(sc[jj][0] - sub_lo);
-      sc[jj][1] = fast_exp2(sc[jj][1] - sub_lo);
-      sc[jj][2] = fast_exp2(sc[jj][2] - sub_hi);
-      sc[jj][3] = fast_exp2(sc[jj][3] - sub_hi);
-      sum_lo += sc[jj][0] + sc[jj][1];
-      sum_hi += sc[jj][2] + sc[jj][3];
-    }
-    sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
-    sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
-    sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
-    sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
-    l_lo = l_lo * al_lo + sum_lo;
-    l_hi = l_hi * al_hi + sum_hi;
-    m_lo = mn_lo;
-    m_hi = mn_hi;
+    float al_lo, al_hi;
+    online_softmax_tile(sc, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi);
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj) {
       o[jj][0] *= al_lo;
@@ -730,22 +751,9 @@ __global__ void __launch_bounds__(kSelThreads) sparse_select_mma_kernel(SelArgs 
         float sc[8][4];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) sc[jj][0] = sc[jj][1] = sc[jj][2] = sc[jj][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-          for (int jp = 0; jp < 4; ++jp) {
-            const int off = tsw<D>(jp * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1));
-            unsigned bh[4], bl[4];
-            ldmatrix_x4(bh, kh + off);
-            ldmatrix_x4(bl, kl + off);
-            mma_bf16_16816(sc[jp * 2], ql[kk], bh);
-            mma_bf16_16816(sc[jp * 2 + 1], ql[kk], bh + 2);
-            mma_bf16_16816(sc[jp * 2], qh[kk], bl);
-            mma_bf16_16816(sc[jp * 2 + 1], qh[kk], bl + 2);
-            mma_bf16_16816(sc[jp * 2], qh[kk], bh);
-            mma_bf16_16816(sc[jp * 2 + 1], qh[kk], bh + 2);
-          }
-        }
+        qk_tile<D>(sc, ql, kh, lane);  // the small terms first
+        qk_tile<D>(sc, qh, kl, lane);
+        qk_tile<D>(sc, qh, kh, lane);
         // Scaled to base 2; padding rows and keys past the end drop out.
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
@@ -763,26 +771,8 @@ __global__ void __launch_bounds__(kSelThreads) sparse_select_mma_kernel(SelArgs 
             mx_lo = fmaxf(mx_lo, fmaxf(sc[jj][0], sc[jj][1]));
             mx_hi = fmaxf(mx_hi, fmaxf(sc[jj][2], sc[jj][3]));
           }
-          mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-          mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-          mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-          mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-          const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-          const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-          float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            sum_lo += fast_exp2(sc[jj][0] - sub_lo) + fast_exp2(sc[jj][1] - sub_lo);
-            sum_hi += fast_exp2(sc[jj][2] - sub_hi) + fast_exp2(sc[jj][3] - sub_hi);
-          }
-          sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
-          sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
-          sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
-          sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
-          l_lo = l_lo * fast_exp2(m_lo - sub_lo) + sum_lo;
-          l_hi = l_hi * fast_exp2(m_hi - sub_hi) + sum_hi;
-          m_lo = mn_lo;
-          m_hi = mn_hi;
+          float al_lo, al_hi;
+          online_softmax_tile(sc, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi);
           continue;
         }
         // Pass 2: each 8-column group's probabilities, summed over this warp's 16 rows, then over the
