@@ -26,7 +26,7 @@ namespace {
 using json = nlohmann::json;
 
 struct PlanArgs {
-  std::string model, geometry, budget, svg;
+  std::string model, geometry, budget, svg, device = "cpu";
   int64_t context = 0;
   double mask_ratio = 0.5;
   bool json = false;
@@ -232,10 +232,15 @@ int run_plan(const PlanArgs& a) {
     c = named_geometry(a.geometry);
   }
   if (a.context < 1) fail("--context must be at least 1 token");
+  // CUDA plans the bf16 K / V staging of its flash attention and converts quantized GGUF tensors to bf16
+  // at load.
+  const bool cuda = a.device == "cuda";
+  if (cuda && gguf_weights > 0) act = DType::BF16;
   const graph::GraphTemplate g =
-      build_dense_graph(shape_only_weights(c, act), graph_options(c, act), OutputMode::Sample);
+      build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
+                        OutputMode::Sample);
   const size_t weights =
-      gguf_weights > 0 ? gguf_weights : static_cast<size_t>(c.param_count()) * dtype_size(act);
+      gguf_weights > 0 && !cuda ? gguf_weights : static_cast<size_t>(c.param_count()) * dtype_size(act);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const size_t per_token =
       a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
@@ -272,6 +277,7 @@ int run_plan(const PlanArgs& a) {
   }
   if (a.json) {
     json j = {{"model", name},
+              {"device", a.device},
               {"layers", c.n_layers},
               {"hidden", c.hidden},
               {"intermediate", c.intermediate},
@@ -298,10 +304,11 @@ int run_plan(const PlanArgs& a) {
     return 0;
   }
   const auto hb = [](double b) { return human_bytes(b); };
-  const std::string how = gguf_weights > 0 ? std::string("the GGUF's tensors, quantized ones kept on the CPU")
-                                           : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
-  std::printf("%s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),
-              static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
+  const std::string how = gguf_weights > 0 && !cuda
+                              ? std::string("the GGUF's tensors, quantized ones kept on the CPU")
+                              : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
+  std::printf("%s on %s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),
+              a.device.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
               static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
               hb(static_cast<double>(weights)).c_str(), how.c_str());
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
@@ -359,6 +366,11 @@ int run_plan(const PlanArgs& a) {
   }
   std::printf("%-22s %lld tokens at mask ratio %.2f\n", "L_max (this budget)", static_cast<long long>(l_max),
               a.mask_ratio);
+  if (cuda) {
+    std::printf(
+        "(the CUDA context and cuBLASLt are not in the budget: 0.55 GiB more on an H100; see "
+        "docs/PERF.md)\n");
+  }
   return 0;
 }
 
@@ -388,6 +400,10 @@ void add_plan(CLI::App& app, Registry& reg) {
          "SparseD patterns (generate --sparse) with tiles of this many positions are held: count them")
       ->check(CLI::PositiveNumber);
   sub->add_option("--svg", a->svg, "write the memory timeline of the chosen plan to FILE (SVG)");
+  sub->add_option("--device", a->device,
+                  "plan the step as this device runs it (cuda: bf16 K / V staging for its attention, "
+                  "quantized GGUF tensors converted to bf16); no GPU is needed")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   reg.handlers.emplace_back(sub, [a] {
     if (a->model.empty() && a->geometry.empty()) fail("plan: give -m DIR or --geometry NAME");
     return run_plan(*a);

@@ -7,7 +7,7 @@
 
 namespace tessera {
 
-GraphOptions graph_options(const ModelConfig& c, DType act) {
+GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
   GraphOptions o;
   o.act = act;
   o.hidden = c.hidden;
@@ -29,6 +29,7 @@ GraphOptions graph_options(const ModelConfig& c, DType act) {
   o.route.scale = m.routed_scale;
   o.route.n_group = static_cast<int>(m.n_group);
   o.route.topk_group = static_cast<int>(m.topk_group);
+  o.stage_kv_bf16 = device == Device::CUDA && act == DType::BF16;
   return o;
 }
 

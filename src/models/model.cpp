@@ -52,8 +52,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
          (last_layer < 0 ? std::string("has no layer tensors")
                          : "has tensors of layers 0.." + std::to_string(last_layer) + " only"));
   }
-  m->opts_ = graph_options(c, act);
-  m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;
+  m->opts_ = graph_options(c, act, backend.device());
   using Binder = void (*)(Model&);
   constexpr std::pair<Family, Binder> kFamilies[] = {
       {Family::LLaDA, bind_llada},
@@ -283,8 +282,7 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, 
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = c;
   m->backend_ = &backend;
-  m->opts_ = graph_options(c, act);
-  m->opts_.stage_kv_bf16 = backend.device() == Device::CUDA && act == DType::BF16;
+  m->opts_ = graph_options(c, act, backend.device());
   Model* mp = m.get();
   WeightMaker make;
   make.tensor = [mp, &seed](const std::vector<int64_t>& shape, DType dt, float sd) {

@@ -171,7 +171,9 @@ struct WeightMaker {
 DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make);
 // Shape-only weights (no data) for planning without loading a checkpoint.
 DenseWeights shape_only_weights(const ModelConfig& c, DType act);
-GraphOptions graph_options(const ModelConfig& c, DType act);
+// The graph options of config c computing in act on `device` (CUDA with bf16 activations plans the bf16
+// K / V staging buffer of its tensor-core attention).
+GraphOptions graph_options(const ModelConfig& c, DType act, Device device = Device::CPU);
 // Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024, llada-moe-7b,
 // llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only.
 ModelConfig named_geometry(const std::string& name);

@@ -252,5 +252,29 @@ TEST(MemoryBudget, CliGenerateAndPlan) {
   test::expect_command_error(bin + " plan --context 4096", "-m DIR or --geometry");
 }
 
+// `tessera plan --device cuda` plans the graph the CUDA engine runs (with the bf16 K / V staging of its
+// flash attention): its L_max for LLaDA-8B at 24 / 40 GiB is the one the engine planned and ran on an
+// H100 (forward_bench --lmax, docs/PERF.md), below the CPU graph's.
+TEST(MemoryBudget, PlanForCudaIsTheGpuEnginesPlan) {
+  const std::string bin = TESSERA_BINARY;
+  const auto l_max = [&](const std::string& budget, const std::string& device) {
+    std::string out;
+    EXPECT_EQ(test::run_command(bin + " plan --geometry llada-8b --context 4096 --budget " + budget +
+                                    " --json --device " + device,
+                                &out),
+              0)
+        << out;
+    const auto j = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    if (j.is_discarded()) return int64_t{-1};
+    EXPECT_EQ(j["device"].get<std::string>(), device);
+    return j["l_max"].get<int64_t>();
+  };
+  EXPECT_EQ(l_max("24GiB", "cuda"), 108058);
+  EXPECT_EQ(l_max("40GiB", "cuda"), 298683);
+  EXPECT_GT(l_max("24GiB", "cpu"), 108058);
+  test::expect_command_error(bin + " plan --geometry llada-8b --context 4096 --device tpu", "--device");
+}
+
 }  // namespace
 }  // namespace tessera
