@@ -29,9 +29,14 @@ void print_stats(const Session::Output& o, Session& s, FILE* f) {
     std::snprintf(moe, sizeof moe, " · %.1f of %lld experts per MoE layer%s", m.mean(m.unique),
                   static_cast<long long>(s.config().moe.n_experts),
                   s.options().des != "off" ? (" (DES-" + s.options().des + ")").c_str() : "");
-  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · peak memory %s (activations %s%s)%s]\n",
-               o.result.steps_run, o.result.tokens.size(), o.seconds, tps,
-               human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
+  // On a GPU the memory that matters is the device's: what this process holds there (weights, workspace,
+  // caches, the CUDA runtime; nothing is allocated during a step, so this is the peak).
+  const int64_t device_used = device_bytes_in_use(s.engine());
+  const std::string memory = device_used >= 0
+                                 ? "GPU memory " + human_bytes(static_cast<double>(device_used))
+                                 : "peak memory " + human_bytes(static_cast<double>(peak_rss_bytes()));
+  std::fprintf(f, "[%d steps · %zu tokens in %.2f s · %.1f tokens/s · %s (activations %s%s)%s]\n",
+               o.result.steps_run, o.result.tokens.size(), o.seconds, tps, memory.c_str(),
                human_bytes(static_cast<double>(s.engine().max_planned_peak())).c_str(), kv.c_str(), moe);
 }
 
@@ -102,6 +107,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"seconds", o.seconds},
       {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
       {"peak_rss_bytes", peak_rss_bytes()},
+      {"device_bytes_in_use", device_bytes_in_use(s.engine())},  // -1 on the CPU
       {"activation_peak_bytes", s.engine().max_planned_peak()},
       {"kv_cache_bytes", s.engine().kv_cache_bytes()},
       {"gen_length", s.options().gen_length},

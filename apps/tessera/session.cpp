@@ -133,6 +133,11 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(u.ru_maxrss) * 1024;
 }
 
+int64_t device_bytes_in_use(Engine& e) {
+  const int64_t free = e.backend().device_free_bytes();
+  return free < 0 ? -1 : e.backend().device_total_bytes() - free;
+}
+
 std::string human_bytes(double b) {
   return memory::format_bytes(b);
 }

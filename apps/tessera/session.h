@@ -129,6 +129,9 @@ bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, Gener
 std::string default_model_dir();
 // Peak resident memory of this process in bytes.
 size_t peak_rss_bytes();
+// Device memory in use on the engine's GPU (total minus free: this process's and any other's); -1 on
+// the CPU.
+int64_t device_bytes_in_use(Engine& e);
 std::string human_bytes(double b);
 // CLI check of a memory size ("24GiB", "512MiB", "1.5GB", bytes): the parse error, if any.
 CLI::Validator size_validator();

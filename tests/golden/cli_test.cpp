@@ -181,6 +181,8 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   const std::string text = full["text"];
   ASSERT_EQ(full["steps"], 64);
   EXPECT_EQ(full["stopped"], false);
+  EXPECT_EQ(full["device_bytes_in_use"], -1);  // no GPU memory on the CPU
+  EXPECT_GT(full["peak_rss_bytes"].get<size_t>(), full["activation_peak_bytes"].get<size_t>());
   // The first word of 3 or more letters after the first sixth of the text.
   const std::string word = test::word_after(text, text.size() / 6);
   ASSERT_FALSE(word.empty()) << text;
