@@ -1,5 +1,7 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
-//   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models
+//   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models,
+//        /metrics (Prometheus text format: generation requests by result, in flight, tokens, seconds,
+//        packed forwards, memory)
 //   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens": [ids]}
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //                              (prompt: a string, token ids, or an array of either: several prompts, whose
@@ -185,6 +187,9 @@ class Server {
                       {"requests_abandoned", abandoned_.load()}};  // ended early: their client went away
       res.set_content(j.dump(), "application/json");
     });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
     // Token counting for clients, as llama.cpp's server offers it (text <-> ids of this model).
     svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       try {
@@ -298,6 +303,7 @@ class Server {
     try {
       r = parse_request(req.body, chat, session_, model_id_);
     } catch (const BadRequest& b) {
+      ++failed_;
       return reply_error(res, b);
     }
     const GenerateOptions& o = r.options;
@@ -311,6 +317,7 @@ class Server {
       std::vector<Session::Output> outs(static_cast<size_t>(total));
       const Tag tag = next_tag();
       const ClientWatch watch(req);
+      const InFlight flight(in_flight_);
       try {
         run_choices(total, [&](int i) {
           outs[static_cast<size_t>(i)] =
@@ -323,6 +330,7 @@ class Server {
         res.status = 499;  // nginx's "client closed request": nobody reads it
         return;
       } catch (const Error& e) {
+        ++failed_;
         return reply_error(res, {400, "invalid_request_error", e.what()});
       }
       json j = envelope(tag, chat, false);
@@ -350,6 +358,7 @@ class Server {
         seconds = std::max(seconds, out.seconds);
       }
       j["usage"] = usage(prompt_tokens, completion);
+      count_done(prompt_tokens, completion, seconds);
       j["tessera"] = {{"steps", steps},  // of the longest choice
                       {"seconds", seconds}, {"cache", o.cache},  {"sparse", o.sparse},
                       {"des", o.des},       {"window", o.window}};
@@ -438,6 +447,8 @@ class Server {
     const GenerateOptions& o = r.options;
     const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
     const Tag tag = next_tag();
+    const InFlight flight(in_flight_);
+    const auto t0 = std::chrono::steady_clock::now();
     std::mutex sink_mutex;  // the choices' threads write events
     auto send = [&](const json& j) {
       const std::string ev = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -475,20 +486,23 @@ class Server {
         completion[static_cast<size_t>(c)] =
             stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event);
       });
+      size_t sum = 0;
+      for (size_t t : completion) sum += t;
       if (r.include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
         json u = envelope(tag, chat, true);
         u["choices"] = json::array();
-        size_t sum = 0;
-        for (size_t t : completion) sum += t;
         u["usage"] = usage(prompt_tokens, sum);
         send(u);
       }
+      count_done(prompt_tokens, sum,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
     } catch (const ClientGone&) {
       ++abandoned_;
       return false;  // the client went away: generation stopped at that step
     } catch (const Error& e) {
+      ++failed_;
       const std::string ev =
           "data: " + error_body({400, "invalid_request_error", e.what()}) + "\n\ndata: [DONE]\n\n";
       sink.write(ev.data(), ev.size());
@@ -583,6 +597,64 @@ class Server {
             {"total_tokens", prompt_tokens + completion_tokens}};
   }
 
+  // Counts one generation request that answered (its tokens and its seconds).
+  void count_done(size_t prompt_tokens, size_t completion_tokens, double seconds) {
+    ++ok_;
+    prompt_tokens_ += static_cast<int64_t>(prompt_tokens);
+    completion_tokens_ += static_cast<int64_t>(completion_tokens);
+    micros_ += static_cast<int64_t>(seconds * 1e6);
+  }
+
+  // A generation request in flight (the gauge of /metrics) for the lifetime of this object.
+  struct InFlight {
+    explicit InFlight(std::atomic<int64_t>& n) : n_(n) { ++n_; }
+    ~InFlight() { --n_; }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    std::atomic<int64_t>& n_;
+  };
+
+  // /metrics in Prometheus' text format (0.0.4).
+  std::string metrics_text() {
+    std::string out;
+    const auto metric = [&](const char* name, const char* type, const char* help,
+                            const std::vector<std::pair<std::string, double>>& samples) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+      for (const auto& [labels, v] : samples) {
+        char num[64];
+        std::snprintf(num, sizeof num, "%.15g", v);
+        out += name + labels + " " + num + "\n";
+      }
+    };
+    const auto d = [](int64_t v) { return static_cast<double>(v); };
+    const BatchStats b = batcher_.stats();
+    metric("tessera_requests_total", "counter",
+           "Completion and chat completion requests by result (error: refused or failed; abandoned: the "
+           "client went away)",
+           {{"{result=\"ok\"}", d(ok_)},
+            {"{result=\"error\"}", d(failed_)},
+            {"{result=\"abandoned\"}", d(abandoned_)}});
+    metric("tessera_requests_in_flight", "gauge", "Generation requests being answered",
+           {{"", d(in_flight_)}});
+    metric("tessera_prompt_tokens_total", "counter", "Prompt (and suffix) tokens of the answered requests",
+           {{"", d(prompt_tokens_)}});
+    metric("tessera_completion_tokens_total", "counter", "Tokens generated for the answered requests",
+           {{"", d(completion_tokens_)}});
+    metric("tessera_request_seconds_total", "counter", "Generation seconds of the answered requests",
+           {{"", d(micros_) / 1e6}});
+    metric("tessera_forwards_total", "counter",
+           "Forward passes run by the engine (packed batches count once)", {{"", d(b.forwards)}});
+    metric("tessera_forward_sequences_total", "counter", "Sequences in those forwards",
+           {{"", d(b.sequences)}});
+    metric("tessera_peak_rss_bytes", "gauge", "Peak resident memory of the process",
+           {{"", d(static_cast<int64_t>(peak_rss_bytes()))}});
+    const int64_t device = device_bytes_in_use(session_.engine());
+    if (device >= 0)
+      metric("tessera_device_bytes_in_use", "gauge", "GPU memory in use (total minus free)",
+             {{"", d(device)}});
+    return out;
+  }
+
   Tag next_tag() {
     return {"cmpl-tessera-" + std::to_string(++count_), static_cast<int64_t>(std::time(nullptr))};
   }
@@ -598,7 +670,9 @@ class Server {
   int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   std::atomic<int64_t> count_{0};
   std::atomic<int64_t> abandoned_{0};  // requests whose client went away before the end
-  Batcher batcher_;                    // last member: its engine thread stops first
+  std::atomic<int64_t> ok_{0}, failed_{0}, in_flight_{0}, prompt_tokens_{0}, completion_tokens_{0},
+      micros_{0};    // /metrics
+  Batcher batcher_;  // last member: its engine thread stops first
 };
 
 }  // namespace

@@ -779,5 +779,73 @@ TEST(Serve, RequestsEndWhenTheirClientGoesAway) {
   post(c, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}}.dump(), 200);
 }
 
+// /metrics: Prometheus text whose counters add up what the requests' own usage reported (answered,
+// refused, streamed), with nothing left in flight, and the engine's forwards as /health counts them.
+TEST(Serve, MetricsCountTheRequestsAndTheirTokens) {
+  ServerProcess server = tiny_server("", "serve_metrics");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c = client_of(server);
+  // The value of one sample line ("name{labels} value") of the exposition text.
+  const auto sample = [](const std::string& text, const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    if (at == std::string::npos) {
+      ADD_FAILURE() << "no sample " << name << " in\n" << text;
+      return -1.0;
+    }
+    return std::stod(text.substr(at + name.size() + 2));
+  };
+  const auto metrics = [&] {
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    if (r) {
+      EXPECT_NE(r->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+    }
+    return r ? r->body : std::string();
+  };
+  const std::string before = metrics();
+  EXPECT_EQ(sample(before, "tessera_requests_total{result=\"ok\"}"), 0);
+  EXPECT_NE(before.find("# TYPE tessera_requests_total counter"), std::string::npos) << before;
+  EXPECT_NE(before.find("# TYPE tessera_requests_in_flight gauge"), std::string::npos) << before;
+
+  const json a =
+      post(c, "/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 12}}.dump(), 200);
+  const json b = post(
+      c, "/v1/chat/completions",
+      json{{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}, {"max_tokens", 8}, {"n", 2}}
+          .dump(),
+      200);
+  auto s = c.Post("/v1/completions",
+                  json{{"prompt", "The dog"},
+                       {"max_tokens", 8},
+                       {"stream", true},
+                       {"stream_options", {{"include_usage", true}}}}
+                      .dump(),
+                  "application/json");
+  ASSERT_TRUE(s);
+  const std::vector<std::string> ev = events(s->body);
+  ASSERT_GE(ev.size(), 2u);
+  const json su = json::parse(ev[ev.size() - 2]);
+  ASSERT_TRUE(su.contains("usage")) << s->body;
+  expect_refused(c, "/v1/completions", {{"prompt", "x"}, {"echo", true}}, "echo");
+
+  const std::string after = metrics();
+  EXPECT_EQ(sample(after, "tessera_requests_total{result=\"ok\"}"), 3);
+  EXPECT_EQ(sample(after, "tessera_requests_total{result=\"error\"}"), 1);
+  EXPECT_EQ(sample(after, "tessera_requests_total{result=\"abandoned\"}"), 0);
+  EXPECT_EQ(sample(after, "tessera_requests_in_flight"), 0);
+  const auto sum = [&](const char* key) {
+    return a["usage"][key].get<double>() + b["usage"][key].get<double>() + su["usage"][key].get<double>();
+  };
+  EXPECT_EQ(sample(after, "tessera_prompt_tokens_total"), sum("prompt_tokens"));
+  EXPECT_EQ(sample(after, "tessera_completion_tokens_total"), sum("completion_tokens"));
+  EXPECT_GT(sample(after, "tessera_completion_tokens_total"), 0);
+  EXPECT_GT(sample(after, "tessera_request_seconds_total"), 0);
+  const json h = json::parse(c.Get("/health")->body);
+  EXPECT_EQ(sample(after, "tessera_forwards_total"), h["batch"]["forwards"].get<double>());
+  EXPECT_GE(sample(after, "tessera_forward_sequences_total"), sample(after, "tessera_forwards_total"));
+  EXPECT_GT(sample(after, "tessera_peak_rss_bytes"), 1e6);
+  EXPECT_EQ(after.find("tessera_device_bytes_in_use"), std::string::npos) << "no GPU here";
+}
+
 }  // namespace
 }  // namespace tessera
