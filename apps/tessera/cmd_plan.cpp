@@ -215,13 +215,15 @@ int run_plan(const PlanArgs& a) {
   ModelConfig c;
   DType act = DType::BF16;
   std::string name = a.geometry;
-  size_t gguf_weights = 0;  // a GGUF file: its tensors as the CPU keeps them (quantized ones quantized)
+  size_t gguf_weights = 0;    // a GGUF file: its tensors as the CPU keeps them (quantized ones quantized)
+  size_t gguf_converted = 0;  // and as CUDA loads them (quantized ones converted to the compute dtype)
   if (!a.model.empty()) {
     c = load_config(a.model);  // config.json only (a GGUF: its directory): no weights are read
     if (is_gguf_file(a.model)) {
       const WeightSummary ws = summarize_weights(a.model);
       act = ws.act;
       gguf_weights = ws.bytes;
+      gguf_converted = ws.dequantized_bytes > 0 ? ws.dequantized_bytes : ws.bytes;
     } else {
       std::ifstream f(a.model + "/config.json");
       const json j = json::parse(f, nullptr, false);
@@ -232,15 +234,13 @@ int run_plan(const PlanArgs& a) {
     c = named_geometry(a.geometry);
   }
   if (a.context < 1) fail("--context must be at least 1 token");
-  // CUDA plans the bf16 K / V staging of its flash attention and converts quantized GGUF tensors to bf16
-  // at load.
+  // CUDA plans the bf16 K / V staging of its flash attention and converts quantized GGUF tensors at load.
   const bool cuda = a.device == "cuda";
-  if (cuda && gguf_weights > 0) act = DType::BF16;
   const graph::GraphTemplate g =
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
                         OutputMode::Sample);
-  const size_t weights =
-      gguf_weights > 0 && !cuda ? gguf_weights : static_cast<size_t>(c.param_count()) * dtype_size(act);
+  const size_t weights = gguf_weights > 0 ? (cuda ? gguf_converted : gguf_weights)
+                                          : static_cast<size_t>(c.param_count()) * dtype_size(act);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const size_t per_token =
       a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
@@ -304,9 +304,10 @@ int run_plan(const PlanArgs& a) {
     return 0;
   }
   const auto hb = [](double b) { return human_bytes(b); };
-  const std::string how = gguf_weights > 0 && !cuda
-                              ? std::string("the GGUF's tensors, quantized ones kept on the CPU")
-                              : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
+  const std::string how =
+      gguf_weights > 0 ? (cuda ? "the GGUF's tensors, quantized ones converted to " + dtype + " at load"
+                               : std::string("the GGUF's tensors, quantized ones kept on the CPU"))
+                       : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
   std::printf("%s on %s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),
               a.device.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
               static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
@@ -402,7 +403,7 @@ void add_plan(CLI::App& app, Registry& reg) {
   sub->add_option("--svg", a->svg, "write the memory timeline of the chosen plan to FILE (SVG)");
   sub->add_option("--device", a->device,
                   "plan the step as this device runs it (cuda: bf16 K / V staging for its attention, "
-                  "quantized GGUF tensors converted to bf16); no GPU is needed")
+                  "quantized GGUF tensors converted at load); no GPU is needed")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   reg.handlers.emplace_back(sub, [a] {
     if (a->model.empty() && a->geometry.empty()) fail("plan: give -m DIR or --geometry NAME");

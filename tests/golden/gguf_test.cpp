@@ -158,6 +158,16 @@ TEST(GgufModels, CliGeneratesAsFromTheCheckpoint) {
             0)
       << out;
   EXPECT_NE(out.find("weights 339.4 KiB (the GGUF's tensors"), std::string::npos) << out;
+  // ... and as CUDA loads them with --device cuda (quantized ones converted, as inspect's bf16 figure)
+  ASSERT_EQ(
+      test::run_command(std::string(TESSERA_BINARY) + " plan -m " +
+                            (fixtures() / "llada-w256-q4_k.gguf").string() + " --context 512 --device cuda",
+                        &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("weights 1.2 MiB (the GGUF's tensors, quantized ones converted to bf16"),
+            std::string::npos)
+      << out;
   // Bad files: a clear error, non-zero exit.
   const fs::path bad = test::temp_dir("gguf_cli") / "cut.gguf";
   {
