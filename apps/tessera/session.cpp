@@ -276,6 +276,12 @@ int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) con
 
 std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
                                          const GenerateOptions& o) const {
+  std::vector<int32_t> ids = encode_messages(msgs, use_chat);
+  check_prompt(ids, o, true);
+  return ids;
+}
+
+std::vector<int32_t> Session::encode_messages(const std::vector<ChatMessage>& msgs, bool use_chat) const {
   for (const auto& m : msgs) check_utf8(m.content, "the prompt");
   std::vector<int32_t> ids;
   if (use_chat) {
@@ -286,7 +292,6 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
     for (const auto& m : msgs) text += m.content;
     ids = encode_raw(*tok_, text, add_bos_ ? engine_->config().bos_id : -1);
   }
-  check_prompt(ids, o, true);
   return ids;
 }
 

@@ -58,6 +58,12 @@ class Session {
   }
   std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
                                   const GenerateOptions& o) const;
+  // The ids of msgs as prompt_ids makes them, unchecked.
+  std::vector<int32_t> encode_messages(const std::vector<ChatMessage>& msgs, bool use_chat) const;
+  // Whether a prompt of n tokens and the session's generation fit the model's context.
+  bool fits_context(size_t n) const {
+    return canvas_length(static_cast<int64_t>(n), gen_) <= engine_->config().max_positions;
+  }
   // Throws unless the token ids fit the context with the generation of `o` and lie in the vocabulary
   // (tokenized: they came from the tokenizer, which the message then blames).
   void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;

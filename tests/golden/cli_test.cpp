@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/llama2c.h"
+#include "io/tokenizer.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -295,6 +296,89 @@ TEST(Cli, BenchEndsTheAnswersAtEosAndStopSequences) {
   EXPECT_LE(rows[0]["steps"].get<int>(), rows[1]["steps"].get<int>());
   expect_error("bench --stop , --batch 2", "--batch measures whole generations");
   expect_error("bench --geometry llada-mid --stop ,", "--stop needs a model with a tokenizer");
+}
+
+// tessera chat on piped input: one JSON line per answered turn (stdout), command replies on stderr.
+struct ChatRun {
+  std::vector<nlohmann::json> turns;
+  std::string log;  // stderr
+  int rc = -1;
+};
+ChatRun run_chat(const std::string& input, const std::string& flags) {
+  const auto dir = test::temp_dir("cli_chat");
+  std::ofstream(dir / "in.txt") << input;
+  ChatRun r;
+  std::string out;
+  r.rc = test::run_command("(" + tessera_bin() + " chat --json --no-progress " + flags + " < " +
+                               (dir / "in.txt").string() + " 2>" + (dir / "err.txt").string() + ")",
+                           &out);
+  std::ifstream err(dir / "err.txt");
+  r.log.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  size_t at = 0;
+  while (at < out.size()) {
+    const size_t end = std::min(out.find('\n', at), out.size());
+    const auto j = nlohmann::json::parse(out.substr(at, end - at), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    r.turns.push_back(j);
+    at = end + 1;
+  }
+  return r;
+}
+
+// The commands: /help and an unknown one answer on stderr and send nothing; /undo forgets the last
+// exchange (the same turn again gets the same prompt and answer); /clear starts over (the first turn's
+// prompt and answer again); /system puts a message before the turns; /quit ends before later lines.
+TEST(Cli, ChatCommandsShapeTheConversation) {
+  const ChatRun r = run_chat(
+      "Once upon a time\n/help\n/bogus\nhello there\n/undo\nhello there\n/clear\nOnce upon a time\n"
+      "/system You are a storyteller.\nThe dog\n//slash\n/quit\nnever sent\n",
+      "--gen-length 16");
+  ASSERT_EQ(r.rc, 0) << r.log;
+  ASSERT_EQ(r.turns.size(), 6u) << r.log;
+  const auto prompt = [&](size_t i) { return r.turns[i]["prompt_tokens"].get<int>(); };
+
+  EXPECT_EQ(prompt(2), prompt(1));  // after /undo: the same conversation
+  EXPECT_EQ(r.turns[2]["text"], r.turns[1]["text"]);
+  EXPECT_EQ(prompt(3), prompt(0));  // after /clear: the first turn again
+  EXPECT_EQ(r.turns[3]["text"], r.turns[0]["text"]);
+  EXPECT_NE(r.turns[1]["text"], r.turns[0]["text"]) << "the test cannot tell the turns apart";
+  const Tokenizer tok =
+      Tokenizer::from_file(test::source_dir() / "models" / "tessera-tiny" / "tokenizer.json");
+  // The second turn's prompt holds the first exchange (prompt and answer) before "hello there".
+  EXPECT_GT(prompt(1), prompt(0) + static_cast<int>(tok.encode("hello there").size()));
+  // The system message and the previous exchange come before "The dog"; "//slash" sends "/slash".
+  EXPECT_GT(prompt(4), prompt(3) + static_cast<int>(tok.encode("You are a storyteller.").size()));
+  EXPECT_GE(prompt(5), prompt(4) + static_cast<int>(tok.encode("/slash").size()));
+  for (const char* want : {"/clear", "/undo", "/system TEXT", "unknown command /bogus",
+                           "(last exchange forgotten)", "(conversation cleared)", "(system message set)"}) {
+    EXPECT_NE(r.log.find(want), std::string::npos) << want << "\n" << r.log;
+  }
+}
+
+// A conversation that outgrows the context drops its oldest exchanges and goes on; a turn too long
+// alone is refused with the reason and leaves the conversation as it was (the next turn's prompt
+// holds it whole).
+TEST(Cli, ChatDropsTheOldestTurnsToFitTheContext) {
+  std::string line, huge;
+  for (int i = 0; i < 28; ++i) line += "the cat sat on the mat and ";
+  for (int i = 0; i < 3; ++i) huge += line;
+  const ChatRun r =
+      run_chat(line + "\n" + line + "\n" + line + "\n" + huge + "\nThe end\n", "--gen-length 16");
+  ASSERT_EQ(r.rc, 0) << r.log;
+  ASSERT_EQ(r.turns.size(), 4u) << r.log;
+  const int ctx = 512;  // tessera-tiny's max_sequence_length
+  for (const auto& t : r.turns) EXPECT_LE(t["prompt_tokens"].get<int>() + 16, ctx) << t.dump();
+  // Turn 3 would need three long messages: the first exchange was dropped, so its prompt is turn 2's.
+  EXPECT_EQ(r.turns[2]["prompt_tokens"], r.turns[1]["prompt_tokens"]);
+  EXPECT_NE(r.log.find("(the 2 oldest messages were dropped to fit the model's context of 512 tokens)"),
+            std::string::npos)
+      << r.log;
+  EXPECT_NE(r.log.find("exceeds the model's context of 512 tokens (the message was not kept"),
+            std::string::npos)
+      << r.log;
+  EXPECT_EQ(r.log.find("4 oldest"), std::string::npos) << "the refused turn dropped nothing\n" << r.log;
+  // "The end" comes after the whole conversation that turn 3 left (its prompt, its answer).
+  EXPECT_GT(r.turns[3]["prompt_tokens"].get<int>(), r.turns[2]["prompt_tokens"].get<int>());
 }
 
 }  // namespace
