@@ -302,7 +302,7 @@ json object_body(std::string_view body_text) {
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows
     bad(std::string("the body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("the request body must be a JSON object");
