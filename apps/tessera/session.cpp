@@ -296,8 +296,8 @@ std::vector<int32_t> Session::encode_messages(const std::vector<ChatMessage>& ms
 }
 
 void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const {
-  const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
-  if (total > engine_->config().max_positions) {
+  if (!fits_context(ids.size(), o)) {
+    const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
          std::to_string(o.gen_length) +
          (o.suffix.empty() ? "" : " plus the suffix of " + std::to_string(o.suffix.size()) + " tokens") +

@@ -60,9 +60,11 @@ class Session {
                                   const GenerateOptions& o) const;
   // The ids of msgs as prompt_ids makes them, unchecked.
   std::vector<int32_t> encode_messages(const std::vector<ChatMessage>& msgs, bool use_chat) const;
-  // Whether a prompt of n tokens and the session's generation fit the model's context.
-  bool fits_context(size_t n) const {
-    return canvas_length(static_cast<int64_t>(n), gen_) <= engine_->config().max_positions;
+  // Whether a prompt of n tokens and the generation of `o` (default: the session's) fit the model's
+  // context (check_prompt's test).
+  bool fits_context(size_t n) const { return fits_context(n, gen_); }
+  bool fits_context(size_t n, const GenerateOptions& o) const {
+    return canvas_length(static_cast<int64_t>(n), o) <= engine_->config().max_positions;
   }
   // Throws unless the token ids fit the context with the generation of `o` and lie in the vocabulary
   // (tokenized: they came from the tokenizer, which the message then blames).
