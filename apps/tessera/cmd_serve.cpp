@@ -318,6 +318,7 @@ class Server {
       const Tag tag = next_tag();
       const ClientWatch watch(req);
       const InFlight flight(in_flight_);
+      const auto t0 = std::chrono::steady_clock::now();
       try {
         run_choices(total, [&](int i) {
           outs[static_cast<size_t>(i)] =
@@ -358,7 +359,7 @@ class Server {
         seconds = std::max(seconds, out.seconds);
       }
       j["usage"] = usage(prompt_tokens, completion);
-      count_done(prompt_tokens, completion, seconds);
+      count_done(prompt_tokens, completion, t0);
       j["tessera"] = {{"steps", steps},  // of the longest choice
                       {"seconds", seconds}, {"cache", o.cache},  {"sparse", o.sparse},
                       {"des", o.des},       {"window", o.window}};
@@ -494,8 +495,7 @@ class Server {
         u["usage"] = usage(prompt_tokens, sum);
         send(u);
       }
-      count_done(prompt_tokens, sum,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      count_done(prompt_tokens, sum, t0);
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
     } catch (const ClientGone&) {
@@ -597,12 +597,14 @@ class Server {
             {"total_tokens", prompt_tokens + completion_tokens}};
   }
 
-  // Counts one generation request that answered (its tokens and its seconds).
-  void count_done(size_t prompt_tokens, size_t completion_tokens, double seconds) {
+  // Counts one generation request that answered: its tokens and its seconds since t0 (when its
+  // generation began, streamed or not).
+  void count_done(size_t prompt_tokens, size_t completion_tokens, std::chrono::steady_clock::time_point t0) {
     ++ok_;
     prompt_tokens_ += static_cast<int64_t>(prompt_tokens);
     completion_tokens_ += static_cast<int64_t>(completion_tokens);
-    micros_ += static_cast<int64_t>(seconds * 1e6);
+    micros_ +=
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // A generation request in flight (the gauge of /metrics) for the lifetime of this object.
