@@ -89,11 +89,21 @@ const std::set<std::string, std::less<>> kKnown = {"model",
                                                    "window_early_stop",
                                                    "cfg"};
 
+// 400 for a field of the object `body` that is not one of `known` (named `prefix` + its key).
+template <class Names>
+void only_fields(const json& body, const Names& known, const std::string& prefix = "") {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (std::find(std::begin(known), std::end(known), it.key()) == std::end(known))
+      bad("unknown field '" + prefix + it.key() + "'");
+  }
+}
+void only_fields(const json& body, std::initializer_list<const char*> known, const std::string& prefix = "") {
+  only_fields<std::initializer_list<const char*>>(body, known, prefix);
+}
+
 // Generation options of a request: the session's defaults, then the request's fields.
 GenerateOptions options(const json& body, const Session& session, const std::string& model_id) {
-  for (const auto& [k, v] : body.items()) {
-    if (!kKnown.count(k)) bad("unknown field '" + k + "'");
-  }
+  only_fields(body, kKnown);
   if (given(body, "model")) {
     const std::string m = str_field(body, "model");
     if (m != model_id && m != "tessera") {
@@ -309,15 +319,6 @@ json object_body(std::string_view body_text) {
   return body;
 }
 
-// 400 for a field that is not one of `known`.
-void only_fields(const json& body, std::initializer_list<const char*> known) {
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    const std::string& k = it.key();  // not a structured binding: clang 14 cannot capture one
-    if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
-      bad("unknown field '" + k + "'");
-  }
-}
-
 }  // namespace
 
 TokenizeRequest parse_tokenize(std::string_view body_text, const Session& session) {
@@ -400,9 +401,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
   if (given(body, "stream_options")) {
     const json& so = body["stream_options"];
     if (!so.is_object()) bad("'stream_options' must be an object");
-    for (const auto& [k, v] : so.items()) {
-      if (k != "include_usage") bad("unknown field 'stream_options." + k + "'");
-    }
+    only_fields(so, {"include_usage"}, "stream_options.");
     if (given(so, "include_usage")) r.include_usage = bool_field(so, "include_usage");
   }
   return r;
