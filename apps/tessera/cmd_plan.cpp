@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -215,15 +216,12 @@ int run_plan(const PlanArgs& a) {
   ModelConfig c;
   DType act = DType::BF16;
   std::string name = a.geometry;
-  size_t gguf_weights = 0;    // a GGUF file: its tensors as the CPU keeps them (quantized ones quantized)
-  size_t gguf_converted = 0;  // and as CUDA loads them (quantized ones converted to the compute dtype)
+  std::optional<WeightSummary> gguf;  // a GGUF file: its tensors (quantized ones kept so on the CPU)
   if (!a.model.empty()) {
     c = load_config(a.model);  // config.json only (a GGUF: its directory): no weights are read
     if (is_gguf_file(a.model)) {
-      const WeightSummary ws = summarize_weights(a.model);
-      act = ws.act;
-      gguf_weights = ws.bytes;
-      gguf_converted = ws.dequantized_bytes > 0 ? ws.dequantized_bytes : ws.bytes;
+      gguf = summarize_weights(a.model);
+      act = gguf->act;
     } else {
       std::ifstream f(a.model + "/config.json");
       const json j = json::parse(f, nullptr, false);
@@ -239,8 +237,10 @@ int run_plan(const PlanArgs& a) {
   const graph::GraphTemplate g =
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
                         OutputMode::Sample);
-  const size_t weights = gguf_weights > 0 ? (cuda ? gguf_converted : gguf_weights)
-                                          : static_cast<size_t>(c.param_count()) * dtype_size(act);
+  // A GGUF's weights as the device loads them: CUDA converts its quantized tensors.
+  const size_t weights = !gguf ? static_cast<size_t>(c.param_count()) * dtype_size(act)
+                         : cuda && gguf->dequantized_bytes > 0 ? gguf->dequantized_bytes
+                                                               : gguf->bytes;
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const size_t per_token =
       a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
@@ -305,9 +305,9 @@ int run_plan(const PlanArgs& a) {
   }
   const auto hb = [](double b) { return human_bytes(b); };
   const std::string how =
-      gguf_weights > 0 ? (cuda ? "the GGUF's tensors, quantized ones converted to " + dtype + " at load"
-                               : std::string("the GGUF's tensors, quantized ones kept on the CPU"))
-                       : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
+      gguf ? (cuda ? "the GGUF's tensors, quantized ones converted to " + dtype + " at load"
+                   : std::string("the GGUF's tensors, quantized ones kept on the CPU"))
+           : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
   std::printf("%s on %s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),
               a.device.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
               static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
