@@ -448,7 +448,9 @@ class Server {
     const GenerateOptions& o = r.options;
     const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
     const Tag tag = next_tag();
-    const InFlight flight(in_flight_);
+    // Ended before the last bytes go out: a client that reads /metrics once its stream is over must not
+    // find this request still in flight.
+    InFlight flight(in_flight_);
     const auto t0 = std::chrono::steady_clock::now();
     std::mutex sink_mutex;  // the choices' threads write events
     auto send = [&](const json& j) {
@@ -496,6 +498,7 @@ class Server {
         send(u);
       }
       count_done(prompt_tokens, sum, t0);
+      flight.end();
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
     } catch (const ClientGone&) {
@@ -503,6 +506,7 @@ class Server {
       return false;  // the client went away: generation stopped at that step
     } catch (const Error& e) {
       ++failed_;
+      flight.end();
       const std::string ev =
           "data: " + error_body({400, "invalid_request_error", e.what()}) + "\n\ndata: [DONE]\n\n";
       sink.write(ev.data(), ev.size());
@@ -607,13 +611,18 @@ class Server {
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // A generation request in flight (the gauge of /metrics) for the lifetime of this object.
+  // A generation request in flight (the gauge of /metrics) until end() or this object's destruction.
   struct InFlight {
     explicit InFlight(std::atomic<int64_t>& n) : n_(n) { ++n_; }
-    ~InFlight() { --n_; }
+    ~InFlight() { end(); }
+    void end() {  // the request is no longer in flight (once)
+      if (!ended_) --n_;
+      ended_ = true;
+    }
     InFlight(const InFlight&) = delete;
     InFlight& operator=(const InFlight&) = delete;
     std::atomic<int64_t>& n_;
+    bool ended_ = false;
   };
 
   // /metrics in Prometheus' text format (0.0.4).

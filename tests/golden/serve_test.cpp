@@ -829,6 +829,7 @@ TEST(Serve, MetricsCountTheRequestsAndTheirTokens) {
   expect_refused(c, "/v1/completions", {{"prompt", "x"}, {"echo", true}}, "echo");
 
   const std::string after = metrics();
+  SCOPED_TRACE(after);  // a failure below shows the whole exposition
   EXPECT_EQ(sample(after, "tessera_requests_total{result=\"ok\"}"), 3);
   EXPECT_EQ(sample(after, "tessera_requests_total{result=\"error\"}"), 1);
   EXPECT_EQ(sample(after, "tessera_requests_total{result=\"abandoned\"}"), 0);
