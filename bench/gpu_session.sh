@@ -20,6 +20,7 @@
 #   bash bench/gpu_session.sh sparse        # tessera bench, llada-8b at 16k: SparseD vs dense attention
 #   bash bench/gpu_session.sh des           # moe_bench: one MoE layer, vanilla vs DES-Seq / DES-Vote
 #   bash bench/gpu_session.sh window        # tessera bench, llada-8b: Window-Diffusion vs exact / dual cache
+#   bash bench/gpu_session.sh memory        # the GPU memory generate --json and serve's /metrics report
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -184,6 +185,51 @@ run_bench() {
   return "$rc"
 }
 
+# The GPU memory that generate (--json device_bytes_in_use) and serve (/metrics
+# tessera_device_bytes_in_use) report on the bundled model, beside nvidia-smi's reading of the same device:
+# $OUT/generate.json, metrics.txt, memory.log.
+run_memory() {
+  local port=18431 pid rc=0
+  echo "== tessera generate --device cuda (timeout ${1}s)"
+  timeout "$1" ./build-cuda/tessera generate --device cuda -p "Once upon a time" --gen-length 32 --no-progress \
+    --json >"$OUT/generate.json" 2>"$OUT/generate.log" || rc=$?
+  python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print("generate: device_bytes_in_use",
+    j["device_bytes_in_use"], "peak_rss_bytes", j["peak_rss_bytes"], "text", repr(j["text"]))' "$OUT/generate.json" ||
+    { rc=1; tail -5 "$OUT/generate.log"; }
+  echo "== tessera serve --device cuda, /metrics beside nvidia-smi"
+  ./build-cuda/tessera serve --device cuda --port "$port" >"$OUT/serve.log" 2>&1 &
+  pid=$!
+  timeout "$1" python3 - "$port" "$OUT/metrics.txt" <<'PY' || rc=1
+import json, subprocess, sys, time, urllib.request
+base = "http://127.0.0.1:" + sys.argv[1]
+for _ in range(600):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=1).read()
+        break
+    except Exception:
+        time.sleep(0.1)
+req = urllib.request.Request(base + "/v1/completions", method="POST",
+                             data=json.dumps({"prompt": "Once upon a time", "max_tokens": 32}).encode(),
+                             headers={"Content-Type": "application/json"})
+print("completion:", json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"][:60])
+text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+open(sys.argv[2], "w").write(text)
+smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
+                     capture_output=True, text=True).stdout.strip()
+apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                      capture_output=True, text=True).stdout.strip()
+gauge = [l for l in text.splitlines() if l.startswith("tessera_device_bytes_in_use")]
+print("/metrics:", gauge or "no tessera_device_bytes_in_use sample")
+print("nvidia-smi memory.used, memory.total (MiB):", smi, "; per process (pid, MiB):", apps)
+if gauge:
+    print("gauge / nvidia-smi used: %.3f" % (float(gauge[0].split()[-1]) / (float(smi.split(",")[0]) * 2**20)))
+PY
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" || true
+  echo "== memory exit $rc"
+  return "$rc"
+}
+
 stage=${1:-all}
 case $stage in
   pack) pack ;;
@@ -226,5 +272,9 @@ case $stage in
     run_bench window "${WINDOW_TIMEOUT:-570}" --prompt-len 1024 --gen-length 512 --block-length 512 --steps 512 \
       --compare block-length=32,cache=dual --compare window=on --compare window-refresh=0
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window" ;;
+  memory)
+    prepare
+    run_memory "${MEMORY_TIMEOUT:-60}"
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | memory" ;;
 esac
