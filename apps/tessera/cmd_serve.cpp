@@ -20,16 +20,18 @@
 // seed + i (their forwards packed like concurrent requests). `logprobs` (completions: N; chat: true, with
 // top_logprobs N; N up to 20) gives each token's log-probability in the forward of the step that decided
 // it (raw logits) and the N most likely tokens there; streamed, each event carries those of the tokens
-// whose text it completes. A field the server does not know, a value it cannot
-// honour (echo, penalties), a prompt that does not fit the context or a bad value gets a 400 with
-// an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion model
-// decides positions out of order, so each event carries the text of the generation's decided prefix that was
-// not sent yet (the positions up to the first undecided one); the events concatenate to the final text. Then
-// a last event with the finish_reason, and "data: [DONE]". With stop sequences, the text that could begin one
-// is held back until it is ruled out. A model without a chat template gets the chat messages concatenated (as
-// `tessera chat` does). A client that goes away ends its request at the next step: a stream notices when an
-// event cannot be written, a plain request by watching its connection (ClientWatch); /health counts them.
-// SIGTERM / SIGINT stop the server gracefully (the requests in flight finish); a second one exits at once.
+// whose text it completes. A field the server does not know or that belongs to the other route, a value it
+// cannot honour (echo, penalties, a logit bias, tools, a JSON response format: OpenAI's fields are taken only
+// with the values that change nothing here), a prompt that does not fit the context or a bad value gets a
+// 400 with an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion
+// model decides positions out of order, so each event carries the text of the generation's decided prefix
+// that was not sent yet (the positions up to the first undecided one); the events concatenate to the final
+// text. Then a last event with the finish_reason, and "data: [DONE]". With stop sequences, the text that
+// could begin one is held back until it is ruled out. A model without a chat template gets the chat messages
+// concatenated (as `tessera chat` does). A client that goes away ends its request at the next step: a stream
+// notices when an event cannot be written, a plain request by watching its connection (ClientWatch); /health
+// counts them. SIGTERM / SIGINT stop the server gracefully (the requests in flight finish); a second one
+// exits at once.
 #include <dirent.h>
 #include <fcntl.h>
 #include <httplib.h>

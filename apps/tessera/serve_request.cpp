@@ -49,61 +49,88 @@ bool bool_field(const json& body, const char* key) {
   return v.get<bool>();
 }
 
-const std::set<std::string, std::less<>> kKnown = {"model",
-                                                   "prompt",
-                                                   "messages",
-                                                   "max_tokens",
-                                                   "max_completion_tokens",
-                                                   "temperature",
-                                                   "top_p",
-                                                   "top_k",
-                                                   "seed",
-                                                   "stream",
-                                                   "stream_options",
-                                                   "n",
-                                                   "stop",
-                                                   "user",
-                                                   "logprobs",
-                                                   "top_logprobs",
-                                                   "echo",
-                                                   "suffix",
-                                                   "presence_penalty",
-                                                   "frequency_penalty",
-                                                   "steps",
-                                                   "block_length",
-                                                   "alg",
-                                                   "threshold",
-                                                   "cache",
-                                                   "sparse",
-                                                   "sparse_block",
-                                                   "sparse_rho",
-                                                   "sparse_skip",
-                                                   "des",
-                                                   "des_k",
-                                                   "des_beta",
-                                                   "des_scope",
-                                                   "window",
-                                                   "window_ex",
-                                                   "window_in",
-                                                   "window_refresh",
-                                                   "window_early_stop",
-                                                   "cfg"};
+// The fields of a request body: those both routes take (OpenAI's and tessera's generation options),
+// then each route's own. A field of the other route is refused by name, as is one neither knows.
+const std::set<std::string, std::less<>> kShared = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
+    "stream_options", "n", "stop", "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+    // tessera's options
+    "steps", "block_length", "alg", "threshold", "cache", "sparse", "sparse_block", "sparse_rho",
+    "sparse_skip", "des", "des_k", "des_beta", "des_scope", "window", "window_ex", "window_in",
+    "window_refresh", "window_early_stop", "cfg"};
+const std::set<std::string, std::less<>> kCompletionOnly = {"prompt", "suffix", "echo", "best_of"};
+const std::set<std::string, std::less<>> kChatOnly = {
+    "messages", "top_logprobs", "response_format", "tools",     "tool_choice", "parallel_tool_calls",
+    "store",    "metadata",     "service_tier",    "modalities"};
+
+void route_fields(const json& body, bool chat) {
+  const auto& own = chat ? kChatOnly : kCompletionOnly;
+  const auto& other = chat ? kCompletionOnly : kChatOnly;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (kShared.count(k) != 0 || own.count(k) != 0) continue;
+    if (other.count(k) != 0)
+      bad("'" + k + "' is a " + (chat ? "completions" : "chat completions") +
+          " field; this route takes none");
+    bad("unknown field '" + k + "'");
+  }
+}
+
+// OpenAI's fields that this server takes only with the values that change nothing here (no tools to
+// call, no output format but text, nothing stored, one service tier): any other value is a 400, never a
+// silently different answer. best_of is checked with n (parse_request).
+void noop_fields(const json& body) {
+  if (given(body, "logit_bias")) {
+    const json& v = body["logit_bias"];
+    if (!v.is_object()) bad("'logit_bias' must be an object");
+    if (!v.empty()) bad("'logit_bias' is not supported (only {})");
+  }
+  if (given(body, "response_format")) {
+    const json& v = body["response_format"];
+    if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+      bad("'response_format' must be an object with a string 'type'");
+    const auto type = v["type"].get<std::string>();
+    if (type != "text") bad("'response_format' of type '" + type + "' is not supported (only text)");
+  }
+  if (given(body, "tools")) {
+    if (!body["tools"].is_array()) bad("'tools' must be an array");
+    if (!body["tools"].empty()) bad("tool calling is not supported ('tools' must be empty)");
+  }
+  if (given(body, "tool_choice")) {
+    const json& v = body["tool_choice"];
+    if (!v.is_string() || (v != "none" && v != "auto"))
+      bad("'tool_choice' must be \"none\" or \"auto\": tool calling is not supported");
+  }
+  if (given(body, "parallel_tool_calls")) (void)bool_field(body, "parallel_tool_calls");
+  if (given(body, "store") && bool_field(body, "store"))
+    bad("'store': true is not supported (this server keeps no completions)");
+  if (given(body, "metadata") && !body["metadata"].is_object()) bad("'metadata' must be an object");
+  if (given(body, "service_tier")) {
+    const std::string t = str_field(body, "service_tier");
+    if (t != "auto" && t != "default" && t != "flex" && t != "scale" && t != "priority")
+      bad("'service_tier' must be auto, default, flex, scale or priority (this server has one tier)");
+  }
+  if (given(body, "modalities")) {
+    const json& v = body["modalities"];
+    if (!v.is_array() || v.empty()) bad("'modalities' must be a non-empty array");
+    for (const json& m : v)
+      if (m != "text") bad("'modalities' other than \"text\" are not supported");
+  }
+  if (given(body, "user")) (void)str_field(body, "user");
+}
 
 // 400 for a field of the object `body` that is not one of `known` (named `prefix` + its key).
-template <class Names>
-void only_fields(const json& body, const Names& known, const std::string& prefix = "") {
+void only_fields(const json& body, std::initializer_list<const char*> known, const std::string& prefix = "") {
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (std::find(std::begin(known), std::end(known), it.key()) == std::end(known))
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
       bad("unknown field '" + prefix + it.key() + "'");
   }
 }
-void only_fields(const json& body, std::initializer_list<const char*> known, const std::string& prefix = "") {
-  only_fields<std::initializer_list<const char*>>(body, known, prefix);
-}
 
 // Generation options of a request: the session's defaults, then the request's fields.
-GenerateOptions options(const json& body, const Session& session, const std::string& model_id) {
-  only_fields(body, kKnown);
+GenerateOptions options(const json& body, bool chat, const Session& session, const std::string& model_id) {
+  route_fields(body, chat);
+  noop_fields(body);
   if (given(body, "model")) {
     const std::string m = str_field(body, "model");
     if (m != model_id && m != "tessera") {
@@ -281,10 +308,15 @@ std::vector<int32_t> chat_prompt(const json& body, const Session& session, const
   std::vector<ChatMessage> msgs;
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
-  for (const auto& m : body["messages"]) {
+  const json& all = body["messages"];
+  for (size_t i = 0; i < all.size(); ++i) {
+    const json& m = all[i];
     if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
         !(m["content"].is_string() || m["content"].is_array()))
       bad("every message needs a string 'role' and a 'content' (a string or an array of text parts)");
+    // A participant's name changes nothing here; tool calls and the like would be dropped: refused.
+    only_fields(m, {"role", "content", "name"}, "messages[" + std::to_string(i) + "].");
+    if (given(m, "name")) (void)str_field(m, "name");
     const auto role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant" && role != "developer")
       bad("message role must be system, developer, user or assistant, got '" + role + "'");
@@ -363,8 +395,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
                             const std::string& model_id) {
   ParsedRequest r;
   const json body = object_body(body_text);
-  if (chat && given(body, "suffix")) bad("'suffix' is a completions field; chat completions take none");
-  r.options = options(body, session, model_id);
+  r.options = options(body, chat, session, model_id);
   if (chat)
     r.prompts = {chat_prompt(body, session, r.options)};
   else
@@ -374,6 +405,9 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     if (n < 1 || n > kMaxChoices) bad("'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
     r.n = static_cast<int>(n);
   }
+  if (given(body, "best_of") && int_field(body, "best_of") != r.n)  // OpenAI: best_of >= n
+    bad("'best_of' is supported only equal to 'n' (" + std::to_string(r.n) +
+        "): this server does not rank extra choices");
   if (r.prompts.size() * static_cast<size_t>(r.n) > static_cast<size_t>(kMaxSequences)) {
     bad("a request may ask for at most " + std::to_string(kMaxSequences) +
         " choices in all (prompts x n), got " + std::to_string(r.prompts.size()) + " x " +

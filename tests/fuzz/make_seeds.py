@@ -113,8 +113,15 @@ def main():
         "suffix": (0, {"prompt": "The cat", "suffix": " sat down.", "max_tokens": 8, "steps": 8}),
         "moe-des": (3, {"messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 8, "steps": 4,
                         "des": "vote", "des_k": 6, "des_beta": 0.5, "des_scope": "block", "cfg": 0.0,
-                        "top_p": 1.0, "top_k": 0, "user": "u", "logprobs": False, "echo": False,
+                        "top_p": 1.0, "top_k": 0, "user": "u", "logprobs": False,
                         "presence_penalty": 0, "frequency_penalty": 0}),
+        # OpenAI's fields taken with their no-op values only (serve_request.cpp: noop_fields).
+        "openai-noops": (1, {"messages": [{"role": "user", "content": "Hi", "name": "a"}], "max_tokens": 8,
+                             "steps": 8, "logit_bias": {}, "response_format": {"type": "text"}, "tools": [],
+                             "tool_choice": "none", "parallel_tool_calls": False, "store": False,
+                             "metadata": {"k": "v"}, "service_tier": "auto", "modalities": ["text"]}),
+        "best-of": (0, {"prompt": "Hi", "max_tokens": 8, "steps": 8, "n": 2, "best_of": 2, "echo": False,
+                        "logit_bias": None}),
     }
     for name, (route, body) in requests.items():
         open(os.path.join(a.out, "request", f"seed-{name}"), "wb").write(bytes([route]) + json.dumps(body).encode())
