@@ -1,5 +1,6 @@
 // tessera serve: an OpenAI-compatible HTTP server (cpp-httplib) over one Session.
 //   GET  /health (with the batching counts: packed forwards, the sequences in them), /v1/models,
+//        /v1/models/ID,
 //        /metrics (Prometheus text format: generation requests by result, in flight, tokens, seconds,
 //        packed forwards, memory)
 //   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens": [ids]}
@@ -31,7 +32,7 @@
 // concatenated (as `tessera chat` does). A client that goes away ends its request at the next step: a stream
 // notices when an event cannot be written, a plain request by watching its connection (ClientWatch); /health
 // counts them. SIGTERM / SIGINT stop the server gracefully (the requests in flight finish); a second one
-// exits at once.
+// exits at once. --cors ORIGIN: CORS headers for browser pages of that origin (none by default).
 #include <dirent.h>
 #include <fcntl.h>
 #include <httplib.h>
@@ -54,7 +55,9 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_request.h"
@@ -72,9 +75,10 @@ struct ServeArgs {
   SessionArgs session;
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string model_id;        // default: the model directory's name
-  int batch = 8;               // sequences per packed forward (1: requests one at a time)
-  double batch_wait_ms = 2.0;  // how long a waiting forward waits for the other requests' calls
+  std::string model_id;           // default: the model directory's name
+  int batch = 8;                  // sequences per packed forward (1: requests one at a time)
+  double batch_wait_ms = 2.0;     // how long a waiting forward waits for the other requests' calls
+  std::vector<std::string> cors;  // origins whose browser pages may call the API ("*": any)
 };
 
 // A response's id and creation time.
@@ -219,17 +223,42 @@ class Server {
       }
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const json j = {
-          {"object", "list"},
-          {"data",
-           json::array(
-               {{{"id", model_id_}, {"object", "model"}, {"created", created_}, {"owned_by", "tessera"}}})}};
+      const json j = {{"object", "list"}, {"data", json::array({model_json()})}};
       res.set_content(j.dump(), "application/json");
+    });
+    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (id != model_id_ && id != "tessera") {
+        return reply_error(res,
+                           {404, "not_found_error",
+                            "model '" + id + "' is not served here; this server serves '" + model_id_ + "'"});
+      }
+      res.set_content(model_json().dump(), "application/json");
     });
     svr.Post("/v1/completions",
              [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
     svr.Post("/v1/chat/completions",
              [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+    // CORS, for browser pages of the --cors origins only: a preflight (OPTIONS) is answered, and every
+    // response to such a page names its origin as allowed. Without --cors a browser page of another
+    // origin can send no request whose answer it may read.
+    if (!args_.cors.empty()) {
+      svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (req.method != "OPTIONS" || !cors_allowed(req)) return httplib::Server::HandlerResponse::Unhandled;
+        res.status = 204;
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Content-Type, Authorization" : asked);
+        res.set_header("Access-Control-Max-Age", "600");
+        return httplib::Server::HandlerResponse::Handled;
+      });
+      svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (!cors_allowed(req)) return;
+        const bool any = std::find(args_.cors.begin(), args_.cors.end(), "*") != args_.cors.end();
+        res.set_header("Access-Control-Allow-Origin", any ? "*" : req.get_header_value("Origin"));
+        if (!any) res.set_header("Vary", "Origin");
+      });
+    }
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error body
       const BadRequest b{res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
@@ -293,6 +322,19 @@ class Server {
   }
 
  private:
+  json model_json() const {
+    return {{"id", model_id_}, {"object", "model"}, {"created", created_}, {"owned_by", "tessera"}};
+  }
+
+  // Whether the request comes from a browser page of a --cors origin.
+  bool cors_allowed(const httplib::Request& req) const {
+    if (!req.has_header("Origin")) return false;
+    const std::string origin = req.get_header_value("Origin");
+    for (const std::string& o : args_.cors)
+      if (o == "*" || o == origin) return true;
+    return false;
+  }
+
   json envelope(const Tag& t, bool chat, bool chunk) const {
     return {{"id", t.id},
             {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
@@ -706,6 +748,20 @@ void add_serve(CLI::App& app, Registry& reg) {
                   "milliseconds a request's forward waits for the other requests' calls to join it (default "
                   "2; 0: never waits for a request whose host code is slow)")
       ->check(CLI::Range(0.0, 1000.0));
+  sub->add_option(
+         "--cors", a->cors,
+         "let browser pages of this origin (scheme://host[:port]) call the API (CORS; repeat for several, "
+         "'*' for any; default: none)")
+      ->check([](const std::string& o) -> std::string {
+        if (o == "*") return "";
+        const size_t at = o.find("://");
+        const std::string scheme = at == std::string::npos ? "" : o.substr(0, at);
+        if ((scheme != "http" && scheme != "https") || o.size() == at + 3 ||
+            o.find('/', at + 3) != std::string::npos)
+          return "an origin is scheme://host[:port] with scheme http or https and no path (or '*'), got '" +
+                 o + "'";
+        return "";
+      });
   reg.handlers.emplace_back(sub, [a] {
     Server s(*a);
     return s.run();

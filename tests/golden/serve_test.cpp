@@ -850,3 +850,74 @@ TEST(Serve, MetricsCountTheRequestsAndTheirTokens) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// GET /v1/models/ID retrieves the served model (404 naming it for another); CORS answers browser pages
+// of the --cors origins only: their preflight gets 204 with the methods and headers, their responses
+// (streamed and errors too) name the origin; another origin, and every origin without --cors, gets none.
+TEST(Serve, ModelRetrievalAndCorsForTheGivenOriginsOnly) {
+  ServerProcess server = tiny_server(" --model-id tiny --cors http://app.example:3000", "serve_cors");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c = client_of(server);
+  auto m = c.Get("/v1/models/tiny");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_EQ(json::parse(m->body)["id"], "tiny");
+  EXPECT_EQ(json::parse(m->body)["object"], "model");
+  auto other = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_NE(other->body.find("model 'gpt-4' is not served here; this server serves 'tiny'"),
+            std::string::npos);
+
+  const std::string page = "http://app.example:3000";
+  auto pre =
+      c.Options("/v1/chat/completions", {{"Origin", page},
+                                         {"Access-Control-Request-Method", "POST"},
+                                         {"Access-Control-Request-Headers", "content-type, authorization"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), page);
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "content-type, authorization");
+  const std::string body = json{{"prompt", "Once"}, {"max_tokens", 4}, {"stream", true}}.dump();
+  auto s = c.Post("/v1/completions", {{"Origin", page}}, body, "application/json");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, 200);
+  EXPECT_EQ(s->get_header_value("Access-Control-Allow-Origin"), page);
+  EXPECT_EQ(s->get_header_value("Vary"), "Origin");
+  EXPECT_FALSE(events(s->body).empty());
+  auto err = c.Post("/v1/completions", {{"Origin", page}}, "{", "application/json");
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->status, 400);
+  EXPECT_EQ(err->get_header_value("Access-Control-Allow-Origin"), page);
+
+  const std::string stranger = "http://elsewhere.example";
+  auto pre2 = c.Options("/v1/completions", {{"Origin", stranger}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pre2);
+  EXPECT_EQ(pre2->status, 404);
+  EXPECT_FALSE(pre2->has_header("Access-Control-Allow-Origin"));
+  auto g = c.Get("/v1/models", {{"Origin", stranger}});
+  ASSERT_TRUE(g);
+  EXPECT_FALSE(g->has_header("Access-Control-Allow-Origin"));
+
+  ServerProcess plain = tiny_server("", "serve_no_cors");
+  ASSERT_GT(plain.port(), 0);
+  httplib::Client p = client_of(plain);
+  auto pg = p.Get("/v1/models", {{"Origin", page}});
+  ASSERT_TRUE(pg);
+  EXPECT_FALSE(pg->has_header("Access-Control-Allow-Origin"));
+  auto pp = p.Options("/v1/completions", {{"Origin", page}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pp);
+  EXPECT_EQ(pp->status, 404);
+
+  std::string out;
+  EXPECT_NE(test::run_command(std::string(TESSERA_BINARY) + " serve --port 0 --cors app.example 2>&1", &out),
+            0);
+  EXPECT_NE(out.find("an origin is scheme://host[:port]"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tessera
