@@ -227,11 +227,10 @@ class Server {
       res.set_content(j.dump(), "application/json");
     });
     svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = req.matches[1];
-      if (id != model_id_ && id != "tessera") {
-        return reply_error(res,
-                           {404, "not_found_error",
-                            "model '" + id + "' is not served here; this server serves '" + model_id_ + "'"});
+      try {
+        check_model(req.matches[1], model_id_);
+      } catch (const BadRequest& b) {
+        return reply_error(res, b);
       }
       res.set_content(model_json().dump(), "application/json");
     });
@@ -252,9 +251,9 @@ class Server {
         res.set_header("Access-Control-Max-Age", "600");
         return httplib::Server::HandlerResponse::Handled;
       });
-      svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const bool any = std::find(args_.cors.begin(), args_.cors.end(), "*") != args_.cors.end();
+      svr.set_post_routing_handler([this, any](const httplib::Request& req, httplib::Response& res) {
         if (!cors_allowed(req)) return;
-        const bool any = std::find(args_.cors.begin(), args_.cors.end(), "*") != args_.cors.end();
         res.set_header("Access-Control-Allow-Origin", any ? "*" : req.get_header_value("Origin"));
         if (!any) res.set_header("Vary", "Origin");
       });

@@ -132,11 +132,7 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   route_fields(body, chat);
   noop_fields(body);
   if (given(body, "model")) {
-    const std::string m = str_field(body, "model");
-    if (m != model_id && m != "tessera") {
-      bad("model '" + m + "' is not served here; this server serves '" + model_id + "'", 404,
-          "not_found_error");
-    }
+    check_model(str_field(body, "model"), model_id);
   }
   if (given(body, "echo") && body["echo"] != false) bad("'echo' is not supported");
   for (const char* k : {"presence_penalty", "frequency_penalty"}) {
@@ -330,6 +326,13 @@ std::vector<int32_t> chat_prompt(const json& body, const Session& session, const
 }
 
 }  // namespace
+
+void check_model(const std::string& asked, const std::string& model_id) {
+  if (asked != model_id && asked != "tessera") {
+    bad("model '" + asked + "' is not served here; this server serves '" + model_id + "'", 404,
+        "not_found_error");
+  }
+}
 
 std::string error_body(const BadRequest& b) {
   const json j = {

@@ -18,6 +18,9 @@ struct BadRequest {
   std::string type, message;
 };
 
+// Throws BadRequest 404 unless `asked` names the model served as `model_id` (or is "tessera").
+void check_model(const std::string& asked, const std::string& model_id);
+
 // {"error": {"message", "type", "param", "code"}} as text (bytes of the message that are not UTF-8,
 // from an invalid body quoted by the JSON parser, are replaced).
 std::string error_body(const BadRequest& b);
