@@ -24,7 +24,8 @@ void expect_command_error(const std::string& cmd, const std::string& want);
 // The first word of 3 or more ASCII letters that starts at or after offset `from` of text ("" if none).
 std::string word_after(const std::string& text, size_t from);
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
-// max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise).
+// max_i |a-b| / max_i |b| (a norm-wise relative error that ignores tiny-element noise). n == 0 is a
+// test failure (ADD_FAILURE) and returns infinity: an empty comparison must not pass a bound.
 double rel_error(const float* a, const float* b, size_t n);
 
 // SparseD selection computed in double, straight from the definition (Backend::sparse_select): q [mq,

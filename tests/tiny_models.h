@@ -47,8 +47,25 @@ CachedStep run_cached_step(Engine& e, const std::filesystem::path& dir);
 // {3, 10, 11, 12, 30, 41} and the step computes those (plus row 31, a logit row, where there is no shift)
 // for the logits of 11, 12 and 31; reference: reference.py with A's K / V for every other row.
 // On tiny LLaDA, Dream and LLaDA-MoE checkpoints loaded with `opt`: the step computes 6 rows (Dream)
-// or 7 and its logits match the reference within 1e-3.
-void expect_row_list_steps_match_reference(const EngineOptions& opt);
+// or 7 and its logits match the reference within `tol` (relative error; the CPU in f32 is held to 5e-6).
+void expect_row_list_steps_match_reference(const EngineOptions& opt, double tol);
+
+// reference.py generate (the numpy loop, temperature 0) with the options of `o` that it models:
+// gen_length, steps, block_length, alg, cache, suffix, sparse (block, rho, skip), window (ex, in,
+// refresh, early stop at eos_ids), cfg_scale, des (k, beta, scope) and their combinations and, with
+// `logprobs`, each generated token's log-probability; other options (threshold, temperature, an EOS
+// stop, ...) are a test failure. canvas: the final canvas
+// (prompt + generation + suffix); order: the positions decided by each step that ran a forward;
+// logprobs: per generated position (NaN where the reference decided none). Empty canvas (and a test
+// failure) when reference.py fails.
+struct ReferenceGeneration {
+  std::vector<int32_t> canvas;
+  std::vector<std::vector<int32_t>> order;
+  std::vector<double> logprobs;
+};
+ReferenceGeneration reference_generate(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
+                                       const GenerateOptions& o, bool logprobs = false);
+
 // The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
 struct CheckpointParams {
   int64_t total = 0, routed_experts = 0;

@@ -117,7 +117,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     }
     r.tokens = std::move(res.tokens);
   }
-  r.kv_cache = holds_kv_cache(o) ? e.kv_cache_bytes() : 0;
+  r.kv_cache = plan_request(o, 1, false).kv_capacity > 0 ? e.kv_cache_bytes() : 0;
   return r;
 }
 
@@ -203,11 +203,11 @@ int run_bench(const BenchArgs& a) {
   base.gen_length = a.gen_length;
   base.block_length = a.block_length;
   base.steps = a.steps > 0 ? a.steps : a.gen_length;
-  base.alg = a.alg;
+  base.alg = parse_unmask(a.alg);
   base.threshold = a.threshold;
   base.temperature = a.temperature;
   base.seed = a.seed;
-  base.cache = a.cache;
+  base.cache = parse_kv_cache(a.cache);
   base.stop_at_eos = a.eos;
   TESSERA_CHECK(!a.eos || cfg.eos_id >= 0, "--eos: this model has no EOS token");
   if (cfg.eos_id >= 0) base.eos_ids = {cfg.eos_id};  // window-early-stop ends at it
@@ -264,11 +264,11 @@ int run_bench(const BenchArgs& a) {
   std::printf(
       "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d\n", what.c_str(),
       base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
-      base.alg.c_str(),
+      std::string(name(base.alg)).c_str(),
       (std::string(base.threshold > 0 ? ", threshold " + std::to_string(base.threshold).substr(0, 4) : "") +
        (base.temperature > 0 ? ", temperature " + std::to_string(base.temperature).substr(0, 4) : ""))
           .c_str(),
-      base.cache.c_str(), a.reps);
+      std::string(name(base.cache)).c_str(), a.reps);
   std::printf("%-28s %9s %9s %8s %6s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
               "speed-up", "steps", "query rows", "key rows", "weights", "act. peak", "KV cache", "agreement");
   if (moe) std::printf(" %8s", "experts");
@@ -312,7 +312,8 @@ int run_bench(const BenchArgs& a) {
   if (a.batch >= 2) {
     GenerateOptions bo = base;
     bo.moe_stats = false;  // the unique-expert counts are engine state: not with batching
-    TESSERA_CHECK(Batcher::batchable(bo),
+    TESSERA_CHECK(plan_request(bo, static_cast<int64_t>(prompt.size()), base_engine->attention_block() > 0)
+                      .shares_forwards(),
                   "--batch: the baseline's options hold engine state across forwards (SparseD patterns or "
                   "DES); requests with them run one at a time");
     const BatchRow br = measure_batch(*base_engine, prompts, bo, a.reps);
@@ -345,9 +346,9 @@ int run_bench(const BenchArgs& a) {
               {"gen_length", base.gen_length},
               {"block_length", base.block_length},
               {"steps", base.steps},
-              {"alg", base.alg},
+              {"alg", name(base.alg)},
               {"threshold", base.threshold},
-              {"cache", base.cache},
+              {"cache", name(base.cache)},
               {"reps", a.reps},
               {"rows", comparisons},
               {"batch", batch_json}}

@@ -99,7 +99,7 @@ int run_eval(const EvalArgs& a) {
     base.gen_length = static_cast<int>(a.gen_length);
     base.steps = a.steps > 0 ? a.steps : base.gen_length;
     base.block_length = a.block_length > 0 ? a.block_length : base.gen_length;
-    base.alg = a.alg;
+    base.alg = parse_unmask(a.alg);
     base.stop_at_eos = false;  // compare the whole generated span position by position
     if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
     validate_generate_options(base, exact->vocab_size());
@@ -112,7 +112,7 @@ int run_eval(const EvalArgs& a) {
         cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length,
         a.suffix_len > 0 ? (", infilling before " + std::to_string(a.suffix_len) + " suffix tokens").c_str()
                          : "",
-        base.alg.c_str(), base.steps, base.block_length, a.precision.c_str());
+        std::string(name(base.alg)).c_str(), base.steps, base.block_length, a.precision.c_str());
     const bool moe = exact->supports_expert_sharing();
     std::printf("%-28s %10s %10s %10s %10s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
                 "tokens/s", "steps", moe ? "  experts (block)" : "");
@@ -155,7 +155,7 @@ int run_eval(const EvalArgs& a) {
                          {"exact_path",
                           {{"steps", base.steps},
                            {"block_length", base.block_length},
-                           {"alg", base.alg},
+                           {"alg", name(base.alg)},
                            {"device", a.device},
                            {"precision", a.precision}}},
                          {"comparisons", gens}};

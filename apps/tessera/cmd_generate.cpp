@@ -26,9 +26,10 @@ void print_stats(const Session::Output& o, Session& s, FILE* f) {
   const MoeStats& m = s.engine().moe_stats();
   char moe[96] = "";
   if (m.layer_forwards > 0)
-    std::snprintf(moe, sizeof moe, " · %.1f of %lld experts per MoE layer%s", m.mean(m.unique),
-                  static_cast<long long>(s.config().moe.n_experts),
-                  s.options().des != "off" ? (" (DES-" + s.options().des + ")").c_str() : "");
+    std::snprintf(
+        moe, sizeof moe, " · %.1f of %lld experts per MoE layer%s", m.mean(m.unique),
+        static_cast<long long>(s.config().moe.n_experts),
+        s.options().des != DesMode::Off ? (" (DES-" + std::string(name(s.options().des)) + ")").c_str() : "");
   // On a GPU the memory that matters is the device's: what this process holds there (weights, workspace,
   // caches, the CUDA runtime; nothing is allocated during a step, so this is the peak).
   const int64_t device_used = device_bytes_in_use(s.engine());
@@ -112,11 +113,11 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"kv_cache_bytes", s.engine().kv_cache_bytes()},
       {"gen_length", s.options().gen_length},
       {"block_length", s.options().block_length},
-      {"alg", s.options().alg},
-      {"cache", s.options().cache},
+      {"alg", name(s.options().alg)},
+      {"cache", name(s.options().cache)},
       {"sparse", s.options().sparse},
       {"sparse_pattern_bytes", s.engine().sparse_bytes()},
-      {"des", s.options().des}};
+      {"des", name(s.options().des)}};
   const GenerateOptions& g = s.options();
   if (g.logprobs) j["logprobs"] = logprobs_json(o, s);
   if (g.window) {
@@ -129,7 +130,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
   if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
     j["moe"] = {{"n_experts", s.config().moe.n_experts}, {"top_k", s.config().moe.top_k},
                 {"unique_experts", m.mean(m.unique)},    {"unique_experts_block", m.mean(m.unique_voting)},
-                {"coreset", m.mean(m.coreset)},          {"des_scope", s.options().des_scope}};
+                {"coreset", m.mean(m.coreset)},          {"des_scope", name(s.options().des_scope)}};
   }
   return j;
 }

@@ -404,8 +404,8 @@ class Server {
       j["usage"] = usage(prompt_tokens, completion);
       count_done(prompt_tokens, completion, t0);
       j["tessera"] = {{"steps", steps},  // of the longest choice
-                      {"seconds", seconds}, {"cache", o.cache},  {"sparse", o.sparse},
-                      {"des", o.des},       {"window", o.window}};
+                      {"seconds", seconds}, {"cache", name(o.cache)}, {"sparse", o.sparse},
+                      {"des", name(o.des)}, {"window", o.window}};
       res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
       return;
     }

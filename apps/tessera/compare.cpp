@@ -36,11 +36,13 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "threshold") {
         c.gen.threshold = std::stof(v);
       } else if (k == "alg") {
-        c.gen.alg = v;
+        c.gen.alg = parse_unmask(v);
+      } else if (k == "cfg") {
+        c.gen.cfg_scale = std::stof(v);
       } else if (k == "temperature") {
         c.gen.temperature = std::stof(v);
       } else if (k == "cache") {
-        c.gen.cache = v;
+        c.gen.cache = parse_kv_cache(v);
       } else if (k == "sparse") {
         c.gen.sparse = on_off();
       } else if (k == "sparse-block") {
@@ -52,15 +54,15 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "des") {
         if (v != "off" && v != "seq" && v != "vote")
           fail("--compare '" + spec + "': des must be off, seq or vote, got '" + v + "'");
-        c.gen.des = v;
+        c.gen.des = parse_des(v);
       } else if (k == "des-k") {
         c.gen.des_k = std::stoi(v);
-        if (c.gen.des == "off") c.gen.des = "seq";
+        if (c.gen.des == DesMode::Off) c.gen.des = DesMode::Seq;
       } else if (k == "des-beta") {
         c.gen.des_beta = std::stof(v);
-        if (c.gen.des == "off") c.gen.des = "vote";
+        if (c.gen.des == DesMode::Off) c.gen.des = DesMode::Vote;
       } else if (k == "des-scope") {
-        c.gen.des_scope = v;
+        c.gen.des_scope = parse_des_scope(v);
       } else if (k == "sparse-skip") {
         c.gen.sparse_skip = std::stof(v);
         c.gen.sparse = true;
@@ -100,7 +102,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.own_engine = true;
       } else {
         fail("--compare '" + spec + "': unknown option '" + k +
-             "' (known: steps, block-length, threshold, alg, temperature, cache, sparse, sparse-block, "
+             "' (known: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
              "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
              "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, precision, dequantize, "
              "device, k-ffn, k-logits, memory-budget)");

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_eval(app, reg);
   tessera::cli::add_bench(app, reg);
   tessera::cli::add_serve(app, reg);
+  tessera::cli::add_features(app, reg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

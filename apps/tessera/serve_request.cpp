@@ -155,6 +155,15 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
       o.steps = o.gen_length;
     }
   }
+  // A choice (an enum) from its name; an unknown name is a 400 that names it and the choices.
+  auto choice = [&](auto parse, const char* k) {
+    const std::string v = str_field(body, k);
+    try {
+      return parse(v);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+  };
   auto small_int = [&](const char* k) {
     const int64_t v = int_field(body, k);
     if (v < 0 || v > ctx) bad(std::string("'") + k + "' must be in [0, " + std::to_string(ctx) + "]");
@@ -187,9 +196,9 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   }
   if (given(body, "steps")) o.steps = small_int("steps");
   if (given(body, "block_length")) o.block_length = small_int("block_length");
-  if (given(body, "alg")) o.alg = str_field(body, "alg");
+  if (given(body, "alg")) o.alg = choice(parse_unmask, "alg");
   if (given(body, "threshold")) o.threshold = float_field(body, "threshold");
-  if (given(body, "cache")) o.cache = str_field(body, "cache");
+  if (given(body, "cache")) o.cache = choice(parse_kv_cache, "cache");
   if (given(body, "sparse")) o.sparse = bool_field(body, "sparse");
   if (given(body, "sparse_block")) {
     o.sparse_block = small_int("sparse_block");
@@ -203,7 +212,7 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   }
   if (given(body, "des_k")) o.des_k = small_int("des_k");
   if (given(body, "des_beta")) o.des_beta = float_field(body, "des_beta");
-  if (given(body, "des_scope")) o.des_scope = str_field(body, "des_scope");
+  if (given(body, "des_scope")) o.des_scope = choice(parse_des_scope, "des_scope");
   if (given(body, "window")) o.window = bool_field(body, "window");
   if (given(body, "window_early_stop")) o.window_early_stop = bool_field(body, "window_early_stop");
   if (o.window_early_stop) o.window = true;
@@ -224,11 +233,11 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
     }
   }
   try {
-    o.des = implied_des(given(body, "des") ? std::optional(str_field(body, "des")) : std::nullopt,
+    o.des = implied_des(given(body, "des") ? std::optional(parse_des(str_field(body, "des"))) : std::nullopt,
                         given(body, "des_k"), given(body, "des_beta"), o.des);
     validate_generate_options(o, session.config().vocab, block_causal);
     // What only the model can tell (an MoE model, k <= top_k) fails here, before a stream starts.
-    if (o.des != "off") session.engine().check_des(des_config(o));
+    if (o.des != DesMode::Off) session.engine().check_des(des_config(o));
   } catch (const Error& e) {
     bad(e.what());
   }

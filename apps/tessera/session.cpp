@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/utf8.h"
+#include "engine/request_budget.h"
 #include "memory/chunk_optimizer.h"
 
 namespace tessera::cli {
@@ -216,25 +217,26 @@ Session::Session(const SessionArgs& a) {
       a.block_length.value_or(gc_int("block_length", model_block > 0 ? model_block : gen_len));
   gen_.steps = a.steps.value_or(gc_int("steps", model_block > 0 ? gen_.block_length : gen_len));
   gen_.threshold = a.threshold.value_or(gc_float("threshold", model_block > 0 ? 0.95f : 0.0f));
-  gen_.alg = a.alg.value_or(
+  gen_.alg = parse_unmask(a.alg.value_or(
       gc_string("alg", std::string(engine_->config().family == Family::Dream && !engine_->config().causal
                                        ? "entropy"
-                                       : "low_confidence")));
+                                       : "low_confidence"))));
   gen_.temperature = a.temperature;
   gen_.cfg_scale = a.cfg;
   gen_.top_k = a.top_k;
   gen_.top_p = a.top_p;
   gen_.alg_temp = a.alg_temp;
   gen_.seed = a.seed;
-  gen_.cache = a.cache;
+  gen_.cache = parse_kv_cache(a.cache);
   gen_.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
   gen_.sparse_block = a.sparse_block.value_or(gen_.sparse_block);
   gen_.sparse_rho = a.sparse_rho.value_or(gen_.sparse_rho);
   gen_.sparse_skip = a.sparse_skip.value_or(gen_.sparse_skip);
-  gen_.des = implied_des(a.des, a.des_k.has_value(), a.des_beta.has_value(), gen_.des);
+  gen_.des = implied_des(a.des ? std::optional(parse_des(*a.des)) : std::nullopt, a.des_k.has_value(),
+                         a.des_beta.has_value(), gen_.des);
   gen_.des_k = a.des_k.value_or(gen_.des_k);
   gen_.des_beta = a.des_beta.value_or(gen_.des_beta);
-  gen_.des_scope = a.des_scope;
+  gen_.des_scope = parse_des_scope(a.des_scope);
   gen_.window = a.window || a.window_ex || a.window_in || a.window_refresh || a.window_early_stop;
   gen_.window_ex = a.window_ex.value_or(gen_.window_ex);
   gen_.window_in = a.window_in.value_or(gen_.window_in);
@@ -393,25 +395,13 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
 
 Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateOptions& g,
                              const std::function<void(const StepEvent&)>& on_step) {
-  // A memory budget is checked on the request's largest step (the whole canvas, a full block of
-  // masked positions) before the first forward.
-  const int64_t canvas = canvas_length(static_cast<int64_t>(prompt.size()), g);
-  // The KV cache is held for the whole request: made first so that the budget check counts it.
-  // generate() ends it, and the SparseD request, however it ends; the guard covers a failed check.
-  struct Ended {
-    Engine& e;
-    ~Ended() {
-      e.kv_cache_end();
-      e.sparse_end();
-    }
-  } ended{*engine_};
-  if (holds_kv_cache(g)) engine_->kv_cache_reset(canvas);
-  // So are the SparseD patterns (generate() starts the same request again: nothing is reallocated).
-  if (g.sparse)
-    engine_->sparse_begin(canvas,
-                          SparseConfig{g.sparse_block, g.sparse_rho, static_cast<int64_t>(prompt.size())});
-  check_budget(static_cast<int64_t>(prompt.size()), g);
-  return timed(g, [&](const GenerateOptions& s) { return generate(*engine_, prompt, s, on_step); });
+  // The request is planned once: its state (KV cache, SparseD patterns, DES) is held open from here to
+  // its end, and a memory budget is checked on its largest step before the first forward.
+  const bool block_causal = engine_->attention_block() > 0;
+  validate_generate_options(g, engine_->config().vocab, block_causal);
+  RequestScope request(*engine_, plan_request(g, static_cast<int64_t>(prompt.size()), block_causal));
+  check_request_budget(*engine_, request.plan());
+  return timed(g, [&](const GenerateOptions& s) { return generate(request, prompt, s, on_step); });
 }
 
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop) {
@@ -462,29 +452,16 @@ Session::Output Session::timed(const GenerateOptions& g,
   return o;
 }
 
-void Session::check_budget(int64_t prompt_len, const GenerateOptions& g) {
-  if (engine_->options().memory_budget == 0) return;
-  if (engine_->attention_block() > 0) engine_->set_attention_block(g.block_length);
-  engine_->check_memory(
-      canvas_length(prompt_len, g),
-      engine_->attention_block() > 0 ? g.block_length : std::min(g.block_length, g.gen_length),
-      g.cfg_scale > 0 ? OutputMode::Logits
-      : g.logprobs    ? OutputMode::SampleLogprobs
-                      : OutputMode::Sample,
-      holds_kv_cache(g));
-}
-
 Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
                              const std::function<void(const StepEvent&)>& on_step) {
   Output o;
-  if (b.max_batch() == 1 || !Batcher::batchable(g)) {
+  const bool block_causal = engine_->attention_block() > 0;
+  if (b.max_batch() == 1 ||
+      !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal).shares_forwards()) {
     b.run([&] { o = run(prompt, g, on_step); }, true);
     return o;
   }
-  std::function<void()> check;  // on the engine thread, after the request's KV cache is opened
-  if (engine_->options().memory_budget > 0)
-    check = [&] { check_budget(static_cast<int64_t>(prompt.size()), g); };
-  return timed(g, [&](const GenerateOptions& s) { return b.generate(prompt, s, on_step, check); });
+  return timed(g, [&](const GenerateOptions& s) { return b.generate(prompt, s, on_step); });
 }
 
 }  // namespace tessera::cli

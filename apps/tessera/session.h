@@ -104,8 +104,6 @@ class Session {
   int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o) const;
 
  private:
-  // With a memory budget: fails unless the request's largest step fits (run on the engine's thread).
-  void check_budget(int64_t prompt_len, const GenerateOptions& g);
   // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.
   Output timed(const GenerateOptions& g,
                const std::function<GenerateResult(const GenerateOptions&)>& gen) const;

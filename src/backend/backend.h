@@ -1,6 +1,7 @@
 // The narrow backend interface: every op the engine runs. Pointers inside Tensor views are device
-// pointers of this backend. Shapes are checked in ops.cpp (check_* helpers) before dispatch, so
-// implementations may assume valid arguments. Optional capabilities are queried, not assumed.
+// pointers of this backend. Every op's arguments are checked once for all backends (op_checks.h:
+// check_<op>, called by each backend's op before dispatch), so implementations may assume valid
+// arguments. Optional capabilities are queried, not assumed.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -37,6 +38,11 @@ struct AttnParams {
   // block-causal mask still applies inside kept tiles. A query row that keeps no visible key gets 0.
   const uint8_t* block_mask = nullptr;
   int sparse_block = 0;
+  // The pattern's strides when it was built for a whole canvas of which this call computes some rows
+  // (a KV-cache step): n_qb, n_kb of that canvas, and every query / key row's block is that of its
+  // position (q_pos / k_pos, each ascending) instead of its row. 0: the strides of this call's rows.
+  // CPU only.
+  int64_t sparse_q_blocks = 0, sparse_k_blocks = 0;
   // Optional planned scratch where a backend may stage K and V in bf16 (the CUDA tensor-core kernel
   // does; without it the CUDA backend runs its f32 SIMT kernel): attn_kv_scratch_bytes() bytes.
   void* kv_scratch = nullptr;
@@ -49,9 +55,6 @@ struct SparseSelectParams {
   float rho = 0.5f;           // kept fraction of each key set, in [0, 1]
   int64_t n_prompt_keys = 0;  // keys [0, n_prompt_keys) are the prompt
 };
-// The argument checks every backend's sparse_select makes (throws Error; defined beside the CPU kernel).
-void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
-                         const SparseSelectParams& p);
 // Tiles kept per key set of n blocks: floor(n * rho) + 1, at most n (0 for an empty set).
 inline int64_t sparse_keep(int64_t n, float rho) {
   if (n <= 0) return 0;
@@ -101,8 +104,6 @@ struct MoeShare {
   bool apply = false;                  // route (share rows inside C) and record hit, hit_vote, core
   float* state = nullptr;              // [5 * E] f32 backend memory, this layer's
 };
-// Throws Error unless `sh` fits a call of `rows` rows of an n_experts router with top_k.
-void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k);
 // The coreset of MoeShare from one layer's votes and seq counts: core[e] = 1 in C, else 0 (host memory).
 void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k,
                  float* core);
@@ -152,20 +153,6 @@ struct SampleParams {
 };
 constexpr int64_t kTopLogprobs = 20;  // most likely tokens returned per prediction (OpenAI's limit)
 
-// The shapes Backend::top_logprobs takes (throws Error otherwise); returns K.
-inline int64_t check_top_logprobs(const Tensor& logits, const Tensor& token, const Tensor& chosen,
-                                  const Tensor& ids, const Tensor& lp) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
-  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
-  TESSERA_CHECK(
-      token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
-      "top_logprobs: one i32 token and one f32 output per logits row expected");
-  TESSERA_CHECK(ids.dtype == DType::I32 && ids.ndim == 2 && ids.rows() == R && K >= 1 && K <= V,
-                "top_logprobs: ids must be i32 [rows, K] with 1 <= K <= vocab");
-  TESSERA_CHECK(lp.dtype == DType::F32 && lp.numel() == R * K, "top_logprobs: lp must be f32 [rows, K]");
-  return K;
-}
-
 // Counter-based RNG shared by every backend so that CPU and CUDA draw identical noise:
 // splitmix64 of (seed, a, b) -> uniform double in (0, 1).
 inline uint64_t rng_mix(uint64_t x) {
@@ -211,9 +198,9 @@ class Backend {
   // y may alias x (in place) when both are f32.
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
 
-  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a is f32 or bf16; w f32 or bf16 (bf16 w with
-  // f32 a is allowed: a is then rounded to bf16); bias f32 or nullptr; c f32 or bf16.
-  // accumulate=true adds into c (c must be f32).
+  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a and w of one dtype, f32 or bf16 (a quantized w,
+  // CPU only, computes as its dtype); bias f32 or nullptr; c f32 or bf16. accumulate=true adds into c
+  // (c must be f32).
   virtual void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) = 0;
 
   // Mask-only logits: c[i, :] = a[rows[i], :] * w^T for i < rows.numel(). Reads the selected rows

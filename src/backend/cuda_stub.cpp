@@ -1,8 +1,8 @@
 // make_cuda_backend / make_cuda_workspace when tessera is built without CUDA.
 #ifndef TESSERA_HAVE_CUDA
 #include "backend/backend.h"
+#include "backend/workspace.h"
 #include "core/error.h"
-#include "memory/workspace.h"
 
 namespace tessera {
 std::unique_ptr<Backend> make_cuda_backend(std::string* why_not) {

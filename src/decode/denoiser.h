@@ -107,6 +107,21 @@ class Denoiser {
     fail("this denoiser has no KV cache");
   }
 
+  // Classifier-free guidance with a KV cache: the unconditional canvas (the prompt masked) keeps its own
+  // cache, stream 1 (stream 0 is kv_cache_reset's). kv_stream_reset(1, capacity) starts it with every
+  // row unwritten (kv_cache_end ends both); logits_rows is predict_rows returning full logits
+  // [positions, vocab] (host memory) from the cache of `stream`.
+  virtual bool supports_kv_streams() const { return false; }
+  virtual void kv_stream_reset(int stream, int64_t capacity) {
+    (void)stream, (void)capacity;
+    fail("this denoiser has no second KV cache stream");
+  }
+  virtual void logits_rows(int stream, std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                           std::span<const int32_t> positions, std::span<float> out) {
+    (void)stream, (void)canvas, (void)rows, (void)positions, (void)out;
+    fail("this denoiser has no KV cache logits");
+  }
+
   // SparseD (see SparsePhase): patterns for single-sequence, uncached forwards over a canvas of exactly
   // `canvas_len` positions (the pattern's tiles are canvas rows). Memory for the patterns is taken
   // here, before any forward, and counted against a memory budget.

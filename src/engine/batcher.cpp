@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "engine/request_budget.h"
 
 namespace tessera {
 
@@ -143,20 +144,19 @@ Batcher::~Batcher() {
   thread_.join();
 }
 
-bool Batcher::batchable(const GenerateOptions& o) {
-  return !o.sparse && o.des == "off" && !o.moe_stats;
-}
-
 BatchStats Batcher::stats() const {
   std::lock_guard<std::mutex> l(m_);
   return stats_;
 }
 
 GenerateResult Batcher::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                                 const std::function<void(const StepEvent&)>& on_step,
-                                 const std::function<void()>& check) {
-  if (!batchable(o))
-    fail("internal error: a request that holds SparseD patterns or DES state cannot be batched");
+                                 const std::function<void(const StepEvent&)>& on_step) {
+  validate_generate_options(o, vocab_, initial_block_ > 0);
+  const RequestPlan plan = plan_request(o, static_cast<int64_t>(prompt.size()), initial_block_ > 0);
+  if (!plan.shares_forwards())
+    fail(
+        "internal error: a request that holds per-request engine state (SparseD patterns, DES, cfg's second "
+        "KV cache) cannot be batched");
   {
     std::unique_lock<std::mutex> l(m_);
     request_cv_.wait(l, [&] { return exclusive_.empty() && !exclusive_running_; });
@@ -181,17 +181,18 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
       b.request_cv_.notify_all();
     }
   } leave{*this};
-  if (holds_kv_cache(o)) {
-    const int64_t capacity = canvas_length(static_cast<int64_t>(prompt.size()), o, initial_block_ > 0);
-    leave.slot = admit_cache(capacity, check);
-  } else if (check) {
-    run(check, false);
-  }
+  if (plan.kv_capacity > 0)
+    leave.slot = admit_cache(plan);
+  else if (engine_.options().memory_budget > 0)
+    run([&] { check_request_budget(engine_, plan); }, false);
   Proxy p(*this, leave.slot);
-  return tessera::generate(p, prompt, o, on_step);
+  RequestScope request(p, plan);
+  return tessera::generate(request, prompt, o, on_step);
 }
 
-int Batcher::admit_cache(int64_t capacity, const std::function<void()>& check) {
+int Batcher::admit_cache(const RequestPlan& plan) {
+  const int64_t capacity = plan.kv_capacity;
+  const bool budget = engine_.options().memory_budget > 0;
   while (true) {
     int slot = -1;
     bool wait = false;
@@ -210,9 +211,9 @@ int Batcher::admit_cache(int64_t capacity, const std::function<void()>& check) {
             return;
           }
           slot = engine_.kv_open(capacity);  // alone: the budget error if it can never fit
-          if (!check) return;
+          if (!budget) return;
           try {
-            check();
+            check_request_budget(engine_, plan);
           } catch (...) {
             engine_.kv_close(slot);
             slot = -1;

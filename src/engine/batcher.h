@@ -54,16 +54,12 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Whether a request's forwards can be packed with others' (no SparseD patterns or DES state).
-  static bool batchable(const GenerateOptions& o);
-
   // generate(prompt, o, on_step) with its forwards packed with those of the other requests running at
-  // the same time (o must be batchable). The unmasking loop and on_step run on the calling thread.
-  // check (optional) runs on the engine thread before the first forward, after the request's KV cache
-  // is opened (a memory budget check of its largest step). Safe to call from any number of threads.
+  // the same time (its plan must share forwards: RequestPlan::shares_forwards). The unmasking loop and
+  // on_step run on the calling thread. Under a memory budget the request's plan is checked on the engine
+  // thread before its first forward, with its KV cache open. Safe to call from any number of threads.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                          const std::function<void(const StepEvent&)>& on_step = {},
-                          const std::function<void()>& check = {});
+                          const std::function<void(const StepEvent&)>& on_step = {});
 
   // Runs `job` on the engine thread and waits (its exception is rethrown here). exclusive: while no
   // batched request is admitted (requests that hold engine state: their whole generation); otherwise
@@ -78,9 +74,9 @@ class Batcher {
   struct Call;
   struct Job;
   void loop();
-  // Opens a KV cache slot of `capacity` rows for an admitted request and runs `check`; waits while
-  // they fit the memory budget alone but not beside the slots held now.
-  int admit_cache(int64_t capacity, const std::function<void()>& check);
+  // Opens a KV cache slot for an admitted request and checks its plan's budget; waits while they fit
+  // the memory budget alone but not beside the slots held now.
+  int admit_cache(const RequestPlan& plan);
   bool ready(std::chrono::steady_clock::time_point now) const;
   // When the oldest pending call stops waiting for others: `grace` after it was posted or after the
   // last forward ended, whichever is later (the requests that forward served post their next calls

@@ -14,6 +14,8 @@
 #include "backend/backend.h"
 #include "decode/denoiser.h"
 #include "engine/executor.h"
+#include "engine/kv_pool.h"
+#include "engine/request_state.h"
 #include "memory/planner.h"
 #include "memory/workspace.h"
 #include "models/model.h"
@@ -65,25 +67,7 @@ struct StepStats {
   bool plan_cached = false;
 };
 
-// DES counts since des_begin, summed over every (MoE layer, forward): the unique experts the routed
-// rows used (the expert weights the forward read), those of the voting rows only, and the coreset size.
-struct MoeStats {
-  int64_t forwards = 0, layer_forwards = 0;
-  double unique = 0, unique_voting = 0, coreset = 0;
-  double mean(double sum) const {
-    return layer_forwards > 0 ? sum / static_cast<double>(layer_forwards) : 0.0;
-  }
-  MoeStats& operator+=(const MoeStats& o) {
-    forwards += o.forwards;
-    layer_forwards += o.layer_forwards;
-    unique += o.unique;
-    unique_voting += o.unique_voting;
-    coreset += o.coreset;
-    return *this;
-  }
-};
-
-class Engine final : public Denoiser {
+class Engine final : public Denoiser, private KvPool::Budget {
  public:
   static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineOptions& opt = {});
   // Random weights of a geometry (benchmarks; no files).
@@ -134,7 +118,13 @@ class Engine final : public Denoiser {
               std::span<float> out) override;
   bool supports_kv_cache() const override { return true; }
   void kv_cache_reset(int64_t capacity) override;
-  void kv_cache_end() override { kv_close(0); }
+  void kv_cache_end() override;
+  // Stream 1 (cfg's unconditional canvas under a KV cache) is a slot of the pool of its own, opened by
+  // kv_stream_reset and closed with stream 0 by kv_cache_end.
+  bool supports_kv_streams() const override { return true; }
+  void kv_stream_reset(int stream, int64_t capacity) override;
+  void logits_rows(int stream, std::span<const int32_t> canvas, std::span<const int32_t> rows,
+                   std::span<const int32_t> positions, std::span<float> out) override;
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override;
@@ -151,7 +141,7 @@ class Engine final : public Denoiser {
   // dtype, for every row of the pool. The pool outlives its requests (the next one reuses it); with a
   // memory budget it is freed when no slot is open and a plan or another held buffer would not fit
   // beside it. So are the SparseD patterns outside a sparse request.
-  size_t kv_cache_bytes() const { return kv_bytes_; }
+  size_t kv_cache_bytes() const { return kv_->bytes(); }
 
   // KV caches of concurrent requests (the batcher): every open slot is a region of `capacity` rows of
   // the cache pool, one request's canvas. Slot 0 is the engine's own, used by the Denoiser interface
@@ -183,10 +173,10 @@ class Engine final : public Denoiser {
   bool supports_sparse_attention() const override { return true; }
   void sparse_begin(int64_t canvas_len, const SparseConfig& c) override;
   void sparse_phase(SparsePhase p) override;
-  void sparse_end() override { sparse_on_ = false; }
+  void sparse_end() override { sparse_.end(); }
   // Bytes held for the patterns (0 until a request uses them); the patterns of the last Select
   // forward copied to the host, [layer][head][query block][key block] (tests, inspection).
-  size_t sparse_bytes() const { return sparse_bytes_; }
+  size_t sparse_bytes() const { return sparse_.bytes(); }
   std::vector<uint8_t> sparse_patterns() const;
   // DES (Denoiser): MoE models only. The per-layer states (5 * n_experts f32 each) are read back after
   // every forward to count unique experts (moe_stats).
@@ -195,8 +185,8 @@ class Engine final : public Denoiser {
   // Throws Error unless des_begin(c) would accept c on this model (an MoE model, k and beta in range).
   void check_des(const DesConfig& c) const;
   void des_rows(int64_t lo, int64_t hi) override;
-  void des_end() override { des_on_ = false; }
-  const MoeStats& moe_stats() const { return des_stats_; }
+  void des_end() override { des_.end(); }
+  const MoeStats& moe_stats() const { return des_.stats(); }
   // With EngineOptions::profile_ops: seconds spent per op kind since the last reset (else zeros).
   const std::array<double, graph::kOpKinds>& op_seconds() const { return op_seconds_; }
   void reset_op_seconds() { op_seconds_.fill(0.0); }
@@ -208,10 +198,12 @@ class Engine final : public Denoiser {
  private:
   Engine() = default;
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
+  // After the model is set: the KV cache pool, then the budget check of the weights.
+  void init();
+
+  // --- forward and packing (engine.cpp) ------------------------------------------------------------
   // Packs the sequences into the host staging arrays, then execute_step; returns the program.
   const graph::Program& run(OutputMode mode, std::span<const SeqInput> seqs, const SampleParams* sp);
-  // Plans (cached), commits the workspace, copies the staged inputs and executes the graph of `mode`
-  // (its KV cache variant when kv_cache).
   // A KV-cache step: stages each sequence's canvas rows `rows` (plus the logit rows of `positions`) as
   // queries and its whole canvas as keys, read from its slot of the pool; checks that every other row
   // is cached; runs execute_step.
@@ -219,39 +211,15 @@ class Engine final : public Denoiser {
   // The computed rows of one cached sequence (its rows and the logit rows of its positions) into
   // `out`, checked against the canvas and the slot's written rows.
   void cached_rows(const CachedSeq& s, std::vector<int32_t>& out);
+  // Plans (cached), commits the workspace, copies the staged inputs and executes the graph of `mode`
+  // (its KV cache variant when kv_cache).
   const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
                                      const SampleParams* sp);
-  // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
-  // come from the lazy chunking optimizer, else from the options. Fills last_.
-  const graph::Program& program_for(OutputMode mode, graph::StepShape shape, bool kv_cache = false);
-  // program_for without the failure: nullptr (and the activation floor in `floor`) when even the
-  // fully chunked plan exceeds the budget.
-  const graph::Program* try_program(OutputMode mode, graph::StepShape shape, bool kv_cache, size_t& floor);
   // The hidden row whose logits predict position pos (Dream's shift: pos - 1, row 0 for pos 0).
   int32_t logit_row(int32_t pos) const { return model_->config().logit_shift ? std::max(pos - 1, 0) : pos; }
   // Throws Error for a token id outside the vocabulary.
   void check_token(int32_t t) const;
-  [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
-  void check_weights_fit() const;
-  // Grows a buffer held across steps (KV cache, SparseD patterns; `held` is its byte count) to `bytes`,
-  // outside the plan: with a memory budget the weights plus everything held must stay below it, else
-  // fails naming `what`. Drops the cached plans (the activation budget shrank).
-  void grow_held(void*& buf, size_t& held, size_t bytes, const std::string& what);
-  // Whether the weights, `others` and `bytes` fit the budget; check_held throws grow_held's budget
-  // error unless they do.
-  bool held_fits(size_t others, size_t bytes) const;
-  // Frees what no request holds: the KV cache pool when no slot is open, the SparseD patterns outside
-  // a sparse request. Returns whether it freed anything (the cached plans are then dropped: the
-  // activation budget grew).
-  bool release_idle();
-  void check_held(size_t others, size_t bytes, const std::string& what) const;
-  // The KV cache pool: the first base of `capacity` free rows among the open slots' regions (the end of
-  // the last region when no gap is large enough, possibly past kv_rows_); growth to `rows` rows.
-  int64_t kv_base(int64_t capacity) const;
-  void kv_grow(int64_t rows, const std::string& what);
-  void kv_place(int slot, int64_t capacity);
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
-
   // Ids of the step inputs and outputs in each mode's graph, looked up once.
   struct GraphIo {
     int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
@@ -260,17 +228,39 @@ class Engine final : public Denoiser {
     int lp = -1, top_ids = -1, top_lp = -1;  // SampleLogprobs
   };
   const GraphIo& io(OutputMode mode, bool kv_cache = false);
-  GraphIo io_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
-  bool io_ready_[2 * kOutputModes] = {};
   // A sampling forward's outputs: tokens and conf, and with logprobs (mode SampleLogprobs) logprobs_.
   void read_sample(const graph::Program& p, OutputMode mode, bool kv_cache, std::span<int32_t> tokens,
                    std::span<float> conf);
-  PredictLogprobs logprobs_;
+
+  // --- step planning and the memory budget (engine_memory.cpp) ---------------------------------------
+  // The planned program of a step shape (cached per shape): with a memory budget the chunk counts
+  // come from the lazy chunking optimizer, else from the options. Fills last_.
+  const graph::Program& program_for(OutputMode mode, graph::StepShape shape, bool kv_cache = false);
+  // program_for without the failure: nullptr (and the activation floor in `floor`) when even the
+  // fully chunked plan exceeds the budget.
+  const graph::Program* try_program(OutputMode mode, graph::StepShape shape, bool kv_cache, size_t& floor);
+  [[noreturn]] void fail_budget(OutputMode mode, const graph::StepShape& shape, size_t floor);
+  void check_weights_fit() const;
+  // Grows a buffer held across steps (the SparseD patterns) to `bytes`, outside the plan: with a memory
+  // budget the weights plus everything held must stay below it, else fails naming `what`. Drops the
+  // cached plans (the activation budget shrank).
+  void grow_held(HeldBuffer& buf, size_t bytes, const std::string& what);
+  // KvPool::Budget: whether the weights, `others` and `bytes` fit the budget (check_held throws the
+  // budget error unless they do); release_idle frees what no request holds (the KV cache pool when no
+  // slot is open, the SparseD patterns outside a sparse request) and returns whether it freed anything
+  // (the cached plans are then dropped: the activation budget grew).
+  bool limited() const override { return opt_.memory_budget > 0; }
+  size_t others_held(bool in_use_only) const override;
+  bool held_fits(size_t others, size_t bytes) const override;
+  void check_held(size_t others, size_t bytes, const std::string& what) const override;
+  bool release_idle() override;
+  void pool_resized() override;
 
   EngineOptions opt_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Workspace> ws_;
+  // The plan cache.
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t,
                              int64_t>;  // mode + kOutputModes * kv_cache, n_query, n_kv, n_logits, n_seqs
   struct CachedPlan {
@@ -281,47 +271,23 @@ class Engine final : public Denoiser {
   std::map<PlanKey, CachedPlan> plans_;
   StepStats last_;
   size_t max_peak_ = 0;
+  GraphIo io_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
+  bool io_ready_[2 * kOutputModes] = {};
+  PredictLogprobs logprobs_;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_, cache_rows_, kv_rows_;
   std::vector<int64_t> seq_rows_;         // the first logit row of each sequence of the step, and the end
   std::span<const SampleParams> seq_sp_;  // per-sequence sampling of the current forward_sample, if any
   std::vector<int32_t> req_rows_;         // a KV-cache step's requested rows (cached_range)
-  // KV cache pool: one backend buffer with every State tensor at kv_pool_rows_ rows (kv_row_bytes_ per
-  // row of all of them); each open slot owns the rows [base, base + capacity), `written` marks the rows
-  // whose K / V it holds for its request, `block` the attention block they were computed under.
-  struct KvSlot {
-    bool open = false;
-    int64_t base = 0, capacity = 0;
-    int block = 0;
-    std::vector<uint8_t> written;
-  };
-  void* kv_buf_ = nullptr;
-  size_t kv_bytes_ = 0, kv_row_bytes_ = 0;
-  int64_t kv_pool_rows_ = 0;
-  std::vector<KvSlot> kv_slots_;
-  std::vector<int32_t> seq_q_;     // one cached sequence's computed rows (cached_rows)
-  std::vector<char*> state_ptrs_;  // per tensor id of the cached graph
-  // SparseD: the patterns of every layer for a canvas of sparse_canvas_ positions in one buffer of
-  // sparse_bytes_ (kept across requests, grown when needed); sparse_ready_ once a Select forward of
-  // this request has written them.
-  void* sparse_buf_ = nullptr;
-  size_t sparse_bytes_ = 0;
-  int64_t sparse_canvas_ = 0;
-  bool sparse_on_ = false, sparse_ready_ = false;
-  SparsePhase sparse_phase_ = SparsePhase::Dense;
-  SparseExec sparse_exec_;
-  // DES: the layer states (not counted against the memory budget: 5 * n_experts floats per layer), the
-  // canvas positions [des_lo_, des_hi_) decoded in parallel, the counts.
-  void* des_buf_ = nullptr;
-  size_t des_bytes_ = 0;
-  bool des_on_ = false;
-  int64_t des_lo_ = 0, des_hi_ = 0;
-  DesExec des_exec_;
-  MoeStats des_stats_;
-  std::vector<float> des_host_;
+  std::vector<int32_t> seq_q_;            // one cached sequence's computed rows (cached_rows)
+  std::vector<char*> state_ptrs_;         // per tensor id of the cached graph
+  // Request state held across steps: the KV cache pool (kv_pool.h), the SparseD patterns and the DES
+  // layer states (request_state.h).
+  std::unique_ptr<KvPool> kv_;
+  int stream_slot_ = -1;  // the pool slot of KV stream 1 while a request holds one
+  SparseState sparse_;
+  DesState des_;
   std::array<double, graph::kOpKinds> op_seconds_{};
-  // Sets des_exec_'s voting rows for a step whose rows are the (ascending) canvas positions q_pos.
-  void des_step_rows(std::span<const int32_t> q_pos);
 };
 
 // "attention 1.23 s (41%), gemm ..." for the op kinds that took time, largest first; seconds divided

@@ -139,6 +139,8 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
         if (!c.sparse->select) {
           ap.block_mask = pattern;
           ap.sparse_block = c.sparse->p.block;
+          ap.sparse_q_blocks = c.sparse->q_blocks;
+          ap.sparse_k_blocks = c.sparse->k_blocks;
         }
       }
       b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);

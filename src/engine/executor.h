@@ -17,6 +17,9 @@ struct SparseExec {
   uint8_t* patterns = nullptr;
   size_t layer_bytes = 0;
   SparseSelectParams p;  // p.scale is taken from each attention op
+  // A KV-cache step's pattern strides (the canvas's query and key blocks): its rows are read by
+  // position (AttnParams::sparse_q_blocks); 0 for an uncached forward over the whole canvas.
+  int64_t q_blocks = 0, k_blocks = 0;
 };
 
 // Dynamic Expert Sharing during one forward (MoeShare): the step rows decoded in parallel vote for each

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/request_budget.h"
 
 namespace tessera::eval {
 
@@ -174,7 +175,12 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
       g.seed = seed;
       if (use_suffix) g.suffix = c.suffix;
       g.moe_stats = e.supports_expert_sharing();
-      GenerateResult r = generate(e, c.prompt, g);
+      // One request: planned, its state held open, its budget checked, as the CLI and the server do.
+      const bool block_causal = e.attention_block() > 0;
+      validate_generate_options(g, e.vocab_size(), block_causal);
+      RequestScope request(e, plan_request(g, static_cast<int64_t>(c.prompt.size()), block_causal));
+      check_request_budget(e, request.plan());
+      GenerateResult r = generate(request, c.prompt, g);
       o.steps += r.steps_run;
       if (g.moe_stats) o.moe += e.moe_stats();
       o.tokens.push_back(std::move(r.tokens));

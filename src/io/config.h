@@ -7,8 +7,12 @@
 
 namespace tessera {
 
-// LLaDA2: LLaDA2.0 (model_type "llada2_moe", LLaDA2MoeModelLM), loaded by models/llada2.cpp.
+// A model family: its index in the family registry (models/registry.cpp), where each family's file
+// (models/<family>.cpp) gives its config.json fields, GGUF conventions, geometries and weight loader.
+// The enumerators name the families that code outside their file refers to, in registry order; a new
+// family needs none. LLaDA2: LLaDA2.0 (model_type "llada2_moe", LLaDA2MoeModelLM).
 enum class Family { LLaDA, Dream, LLaDAMoE, LLaDA2 };
+// The family's short name ("llada", "dream", "llada-moe", "llada2").
 const char* family_name(Family f);
 
 // Router score of a mixture-of-experts FFN.
@@ -72,8 +76,9 @@ struct ModelConfig {
   int64_t active_param_count() const;
 };
 
-// Reads DIR/config.json, or the metadata of a GGUF file (io/gguf_model.h) when DIR is one. Errors name
-// the field and say what was expected.
+// Reads DIR/config.json, or the metadata of a GGUF file (io/gguf_model.h) when DIR is one, as the
+// family that claims its model_type reads it (io/family_files.h). Errors name the field and say what
+// was expected.
 ModelConfig load_config(const std::filesystem::path& dir);
 
 }  // namespace tessera

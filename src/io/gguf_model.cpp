@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/family_files.h"
 
 namespace tessera {
 
@@ -23,74 +24,42 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct ArchInfo {
-  const char* arch;
-  Family family;
-};
-constexpr ArchInfo kArchs[] = {
-    {"llada", Family::LLaDA}, {"dream", Family::Dream}, {"llada-moe", Family::LLaDAMoE}};
-
-Family family_of(const GgufFile& g, const std::string& arch) {
-  for (const ArchInfo& a : kArchs)
-    if (arch == a.arch) return a.family;
-  fail(g.path().string() + ": GGUF architecture '" + arch +
-       "' is not a diffusion LM tessera loads (supported: llada, dream, llada-moe)");
+// The GGUF conventions of family f (one that has a GGUF form).
+const GgufFormat& format_of(Family f) {
+  const auto files = family_files();
+  const auto i = static_cast<size_t>(f);
+  TESSERA_CHECK(i < files.size() && files[i]->gguf.arch != nullptr,
+                std::string("GGUF: the ") + family_name(f) + " family has no GGUF form");
+  return files[i]->gguf;
 }
 
-// Hugging Face name of a GGUF tensor name's per-layer suffix (after "blk.N."), by family; "" if the
-// family has no such tensor. Experts (ffn_*_exps) are split separately.
-struct SuffixMap {
-  const char *gguf, *llada, *hf;  // hf: the Llama-style names of Dream and LLaDA-MoE
-};
-constexpr SuffixMap kSuffixes[] = {
-    {"attn_norm.weight", "attn_norm.weight", "input_layernorm.weight"},
-    {"attn_q.weight", "q_proj.weight", "self_attn.q_proj.weight"},
-    {"attn_k.weight", "k_proj.weight", "self_attn.k_proj.weight"},
-    {"attn_v.weight", "v_proj.weight", "self_attn.v_proj.weight"},
-    {"attn_q.bias", "q_proj.bias", "self_attn.q_proj.bias"},
-    {"attn_k.bias", "k_proj.bias", "self_attn.k_proj.bias"},
-    {"attn_v.bias", "v_proj.bias", "self_attn.v_proj.bias"},
-    {"attn_output.weight", "attn_out.weight", "self_attn.o_proj.weight"},
-    {"attn_q_norm.weight", "", "self_attn.q_norm.weight"},
-    {"attn_k_norm.weight", "", "self_attn.k_norm.weight"},
-    {"ffn_norm.weight", "ff_norm.weight", "post_attention_layernorm.weight"},
-    {"ffn_gate.weight", "ff_proj.weight", "mlp.gate_proj.weight"},
-    {"ffn_up.weight", "up_proj.weight", "mlp.up_proj.weight"},
-    {"ffn_down.weight", "ff_out.weight", "mlp.down_proj.weight"},
-    {"ffn_gate_inp.weight", "", "mlp.gate.weight"},
-    {"ffn_gate_shexp.weight", "", "shared_expert.gate_proj.weight"},
-    {"ffn_up_shexp.weight", "", "shared_expert.up_proj.weight"},
-    {"ffn_down_shexp.weight", "", "shared_expert.down_proj.weight"},
-};
-
-std::string hf_layer_suffix(Family f, const std::string& s) {
-  for (const SuffixMap& m : kSuffixes)
-    if (s == m.gguf) return f == Family::LLaDA ? m.llada : m.hf;
+// The family name of a GGUF tensor name's per-layer suffix (after "blk.N."); "" if the family has no
+// such tensor. Experts (ffn_*_exps) are split separately.
+std::string hf_layer_suffix(const GgufFormat& f, const std::string& s) {
+  for (const GgufName& m : f.layer_names)
+    if (s == m.gguf) return m.hf;
   return "";
 }
 
-std::string hf_global(Family f, const std::string& name) {
-  const bool llada = f == Family::LLaDA;
-  if (name == "token_embd.weight")
-    return llada ? "model.transformer.wte.weight" : "model.embed_tokens.weight";
-  if (name == "output_norm.weight") return llada ? "model.transformer.ln_f.weight" : "model.norm.weight";
-  if (name == "output.weight") return llada ? "model.transformer.ff_out.weight" : "lm_head.weight";
+std::string hf_global(const GgufFormat& f, const std::string& name) {
+  if (name == "token_embd.weight") return f.embed;
+  if (name == "output_norm.weight") return f.final_norm;
+  if (name == "output.weight") return f.lm_head;
   return "";
 }
 
-std::string hf_layer_prefix(Family f, int64_t l) {
-  return (f == Family::LLaDA ? "model.transformer.blocks." : "model.layers.") + std::to_string(l) + ".";
+std::string hf_layer_prefix(const GgufFormat& f, int64_t l) {
+  return f.layer_prefix + std::to_string(l) + ".";
 }
 
 // The GGUF name of a tensor tessera names `hf` (the inverse of the mapping above), for messages;
 // "" when there is none.
-std::string gguf_name_of(Family f, const std::string& hf) {
+std::string gguf_name_of(const GgufFormat& f, const std::string& hf) {
   for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"})
     if (hf_global(f, g) == hf) return g;
-  const std::string prefix = hf_layer_prefix(f, 0);
   int64_t l = 0;
   std::string rest;
-  if (!split_layer(hf, std::string_view(prefix).substr(0, prefix.size() - 2), l, rest)) return "";
+  if (!split_layer(hf, f.layer_prefix, l, rest)) return "";
   const std::string layer = std::to_string(l);
   if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.E.gate_proj.weight
     const size_t e_end = rest.find('.', 12);
@@ -98,8 +67,8 @@ std::string gguf_name_of(Family f, const std::string& hf) {
     const std::string proj = rest.substr(e_end + 1, rest.find('_', e_end + 1) - e_end - 1);
     return "blk." + layer + ".ffn_" + proj + "_exps.weight (expert " + rest.substr(12, e_end - 12) + ")";
   }
-  for (const SuffixMap& m : kSuffixes)
-    if (rest == (f == Family::LLaDA ? m.llada : m.hf)) return "blk." + layer + "." + m.gguf;
+  for (const GgufName& m : f.layer_names)
+    if (rest == m.hf) return "blk." + layer + "." + m.gguf;
   return "";
 }
 
@@ -135,13 +104,28 @@ ModelConfig gguf_config(const GgufFile& g) {
   const std::string where = g.path().string();
   const std::string arch = g.require_string("general.architecture");
   ModelConfig c;
-  c.family = family_of(g, arch);
+  // The family whose GGUF architecture this is.
+  const auto families = family_files();
+  const GgufFormat* f = nullptr;
+  for (size_t i = 0; i < families.size() && f == nullptr; ++i) {
+    const GgufFormat& gf = families[i]->gguf;
+    if (gf.arch != nullptr && arch == gf.arch) {
+      c.family = static_cast<Family>(i);
+      f = &gf;
+    }
+  }
+  if (f == nullptr) {
+    std::string names;
+    for (const FamilyFiles* ff : families) {
+      if (ff->gguf.arch == nullptr) continue;
+      names += (names.empty() ? "" : ", ") + std::string(ff->gguf.arch);
+    }
+    fail(where + ": GGUF architecture '" + arch +
+         "' is not a diffusion LM tessera loads (supported: " + names + ")");
+  }
   c.model_type = arch;
   const std::string a = arch + ".";
-  auto positive = [&](const std::string& key, int64_t v) {
-    if (v <= 0) fail(where + ": GGUF metadata '" + key + "' must be positive, got " + std::to_string(v));
-    return v;
-  };
+  auto positive = [&](const std::string& key, int64_t v) { return gguf_positive(g, key, v); };
   c.n_layers = positive(a + "block_count", g.require_int(a + "block_count"));
   c.hidden = positive(a + "embedding_length", g.require_int(a + "embedding_length"));
   c.n_heads = positive(a + "attention.head_count", g.require_int(a + "attention.head_count"));
@@ -176,44 +160,12 @@ ModelConfig gguf_config(const GgufFile& g) {
   c.tie_embeddings = g.find_tensor("output.weight") == nullptr;
   c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = g.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
-  // Dream's converter writes no shift key: Dream predicts position i from hidden row i-1.
-  c.logit_shift = g.get_bool("diffusion.shift_logits", c.family == Family::Dream);
-  c.rope_interleaved = c.family == Family::LLaDA;
+  // diffusion.shift_logits, else the family's default (Dream's converter writes no key; Dream shifts).
+  c.logit_shift = g.get_bool("diffusion.shift_logits", f->shift_logits);
+  c.rope_interleaved = f->rope_interleaved;
 
-  if (c.family == Family::LLaDAMoE) {
-    MoeConfig& m = c.moe;
-    m.n_experts = positive(a + "expert_count", g.require_int(a + "expert_count"));
-    m.top_k = positive(a + "expert_used_count", g.require_int(a + "expert_used_count"));
-    if (m.top_k > m.n_experts) fail(where + ": expert_used_count exceeds expert_count");
-    m.score = RouterScore::Softmax;
-    m.norm_topk = g.get_bool(a + "expert_weights_norm", false);
-    m.routed_scale = static_cast<float>(g.get_float(a + "expert_weights_scale", 1.0));
-    if (g.get_int(a + "expert_gating_func", 1) != 1)
-      fail(where + ": " + a + "expert_gating_func is not softmax (the only router LLaDA-MoE has)");
-    m.moe_layer.assign(static_cast<size_t>(c.n_layers), 1);
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      const std::string b = "blk." + std::to_string(l) + ".";
-      const GgufTensor* gate = g.find_tensor(b + "ffn_gate_exps.weight");
-      if (gate == nullptr) {
-        m.moe_layer[static_cast<size_t>(l)] = 0;
-        const GgufTensor* dense = g.find_tensor(b + "ffn_gate.weight");
-        if (dense == nullptr)
-          fail(where + ": layer " + std::to_string(l) + " has neither experts nor an FFN");
-        c.intermediate = dense->ne.size() == 2 ? dense->ne[1] : 0;
-        continue;
-      }
-      if (gate->ne.size() != 3 || gate->ne[2] != m.n_experts)
-        fail(where + ": " + gate->name + " does not stack expert_count experts");
-      m.expert_inter = gate->ne[1];
-      if (const GgufTensor* sh = g.find_tensor(b + "ffn_gate_shexp.weight")) {
-        m.n_shared = 1;
-        m.shared_inter = sh->ne.size() == 2 ? sh->ne[1] : 0;
-      }
-    }
-    const int64_t declared = g.get_int(a + "expert_feed_forward_length", m.expert_inter);
-    if (declared != m.expert_inter)
-      fail(where + ": expert_feed_forward_length " + std::to_string(declared) +
-           " contradicts the expert tensors");
+  if (f->ffn != nullptr) {
+    f->ffn(g, a, c);
   } else {
     c.intermediate = positive(a + "feed_forward_length", g.require_int(a + "feed_forward_length"));
   }
@@ -227,7 +179,7 @@ ModelConfig gguf_config(const GgufFile& g) {
   if (c.mask_id < 0) {
     // Older conversions name no mask id: the family's mask token in the vocabulary.
     if (const GgufValue* toks = g.find("tokenizer.ggml.tokens")) {
-      const char* want = c.family == Family::LLaDA ? "<|mdm_mask|>" : "<|mask|>";
+      const char* want = f->mask_token;
       const auto it = std::find(toks->strs.begin(), toks->strs.end(), want);
       if (it != toks->strs.end()) c.mask_id = static_cast<int32_t>(it - toks->strs.begin());
     }
@@ -238,6 +190,12 @@ ModelConfig gguf_config(const GgufFile& g) {
     if (id >= c.vocab)
       fail(where + ": special token id " + std::to_string(id) + " is outside the vocabulary");
   return c;
+}
+
+int64_t gguf_positive(const GgufFile& g, const std::string& key, int64_t v) {
+  if (v <= 0)
+    fail(g.path().string() + ": GGUF metadata '" + key + "' must be positive, got " + std::to_string(v));
+  return v;
 }
 
 size_t gguf_loaded_bytes(const GgufFile& g, DType dequant_to) {
@@ -254,7 +212,8 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
   const fs::path& path = g->path();
   Checkpoint ck;
   ck.set_source(path);
-  ck.set_source_names([f = c.family](const std::string& hf) { return gguf_name_of(f, hf); });
+  const GgufFormat& f = format_of(c.family);
+  ck.set_source_names([&f](const std::string& hf) { return gguf_name_of(f, hf); });
   ck.keep(g);
   const std::string file = path.filename().string();
   // The bytes of `t` as tessera reads them: a view (plain types) or a converted copy (quantized).
@@ -293,10 +252,10 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
   for (const GgufTensor& t : g->tensors()) {
     int64_t l = 0;
     std::string rest;
-    if (const std::string global = hf_global(c.family, t.name); !global.empty()) {
+    if (const std::string global = hf_global(f, t.name); !global.empty()) {
       add(global, t);
     } else if (split_layer(t.name, "blk.", l, rest) && l < c.n_layers) {
-      const std::string b = hf_layer_prefix(c.family, l);
+      const std::string b = hf_layer_prefix(f, l);
       if (rest == "ffn_gate_exps.weight" || rest == "ffn_up_exps.weight" || rest == "ffn_down_exps.weight") {
         // Stacked experts [E, rows, cols]: expert e is the e-th contiguous [rows, cols] slice.
         if (t.ne.size() != 3) fail(path.string() + ": " + t.name + " is not a 3-D stack of experts");
@@ -311,7 +270,7 @@ Checkpoint gguf_checkpoint(std::shared_ptr<const GgufFile> g, const ModelConfig&
           st.bytes = per;
           ck.add(std::move(st));
         }
-      } else if (const std::string hf = hf_layer_suffix(c.family, rest); !hf.empty()) {
+      } else if (const std::string hf = hf_layer_suffix(f, rest); !hf.empty()) {
         add(b + hf, t);
       }
       // Other tensors (e.g. rope_freqs) are not used by the family and stay unread.

@@ -1,6 +1,8 @@
 // GGUF files of the diffusion LMs llama.cpp converts (architectures "llada", "dream", "llada-moe"),
 // read as tessera's ModelConfig and as a Checkpoint under the Hugging Face tensor names the family
-// loaders bind. The conventions are those of llama.cpp's converter (convert_hf_to_gguf.py):
+// loaders bind. Each family's own conventions (its architecture, tensor names, FFN metadata) are its
+// GgufFormat (io/family_files.h) in models/<family>.cpp; the shared ones are those of llama.cpp's
+// converter (convert_hf_to_gguf.py):
 //   - metadata "<arch>.block_count", ".embedding_length", ".attention.head_count[_kv]", ...;
 //     special tokens "tokenizer.ggml.{mask,bos,eos,padding}_token_id"; "diffusion.shift_logits";
 //   - tensors token_embd / output_norm / output and blk.N.{attn_norm, attn_q, attn_k, attn_v,

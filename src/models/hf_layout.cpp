@@ -2,7 +2,7 @@
 // model.embed_tokens / model.norm / lm_head and model.layers.N.{input_layernorm, self_attn.*,
 // post_attention_layernorm}; and the FFN of the MoE families (LLaDA-MoE, LLaDA2), whose expert names
 // they share.
-#include "models/model.h"
+#include "models/hf_layout.h"
 
 namespace tessera {
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/gguf_model.h"
+#include "models/registry.h"
 
 namespace tessera {
 
@@ -53,18 +54,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
                          : "has tensors of layers 0.." + std::to_string(last_layer) + " only"));
   }
   m->opts_ = graph_options(c, act, backend.device());
-  using Binder = void (*)(Model&);
-  constexpr std::pair<Family, Binder> kFamilies[] = {
-      {Family::LLaDA, bind_llada},
-      {Family::Dream, bind_dream},
-      {Family::LLaDAMoE, bind_llada_moe},
-      {Family::LLaDA2, bind_llada2},
-  };
-  const auto* it = std::find_if(std::begin(kFamilies), std::end(kFamilies),
-                                [&](const auto& f) { return f.first == c.family; });
-  if (it == std::end(kFamilies))
+  const auto i = static_cast<size_t>(c.family);  // the family's weight loader (models/registry.h)
+  if (i >= families().size() || families()[i]->bind == nullptr)
     fail(std::string("no weight loader for the ") + family_name(c.family) + " family");
-  it->second(*m);
+  families()[i]->bind(*m);
   return m;
 }
 

@@ -138,25 +138,6 @@ class Model {
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).
 graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions& o, OutputMode mode);
 
-// Family files: bind weights by their checkpoint names and set the family's options.
-void bind_llada(Model& m);
-void bind_dream(Model& m);
-void bind_llada_moe(Model& m);
-void bind_llada2(Model& m);
-
-// Hugging Face Llama-style names shared by Dream and LLaDA-MoE: model.embed_tokens, model.norm,
-// lm_head (or tied); per layer input_layernorm, self_attn.{q,k,v,o}_proj (+ q/k/v biases when the
-// config has them), post_attention_layernorm; a SwiGLU FFN PREFIX{gate,up,down}_proj.
-void bind_hf_embeddings(Model& m);
-void bind_hf_attention(Model& m, LayerWeights& L, const std::string& layer_prefix);
-void bind_swiglu(Model& m, LayerWeights& L, const std::string& prefix, int64_t inter);
-// The FFN of layer l (b = "model.layers.N.") shared by LLaDA-MoE and LLaDA2: dense layers a SwiGLU
-// mlp.{gate,up,down}_proj; MoE layers the router mlp.gate.weight (+ mlp.gate.expert_bias when the config
-// has one), the routed experts mlp.experts.E.{gate,up,down}_proj and, when the config has one, a shared
-// SwiGLU under b + shared_prefix.
-void bind_moe_model_ffn(Model& m, LayerWeights& L, int64_t l, const std::string& b,
-                        const std::string& shared_prefix);
-
 }  // namespace tessera
 
 namespace tessera {
@@ -175,6 +156,7 @@ DenseWeights shape_only_weights(const ModelConfig& c, DType act);
 // K / V staging buffer of its tensor-core attention).
 GraphOptions graph_options(const ModelConfig& c, DType act, Device device = Device::CPU);
 // Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024, llada-moe-7b,
-// llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only.
+// llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only. Each family's
+// are in its file (models/registry.h).
 ModelConfig named_geometry(const std::string& name);
 }  // namespace tessera

@@ -35,7 +35,7 @@ void expect_generate_matches_cpu(const std::string& cache) {
   auto on_gpu = Engine::load(dir, cuda_engine_options(Precision::F32));
   const auto prompt = test::llada2_prompt(on_cpu->vocab_size());
   for (GenerateOptions o : test::llada2_generate_cases(on_cpu->config().eos_id)) {
-    o.cache = cache;
+    o.cache = parse_kv_cache(cache);
     const GenerateResult want = generate(*on_cpu, prompt, o);
     const GenerateResult got = generate(*on_gpu, prompt, o);
     EXPECT_EQ(on_gpu->attention_block(), o.block_length);

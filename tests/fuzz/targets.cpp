@@ -115,9 +115,9 @@ void load_and_generate(const fs::path& path) {
   o.gen_length = 8;
   o.steps = 8;
   o.block_length = block_causal ? o.block_length : 4;
-  o.cache = "dual";
+  o.cache = KvCache::Dual;
   variants.push_back(o);
-  o.cache = "none";
+  o.cache = KvCache::None;
   o.sparse = true;
   o.sparse_block = 2;
   o.sparse_skip = 0.25f;
@@ -131,14 +131,14 @@ void load_and_generate(const fs::path& path) {
   variants.push_back(o);
   o.window = false;
   if (s.engine().supports_expert_sharing()) {
-    o.des = "vote";
+    o.des = DesMode::Vote;
     o.des_beta = 0.5f;
     variants.push_back(o);
   }
   for (const GenerateOptions& v : variants) {
     try {
       validate_generate_options(v, s.config().vocab, block_causal);
-      if (v.des != "off") s.engine().check_des(des_config(v));
+      if (v.des != DesMode::Off) s.engine().check_des(des_config(v));
       if (s.canvas_length(static_cast<int64_t>(raw.size()), v) > s.config().max_positions) continue;
     } catch (const Error& e) {
       if (std::getenv("TESSERA_FUZZ_VERBOSE")) std::fprintf(stderr, "variant skipped: %s\n", e.what());

@@ -46,10 +46,9 @@ Outcome solo(Engine& e, const Request& q) {
 }
 
 // Every request on its own thread through one Batcher, all started together (with stagger: request i
-// i * stagger later). check: Batcher::generate's check of each request.
+// i * stagger later).
 std::vector<Outcome> batched(Batcher& b, const std::vector<Request>& qs,
-                             std::chrono::milliseconds stagger = std::chrono::milliseconds(0),
-                             const std::function<void(const Request&)>& check = {}) {
+                             std::chrono::milliseconds stagger = std::chrono::milliseconds(0)) {
   std::vector<Outcome> out(qs.size());
   std::vector<std::thread> th;
   std::atomic<int> ready{0};
@@ -59,10 +58,7 @@ std::vector<Outcome> batched(Batcher& b, const std::vector<Request>& qs,
       while (ready.load() < static_cast<int>(qs.size())) std::this_thread::yield();
       std::this_thread::sleep_for(stagger * static_cast<int>(i));
       try {
-        std::function<void()> c;
-        if (check) c = [&] { check(qs[i]); };
-        out[i].r = b.generate(
-            qs[i].prompt, qs[i].o, [&](const StepEvent&) { ++out[i].events; }, c);
+        out[i].r = b.generate(qs[i].prompt, qs[i].o, [&](const StepEvent&) { ++out[i].events; });
       } catch (const Error& err) {
         out[i].error = err.what();
       }
@@ -113,11 +109,11 @@ std::vector<Request> mixed_requests(int64_t vocab, int32_t eos) {
     o.seed = 11;
   });
   add(9, 3, [](GenerateOptions& o) {
-    o.alg = "random";
+    o.alg = Unmask::Random;
     o.seed = 12;
   });
   add(23, 4, [](GenerateOptions& o) {
-    o.alg = "entropy";
+    o.alg = Unmask::Entropy;
     o.temperature = 0.7f;
     o.top_p = 0.9f;
     o.top_k = 50;
@@ -125,7 +121,7 @@ std::vector<Request> mixed_requests(int64_t vocab, int32_t eos) {
     o.seed = 13;
   });
   add(12, 5, [](GenerateOptions& o) {
-    o.alg = "topk_margin";
+    o.alg = Unmask::TopkMargin;
     o.alg_temp = 0.5f;
     o.block_length = 32;
     o.seed = 14;
@@ -236,9 +232,9 @@ TEST(Batch, DreamAndBlockCausalModels) {
         q.o.block_length = i % 2 == 0 ? 8 : 12;  // LLaDA2: two attention blocks among the requests
         q.o.temperature = i == 3 ? 0.8f : 0.0f;
         q.o.seed = 3;
-        if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? "maskgit_plus" : "entropy";
+        if (std::string(family) == "dream") q.o.alg = i % 2 == 0 ? Unmask::MaskgitPlus : Unmask::Entropy;
         if (std::string(family) == "llada2") q.o.threshold = i == 2 ? 0.5f : 0.0f;
-        if (cached) q.o.cache = i == 1 ? "prefix" : "dual";
+        if (cached) q.o.cache = i == 1 ? KvCache::Prefix : KvCache::Dual;
         q.o.eos_ids = {e->config().eos_id};
         qs.push_back(std::move(q));
       }
@@ -298,8 +294,8 @@ TEST(Batch, AFailingRequestFailsAloneAndExclusiveJobsInterleave) {
   // first.
   Request cached = qs[1];
   cached.o.sparse = true;
-  ASSERT_FALSE(Batcher::batchable(cached.o));
-  ASSERT_TRUE(Batcher::batchable(qs[1].o));
+  ASSERT_FALSE(plan_request(cached.o, static_cast<int64_t>(cached.prompt.size()), false).shares_forwards());
+  ASSERT_TRUE(plan_request(qs[1].o, static_cast<int64_t>(qs[1].prompt.size()), false).shares_forwards());
   const Outcome cached_want = solo(*e, cached);
   ASSERT_EQ(cached_want.error, "");
 
@@ -487,13 +483,14 @@ TEST(Batch, CachedRequestsArePackedAndEqualTheirSoloGenerations) {
   const auto dir = test::source_dir() / "models" / "tessera-tiny";
   auto e = Engine::load(dir);
   auto qs = mixed_requests(e->vocab_size(), e->config().eos_id);
-  qs[0].o.cache = "prefix";
-  qs[1].o.cache = "dual";
-  qs[3].o.cache = "dual";
-  qs[5].o.cache = "dual";  // threshold decoding
+  qs[0].o.cache = KvCache::Prefix;
+  qs[1].o.cache = KvCache::Dual;
+  qs[3].o.cache = KvCache::Dual;
+  qs[5].o.cache = KvCache::Dual;  // threshold decoding
   qs[7].o.window_refresh = 3;
-  qs[8].o.cache = "prefix";
-  for (int i : {0, 1, 3, 5, 7, 8}) ASSERT_TRUE(holds_kv_cache(qs[static_cast<size_t>(i)].o));
+  qs[8].o.cache = KvCache::Prefix;
+  for (int i : {0, 1, 3, 5, 7, 8})
+    ASSERT_GT(plan_request(qs[static_cast<size_t>(i)].o, 1, false).kv_capacity, 0);
   std::vector<Outcome> want;
   for (const Request& q : qs) {
     want.push_back(solo(*e, q));
@@ -519,7 +516,7 @@ TEST(Batch, CachedRequestsWaitForCacheMemoryUnderABudget) {
   qs.resize(4);
   for (auto& q : qs) {
     q.prompt.resize(8);
-    q.o.cache = "dual";
+    q.o.cache = KvCache::Dual;
     q.o.gen_length = 96;
     q.o.block_length = 32;
     q.o.steps = 12;
@@ -543,10 +540,9 @@ TEST(Batch, CachedRequestsWaitForCacheMemoryUnderABudget) {
   EXPECT_NE(big_alone.error.find("cannot hold the weights"), std::string::npos) << big_alone.error;
   qs.push_back(big);
   Batcher b(*e, 8, std::chrono::milliseconds(20));
-  auto got = batched(b, qs, std::chrono::milliseconds(0), [&](const Request& q) {
-    e->check_memory(static_cast<int64_t>(q.prompt.size()) + q.o.gen_length, q.o.block_length,
-                    OutputMode::Sample, true);
-  });
+  // (the batcher checks each request's plan against the budget: its whole canvas, a block of logit
+  // rows, its KV cache)
+  auto got = batched(b, qs);
   ASSERT_EQ(got.size(), 5u);
   EXPECT_EQ(got[4].error, big_alone.error);
   got.pop_back();

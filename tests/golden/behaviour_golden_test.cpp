@@ -52,7 +52,7 @@ GenerateOptions options_of(const std::string& spec, GenerateOptions o) {
     else if (k == "block")
       o.block_length = i();
     else if (k == "alg")
-      o.alg = v;
+      o.alg = parse_unmask(v);
     else if (k == "temp")
       o.temperature = f();
     else if (k == "seed")
@@ -72,7 +72,7 @@ GenerateOptions options_of(const std::string& spec, GenerateOptions o) {
     else if (k == "stop_at_eos")
       o.stop_at_eos = v == "1";
     else if (k == "cache")
-      o.cache = v;
+      o.cache = parse_kv_cache(v);
     else if (k == "sparse_block")
       o.sparse = true, o.sparse_block = i();
     else if (k == "sparse_rho")
@@ -80,13 +80,13 @@ GenerateOptions options_of(const std::string& spec, GenerateOptions o) {
     else if (k == "sparse_skip")
       o.sparse = true, o.sparse_skip = f();
     else if (k == "des")
-      o.des = v;
+      o.des = parse_des(v);
     else if (k == "des_k")
       o.des_k = i();
     else if (k == "des_beta")
       o.des_beta = f();
     else if (k == "des_scope")
-      o.des_scope = v;
+      o.des_scope = parse_des_scope(v);
     else if (k == "moe_stats")
       o.moe_stats = v == "1";
     else if (k == "win_ex")

@@ -19,6 +19,11 @@ std::string tessera_bin() {
   return TESSERA_BINARY;
 }
 
+// " -m DIR" of the bundled tessera-tiny, named explicitly (not the CLI's default model).
+std::string tiny_model() {
+  return " -m " + (test::source_dir() / "models" / "tessera-tiny").string();
+}
+
 std::filesystem::path stories_dir() {
   static std::filesystem::path dir;
   if (dir.empty()) {
@@ -174,8 +179,9 @@ TEST(Cli, JsonOutputOfInvalidUtf8TextIsValidJson) {
 // --stop (repeatable): the text ends before the earliest stop sequence, the tokens are the unstopped
 // run's up to there, and the steps after the one that completes it are not run (tests/golden/stop_test).
 TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
-  const std::string base = tessera_bin() + " generate -p \"Once upon a time\" --gen-length 64 --steps 64 " +
-                           "--block-length 16 --json --no-progress";
+  const std::string base =
+      tessera_bin() + " generate" + tiny_model() +
+      " -p \"Once upon a time\" --gen-length 64 --steps 64 --block-length 16 --json --no-progress";
   std::string out;
   ASSERT_EQ(test::run_command(base + " 2>/dev/null", &out), 0) << out;
   const auto full = nlohmann::json::parse(out);
@@ -224,8 +230,8 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
 // tessera generate --suffix: infilling on raw text (an empty suffix is none); --chat and the options that
 // cannot see a suffix are refused with one line. (Serve.CompletionsInfillBeforeTheSuffix compares the text.)
 TEST(Cli, SuffixInfillsRawText) {
-  const std::string base =
-      tessera_bin() + " generate -p \"Once upon a time\" --gen-length 16 --json --no-progress";
+  const std::string base = tessera_bin() + " generate" + tiny_model() +
+                           " -p \"Once upon a time\" --gen-length 16 --json --no-progress";
   std::string plain, empty, with;
   ASSERT_EQ(test::run_command(base + " 2>/dev/null", &plain), 0) << plain;
   ASSERT_EQ(test::run_command(base + " --suffix \"\" 2>/dev/null", &empty), 0) << empty;
@@ -233,10 +239,12 @@ TEST(Cli, SuffixInfillsRawText) {
   EXPECT_EQ(nlohmann::json::parse(empty)["tokens"], nlohmann::json::parse(plain)["tokens"]);
   EXPECT_NE(nlohmann::json::parse(with)["tokens"], nlohmann::json::parse(plain)["tokens"]);
   EXPECT_EQ(nlohmann::json::parse(with)["tokens"].size(), 16u);
-  expect_error("generate -p a --suffix b --chat",
+  expect_error("generate" + tiny_model() + " -p a --suffix b --chat",
                "--suffix infills raw text between the prompt and the suffix");
-  expect_error("generate -p a --suffix b --window", "Window-Diffusion cannot be combined with a suffix");
-  expect_error("generate -p a --suffix \"b<|mdm_mask|>\"", "the suffix holds the mask token");
+  expect_error("generate" + tiny_model() + " -p a --suffix b --window-early-stop",
+               "window-early-stop cannot be combined with a suffix");
+  expect_error("generate" + tiny_model() + " -p a --suffix \"b<|mdm_mask|>\"",
+               "the suffix holds the mask token");
 }
 
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
@@ -271,9 +279,9 @@ TEST(Cli, BenchComparesOptionsSideBySide) {
 // only at block ends (mid-block-stop=off) gives the same answer in at least as many steps.
 TEST(Cli, BenchEndsTheAnswersAtEosAndStopSequences) {
   const auto json_path = test::temp_dir("cli_bench_stop") / "bench.json";
-  const std::string opts =
-      " -p \"Once upon a time\" --gen-length 64 --block-length 32 --steps 64 "
-      "--temperature 0.8 --seed 1";
+  const std::string opts = tiny_model() +
+                           " -p \"Once upon a time\" --gen-length 64 --block-length 32 --steps 64 "
+                           "--temperature 0.8 --seed 1";
   std::string out;
   ASSERT_EQ(test::run_command(
                 tessera_bin() + " generate --raw --no-progress --json --stop , " + opts + " 2>&1", &out),
@@ -294,7 +302,7 @@ TEST(Cli, BenchEndsTheAnswersAtEosAndStopSequences) {
   EXPECT_EQ(rows[1]["agreement"].get<double>(), 1.0);
   EXPECT_EQ(rows[0]["steps"], gen["steps"]);
   EXPECT_LE(rows[0]["steps"].get<int>(), rows[1]["steps"].get<int>());
-  expect_error("bench --stop , --batch 2", "--batch measures whole generations");
+  expect_error("bench" + tiny_model() + " --stop , --batch 2", "--batch measures whole generations");
   expect_error("bench --geometry llada-mid --stop ,", "--stop needs a model with a tokenizer");
 }
 
@@ -309,8 +317,8 @@ ChatRun run_chat(const std::string& input, const std::string& flags) {
   std::ofstream(dir / "in.txt") << input;
   ChatRun r;
   std::string out;
-  r.rc = test::run_command("(" + tessera_bin() + " chat --json --no-progress " + flags + " < " +
-                               (dir / "in.txt").string() + " 2>" + (dir / "err.txt").string() + ")",
+  r.rc = test::run_command("(" + tessera_bin() + " chat" + tiny_model() + " --json --no-progress " + flags +
+                               " < " + (dir / "in.txt").string() + " 2>" + (dir / "err.txt").string() + ")",
                            &out);
   std::ifstream err(dir / "err.txt");
   r.log.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());

@@ -68,7 +68,7 @@ TEST(DES, ForwardAndCountsMatchTheNumpyReference) {
     ASSERT_EQ(want.size(), got.size());
     const double err = test::rel_error(got.data(), want.data(), want.size());
     const double vs_exact = test::rel_error(got.data(), exact.data(), exact.size());
-    EXPECT_LE(err, 1e-4) << c.family << " " << c.ref;
+    EXPECT_LE(err, 5e-6) << c.family << " " << c.ref;  // f32; observed up to 8.2e-7
     if (c.des.mode == DesMode::Off) {
       EXPECT_EQ(got, exact) << c.family << ": counting alone changes nothing";
     } else {
@@ -126,18 +126,18 @@ TEST(DES, SharingThatKeepsEveryTokensExpertsIsExact) {
   const GenerateResult exact = generate(*e, prompt, o);
   const MoeStats base = e->moe_stats();
   EXPECT_EQ(base.forwards, exact.steps_run);
-  o.des = "seq";
+  o.des = DesMode::Seq;
   o.des_k = 4;
   const GenerateResult seq = generate(*e, prompt, o);
   EXPECT_EQ(seq.tokens, exact.tokens);
   EXPECT_EQ(seq.order, exact.order);
   EXPECT_EQ(e->moe_stats().unique, base.unique);
-  o.des = "vote";
+  o.des = DesMode::Vote;
   o.des_beta = 1.0f;
-  o.des_scope = "all";  // the other rows take their top-k inside the union: not exact, but it runs
+  o.des_scope = DesScope::All;  // the other rows take their top-k inside the union: not exact, but it runs
   const GenerateResult vote_all = generate(*e, prompt, o);
   EXPECT_EQ(vote_all.tokens.size(), exact.tokens.size());
-  o.des_scope = "block";
+  o.des_scope = DesScope::Block;
   const GenerateResult vote = generate(*e, prompt, o);
   EXPECT_EQ(vote.tokens, exact.tokens);
   // A small coreset changes the routing: fewer experts per layer for the block's tokens.
@@ -179,15 +179,15 @@ TEST(DES, KvCacheStepsVoteWithTheBlocksRows) {
   auto e = Engine::load(dir);
   const auto prompt = random_canvas(19, e->vocab_size() - 8, 5, 0, 0.0);
   GenerateOptions o = two_blocks();
-  o.cache = "dual";
-  o.des = "vote";
+  o.cache = KvCache::Dual;
+  o.des = DesMode::Vote;
   o.des_beta = 0.25f;
   const GenerateResult r = generate(*e, prompt, o);
   const MoeStats s = e->moe_stats();
   EXPECT_EQ(s.forwards, r.steps_run);
   // Every forward but the first of each block (2 blocks) computes exactly the block: unique = voting.
   EXPECT_GT(s.unique, s.unique_voting);  // the block-opening forwards route the other rows normally
-  o.des_scope = "all";
+  o.des_scope = DesScope::All;
   generate(*e, prompt, o);
   const MoeStats all = e->moe_stats();
   EXPECT_EQ(all.unique, all.coreset);
@@ -211,20 +211,20 @@ TEST(DES, WindowStepsVoteWithTheActiveSet) {
     const GenerateResult plain = generate(*e, prompt, o);
     const MoeStats base = e->moe_stats();
     EXPECT_EQ(base.forwards, plain.steps_run) << refresh;
-    o.des = "seq";
+    o.des = DesMode::Seq;
     o.des_k = 4;
     const GenerateResult seq = generate(*e, prompt, o);
     EXPECT_EQ(seq.tokens, plain.tokens) << refresh;
     EXPECT_EQ(seq.order, plain.order) << refresh;
     EXPECT_EQ(e->moe_stats().unique, base.unique) << refresh;
-    o.des = "vote";
+    o.des = DesMode::Vote;
     o.des_beta = 0.25f;
     const GenerateResult vote = generate(*e, prompt, o);
     const MoeStats small = e->moe_stats();
     EXPECT_EQ(small.forwards, vote.steps_run) << refresh;
     EXPECT_LT(small.mean(small.unique_voting), base.mean(base.unique_voting)) << refresh;
     EXPECT_LE(small.mean(small.coreset), 4.0) << refresh;
-    o.des_scope = "all";
+    o.des_scope = DesScope::All;
     generate(*e, prompt, o);
     const MoeStats all = e->moe_stats();
     EXPECT_EQ(all.unique, all.coreset) << refresh;
@@ -246,16 +246,14 @@ TEST(DES, MisuseFailsClearly) {
   e->des_end();
   e->forward_logits(two, out);  // normal routing again
   GenerateOptions o;
-  o.des = "vote";
-  o.des_scope = "rows";
-  expect_error([&] { validate_generate_options(o, 100); }, "unknown des-scope 'rows'");
-  o.des = "maybe";
-  expect_error([&] { validate_generate_options(o, 100); }, "unknown expert sharing 'maybe'");
+  o.des = DesMode::Vote;
+  expect_error([&] { (void)parse_des_scope("rows"); }, "unknown des-scope 'rows'");
+  expect_error([&] { (void)parse_des("maybe"); }, "unknown expert sharing 'maybe'");
   TESSERA_TINY_OR_SKIP(dense_dir, "llada", "--seed 4");
   auto d = Engine::load(dense_dir);
   expect_error([&] { d->des_begin(DesConfig{}); }, "expert sharing needs a mixture-of-experts model");
-  o.des = "vote";
-  o.des_scope = "block";
+  o.des = DesMode::Vote;
+  o.des_scope = DesScope::Block;
   o.gen_length = o.steps = o.block_length = 8;
   expect_error(
       [&] {

@@ -4,6 +4,7 @@
 // malformed configs fail clearly, and the CLI inspects and generates.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -90,7 +91,9 @@ TEST(Llada2, AttentionBlockFollowsTheGenerationBlock) {
   e->logits(canvas, pos, b8);
   const auto ref8 = test::reference_logits(dir, canvas, pos, V, nullptr, "--block 8");
   ASSERT_EQ(ref8.size(), b8.size());
-  EXPECT_LE(test::rel_error(b8.data(), ref8.data(), b8.size()), 1e-3);
+  const double err = test::rel_error(b8.data(), ref8.data(), b8.size());
+  EXPECT_LE(err, 5e-6);  // observed 1.3e-6
+  std::printf("llada2 f32, block 8: relative error %.2e against the reference\n", err);
   // Rows of block 0 (positions 0..7) see the same keys under both blocks only in part: they differ.
   EXPECT_GT(test::rel_error(b8.data(), b32.data(), static_cast<size_t>(8 * V)), 1e-3);
   // Changing the tokens of the last block (40..44) leaves every earlier row unchanged.

@@ -21,7 +21,7 @@ void check_order(const std::string& family, const std::string& alg, int gen, int
     o.gen_length = gen;
     o.steps = steps;
     o.block_length = block;
-    o.alg = alg;
+    o.alg = parse_unmask(alg);
     o.stop_at_eos = false;
     const GenerateResult r = generate(*e, prompt, o);
     std::string out;

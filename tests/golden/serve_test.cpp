@@ -274,7 +274,7 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "seed": -1})", "'seed' must be >= 0"},
       {R"({"prompt": "x", "sparse": 1})", "'sparse' must be true or false"},
       {R"({"prompt": "x", "sparse_rho": 2})", "sparse-rho must be in [0, 1]"},
-      {R"({"prompt": "x", "sparse": true, "cache": "dual"})", "cannot be combined with a KV cache"},
+      {R"({"prompt": "x", "sparse": true, "cfg": 1.0})", "cannot be combined with classifier-free guidance"},
       {R"({"prompt": "x", "des": "vote"})", "expert sharing needs a mixture-of-experts model"},
       {R"({"prompt": "x", "des": "some"})", "unknown expert sharing 'some'"},
       {R"({"prompt": "x", "des_k": 2, "des_beta": 0.3})", "choose different methods"},
@@ -643,8 +643,8 @@ TEST(Serve, CompletionsInfillBeforeTheSuffix) {
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", 3}}, "'suffix' must be a string");
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b<|mdm_mask|>c"}},
                  "'suffix' holds the mask token");
-  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b"}, {"window", true}},
-                 "Window-Diffusion cannot be combined with a suffix");
+  expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b"}, {"window_early_stop", true}},
+                 "window-early-stop cannot be combined with a suffix");
   std::string long_suffix;
   for (int i = 0; i < 600; ++i) long_suffix += " the";  // 600 tokens or more, past the context of 512
   expect_refused(c, "/v1/completions", {{"prompt", "a"}, {"suffix", long_suffix}}, "plus the suffix of");

@@ -38,9 +38,9 @@ TEST(Stop, MidBlockStopGivesTheWholeRunsAnswerInTheStepsItNeeds) {
       {"llada blocks of 32", [](GenerateOptions&) {}},
       {"llada one block", [](GenerateOptions& o) { o.block_length = o.gen_length; }},
       {"llada gumbel", [](GenerateOptions& o) { o.temperature = 1.0f; }},
-      {"dream entropy", [](GenerateOptions& o) { o.alg = "entropy", o.block_length = o.gen_length; }},
+      {"dream entropy", [](GenerateOptions& o) { o.alg = Unmask::Entropy, o.block_length = o.gen_length; }},
       {"threshold", [](GenerateOptions& o) { o.threshold = 0.9f; }},
-      {"dual cache", [](GenerateOptions& o) { o.cache = "dual"; }},
+      {"dual cache", [](GenerateOptions& o) { o.cache = KvCache::Dual; }},
       {"window", [](GenerateOptions& o) { o.window = true; }},
   };
   int eos_cases = 0, stop_cases = 0, saved = 0;

@@ -2,6 +2,7 @@
 // convert-llama2c must print exactly the golden greedy text of ../shared/models/stories260K.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -25,7 +26,8 @@ TEST(Stories260K, MatchesTheNumpyReference) {
   if (test::run_command(test::python() + " -c 'import numpy'", &out) != 0) GTEST_SKIP() << "no python3 numpy";
   const double err = test::stories_reference_error(EngineOptions{});
   EXPECT_GE(err, 0.0);
-  EXPECT_LE(err, 1e-4);
+  EXPECT_LE(err, 5e-6);  // f32 weights and compute; observed 5.6e-7
+  std::printf("stories260K: relative error %.2e against the numpy reference\n", err);
 }
 
 }  // namespace

@@ -19,9 +19,10 @@ namespace {
 using test::random_canvas;
 
 // Canvas A fills the cache; B changes some rows; the step computes rows {3, 10, 11, 12, 30, 41} (31 too
-// where there is no shift) and reads every other row from A's cache.
+// where there is no shift) and reads every other row from A's cache. f32: within 5e-6 (observed: up to
+// 6.6e-7).
 TEST(Window, RowListStepMatchesTheNumpyReference) {
-  test::expect_row_list_steps_match_reference(EngineOptions{.precision = Precision::F32});
+  test::expect_row_list_steps_match_reference(EngineOptions{.precision = Precision::F32}, 5e-6);
 }
 
 TEST(Window, RowListMisuseFailsClearly) {
@@ -66,7 +67,7 @@ void check_window(const WindowCase& c) {
     o.gen_length = c.gen;
     o.steps = c.steps;
     o.block_length = c.block;
-    o.alg = c.alg;
+    o.alg = parse_unmask(c.alg);
     o.stop_at_eos = false;
     o.window = true;
     o.window_ex = c.w_ex;

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Independent numpy forward pass and temperature-0 reference samplers for LLaDA, Dream and LLaDA-MoE.
 
-Written from shared/specs/models.md and shared/specs/algorithms.md section 1 only (never from tessera's
-C++ code). All math is fp32 (weights widened from bf16 exactly); sampler probabilities are computed in
-float64, as LLaDA's reference code does.
+Written from shared/specs/models.md and shared/specs/algorithms.md only (never from tessera's C++ code).
+All math is fp32 (weights widened from bf16 exactly); sampler probabilities are computed in float64, as
+LLaDA's reference code does. This file holds the model and the command line; the building blocks are in
+ref_layers.py, the unmasking loops in ref_loops.py (both re-exported here).
 
   reference.py logits --model DIR --tokens 5,9,3 [--rows 0,2] --out FILE [--margins FILE2]
       Writes raw little-endian float32 logits [len(rows), vocab] (rows default: every position, in
@@ -17,8 +18,17 @@ float64, as LLaDA's reference code does.
                         --alg low_confidence|entropy|maskgit_plus|topk_margin
       LLaDA2 checkpoints: the LLaDA2 loop instead (generate_llada2: blocks on the attention-block grid,
       --steps per block, --threshold 0.95); prints the canvas trimmed to prompt + gen-length.
-      Temperature-0 sampler; prints JSON {"tokens": [...final canvas incl. prompt...],
-      "order": [[positions unmasked at step 0], [step 1], ...]} (one list per step; each sorted).
+      Temperature-0 sampler; prints JSON {"tokens": [...final canvas incl. prompt (and suffix)...],
+      "order": [[positions unmasked at step 0], [step 1], ...]} (one sorted list per step that runs a
+      forward; steps whose count is 0 run none and are not listed).
+      --window W_EX,W_IN,REFRESH [--early-eos IDS]: Window-Diffusion (generate_window).
+      --cache prefix|dual: Fast-dLLM KV cache (generate(cache=...)); --suffix IDS: infilling (canvas =
+      prompt + masks + suffix; also with --window); --sparse [--sparse-block 32 --sparse-rho 0.5
+      --sparse-skip 0.2]: SparseD over the whole generation (generate(sparse=...)); --cfg S:
+      classifier-free guidance (low_confidence; with a cache or the window too); --des seq|vote [--des-k
+      2] [--des-beta 0.4] [--des-scope block|all]: DES (MoE models; with the caches, the window, cfg);
+      --logprobs: also "logprobs", per generated position the log-probability of its token under the
+      logits of the forward that decided it.
 
 Model (models.md): family from config.json model_type ("llada", "Dream"/"dream", or "lladamoe"/"llada_moe";
 "llada" with num_experts and no d_model is LLaDA-MoE too).
@@ -73,231 +83,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
-
-
-# ---------------------------------------------------------------------------------------------
-# building blocks (also used by selftest.py)
-# ---------------------------------------------------------------------------------------------
-
-def rms_norm(x, w, eps):
-    """RMSNorm over the last axis in fp32."""
-    x = np.asarray(x, dtype=np.float32)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(ms + np.float32(eps))) * np.asarray(w, dtype=np.float32)
-
-
-def rope_cos_sin(positions, head_dim, theta):
-    """cos, sin [L, head_dim/2] (fp32) for integer positions; inv_freq_i = theta^(-2i/head_dim)."""
-    inv = 1.0 / (float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    ang = (np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]).astype(np.float32)
-    return np.cos(ang), np.sin(ang)
-
-
-def apply_rope(x, positions, theta, interleaved=False, rotary_dim=None):
-    """x [L, heads, head_dim] -> rotated copy. Rotate-half pairs (i, i + hd/2); interleaved pairs
-    (2i, 2i+1). Pair i rotates by angle pos * inv_freq_i in both layouts. rotary_dim < head_dim: only
-    the first rotary_dim dims rotate (with inv_freq over rotary_dim), the rest pass through."""
-    x = np.asarray(x, dtype=np.float32)
-    if rotary_dim is not None and rotary_dim < x.shape[-1]:
-        rot = apply_rope(x[..., :rotary_dim], positions, theta, interleaved)
-        return np.concatenate([rot, x[..., rotary_dim:]], axis=-1)
-    hd = x.shape[-1]
-    cos, sin = rope_cos_sin(positions, hd, theta)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2] = a * cos - b * sin
-        out[..., 1::2] = b * cos + a * sin
-        return out
-    a, b = x[..., : hd // 2], x[..., hd // 2:]
-    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-
-
-def attention(q, k, v, causal=False, block=0, q_pos=None, keep=None):
-    """q [Lq, H, hd], k/v [L, KV, hd] (post-RoPE) -> [Lq, H, hd]. Softmax(q k^T / sqrt(hd)) v per head,
-    GQA by repeating each kv head H/KV times; causal masks keys j > i; block > 0 (LLaDA2's block-causal
-    mask) masks keys of later blocks: key j is seen by query i iff j // block <= i // block. Key j is at
-    position j; query i at q_pos[i] (default i). keep [H, Lq, L] bool (SparseD tiles): other scores are
-    masked; a row that keeps nothing outputs 0."""
-    n, H, hd = q.shape
-    qp = np.arange(n) if q_pos is None else np.asarray(q_pos)
-    KV = k.shape[1]
-    if H % KV:
-        raise ValueError(f"{H} query heads are not a multiple of {KV} kv heads")
-    k = np.repeat(k, H // KV, axis=1)
-    v = np.repeat(v, H // KV, axis=1)
-    s = np.einsum("qhd,khd->hqk", q, k).astype(np.float32) / np.float32(np.sqrt(hd))
-    kp = np.arange(k.shape[0])
-    if causal:
-        s = np.where((kp[None, :] <= qp[:, None])[None], s, np.float32(-np.inf))
-    if block > 0:
-        qb, kb = qp // block, kp // block
-        s = np.where((kb[None, :] <= qb[:, None])[None], s, np.float32(-np.inf))
-    if keep is not None:
-        s = np.where(keep, s, np.float32(-np.inf))
-    mx = s.max(axis=-1, keepdims=True)
-    s = s - np.where(np.isfinite(mx), mx, 0)
-    p = np.exp(s)
-    p /= np.maximum(p.sum(axis=-1, keepdims=True), np.float32(1e-30))
-    return np.einsum("hqk,khd->qhd", p, v).astype(np.float32)
-
-
-def sparse_patterns(q, k, block, rho, prompt_len, tie=1e-4):
-    """SparseD isolated selection of one layer in float64 (Backend::sparse_select): q [Lq, H, hd], k [L, KV,
-    hd] post-RoPE. Per head and query block, each key block's importance is the sum over the tile of the
-    rows' softmax over all keys (scale 1/sqrt(hd)); the prompt blocks [0, prompt_len // block) and the
-    generation blocks keep floor(n * rho) + 1 (at most n) each, ties to the lower block. Returns (mask [H,
-    nqb, nkb] uint8, clear [H, nqb] uint8: 0 where a kept and a dropped block are within `tie`)."""
-    Lq, H, hd = q.shape
-    L, KV = k.shape[0], k.shape[1]
-    k = np.repeat(k.astype(np.float64), H // KV, axis=1)
-    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) / np.sqrt(hd)
-    s = np.exp(s - s.max(axis=-1, keepdims=True))
-    s /= s.sum(axis=-1, keepdims=True)
-    nqb, nkb = -(-Lq // block), -(-L // block)
-    pad = np.zeros((H, nqb * block, nkb * block))
-    pad[:, :Lq, :L] = s
-    imp = pad.reshape(H, nqb, block, nkb, block).sum(axis=(2, 4))
-    g = prompt_len // block
-    mask = np.zeros((H, nqb, nkb), dtype=np.uint8)
-    clear = np.ones((H, nqb), dtype=np.uint8)
-    for a, b in ((0, g), (g, nkb)):
-        n = b - a
-        if n == 0:
-            continue
-        keep = min(n, int(np.floor(n * np.float64(np.float32(rho)))) + 1)
-        for h in range(H):
-            for r in range(nqb):
-                order = sorted(range(a, b), key=lambda j: (-imp[h, r, j], j))
-                mask[h, r, order[:keep]] = 1
-                if keep < n and imp[h, r, order[keep - 1]] - imp[h, r, order[keep]] <= tie * imp[h, r, order[keep - 1]]:
-                    clear[h, r] = 0
-    return mask, clear
-
-
-def shift_logits(logits):
-    """Dream: row i <- row i-1 for i >= 1; row 0 stays."""
-    return np.concatenate([logits[:1], logits[:-1]], axis=0)
-
-
-def silu(x):
-    return x / (np.float32(1.0) + np.exp(-x))
-
-
-def swiglu_mlp(m, g, u, dn):
-    """down(silu(gate(m)) * up(m)) in fp32."""
-    return (silu(m @ g.T) * (m @ u.T)) @ dn.T
-
-
-def route_margin(logits, top_k):
-    """Per row: k-th highest minus (k+1)-th highest router logit (inf when every expert is chosen).
-    A row whose margin is within the rounding noise of the logits may choose other experts in bf16."""
-    z = np.sort(np.asarray(logits, dtype=np.float32), axis=-1)[:, ::-1]
-    if top_k >= z.shape[1]:
-        return np.full(z.shape[0], np.inf, dtype=np.float32)
-    return z[:, top_k - 1] - z[:, top_k]
-
-
-def moe_route(logits, top_k, norm_topk=False, scale=1.0):
-    """Softmax router: (ids [n, k], weights [n, k]) from fp32 logits [n, E]; experts ranked by
-    probability, ties to the lower expert id; weights = the probabilities of the chosen experts
-    (renormalised to sum 1 only with norm_topk), times scale."""
-    z = np.asarray(logits, dtype=np.float32)
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
-    p = p / p.sum(axis=-1, keepdims=True)
-    ids = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
-    w = np.take_along_axis(p, ids, axis=-1)
-    if norm_topk:
-        w = w / w.sum(axis=-1, keepdims=True)
-    return ids, (w * np.float32(scale)).astype(np.float32)
-
-
-def sigmoid_group_route(logits, bias, top_k, n_group, topk_group, scale):
-    """LLaDA2 router (models.md): s = sigmoid(fp32 logits), b = s + expert_bias; each of n_group groups
-    of consecutive experts scores the sum of its top-2 b; the topk_group best groups are kept (ties: the
-    lower group); top_k experts by b inside them (ties: the lower id); weights = the UNBIASED s of those
-    experts / (their sum + 1e-20) (only when top_k > 1) * scale. Returns (ids, weights, margins): margins
-    per row = the smaller of the group-score gap (topk_group-th minus next group) and the b gap (top_k-th
-    minus next kept expert), inf where there is no next."""
-    z = np.asarray(logits, dtype=np.float32)
-    s = (np.float32(1.0) / (np.float32(1.0) + np.exp(-z))).astype(np.float32)
-    b = (s + np.asarray(bias, dtype=np.float32)[None, :]).astype(np.float32)
-    n, E = b.shape
-    per = E // n_group
-    gb = np.sort(b.reshape(n, n_group, per), axis=-1)[:, :, ::-1]
-    gscore = gb[:, :, 0] + gb[:, :, 1]
-    gorder = np.argsort(-gscore, axis=-1, kind="stable")
-    keep = np.zeros((n, n_group), dtype=bool)
-    np.put_along_axis(keep, gorder[:, :topk_group], True, axis=-1)
-    masked = np.where(np.repeat(keep, per, axis=1), b, -np.inf)
-    ids = np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
-    w = np.take_along_axis(s, ids, axis=-1)
-    if top_k > 1:
-        w = w / (w.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-    w = (w * np.float32(scale)).astype(np.float32)
-    gs = np.take_along_axis(gscore, gorder, axis=-1)
-    gmargin = gs[:, topk_group - 1] - gs[:, topk_group] if topk_group < n_group else np.full(n, np.inf)
-    srt = np.sort(masked, axis=-1)[:, ::-1]
-    emargin = srt[:, top_k - 1] - srt[:, top_k] if top_k < topk_group * per else np.full(n, np.inf)
-    return ids, w, np.minimum(gmargin, emargin).astype(np.float32)
-
-
-def moe_ffn(m, ly, top_k, norm_topk=False, scale=1.0, ids_w=None):
-    """sum over the chosen experts e of w_e * expert_e(m) (+ the shared expert, if any); ids_w: the
-    (ids, weights) of another router (default: the softmax router)."""
-    ids, w = ids_w if ids_w is not None else moe_route(m @ ly["router"].T, top_k, norm_topk, scale)
-    out = np.zeros_like(m)
-    for e, (g, u, dn) in enumerate(ly["experts"]):
-        rows, slot = np.nonzero(ids == e)
-        if len(rows):
-            out[rows] += w[rows, slot, None] * swiglu_mlp(m[rows], g, u, dn)
-    if ly.get("shared") is not None:
-        out += swiglu_mlp(m, *ly["shared"])
-    return out
-
-
-def des_route(z, s, b, ids, w_fn, des):
-    """Dynamic Expert Sharing (algorithms.md 4) of one MoE layer, written from the spec: z router logits,
-    s the unbiased scores, b = s + bias, ids the normal selection [n, K] (descending b). des: dict with
-    mode ("seq" | "vote" | "off"), k, m (the coreset size, floor(beta * E)), lo, hi (the rows decoded in
-    parallel) and scope ("block" | "all"). Votes V[e] = sum over voting rows of s * 1[e in TopK] in
-    float64; Seq C = union of each voting row's first k experts; Vote C = the m experts of highest V among
-    V > 0 (ties: lower id); then the best of the rest by (V, lower id) until C holds K experts; no voting
-    row: C = every expert. Share rows (the voting rows, or every row with scope all) take their top K of C
-    by b (no group limits), weights by w_fn. Returns (ids, weights or None for the normal weights, stats
-    [unique experts of all rows, of the voting rows, |C|])."""
-    n, E = s.shape
-    K = ids.shape[1]
-    lo, hi = des["lo"], des["hi"]
-    V = np.zeros(E, dtype=np.float64)
-    seq = np.zeros(E, dtype=np.int64)
-    for r in range(lo, hi):
-        for j, e in enumerate(ids[r]):
-            V[e] += float(s[r, e])
-            seq[e] += 1 if j < des["k"] else 0
-    order = sorted(range(E), key=lambda e: (-V[e], e))
-    if hi <= lo or des["mode"] == "off":
-        core = set(range(E))
-    elif des["mode"] == "seq":
-        core = {e for e in range(E) if seq[e] > 0}
-    else:
-        core = set([e for e in order if V[e] > 0][:des["m"]])
-    for e in order:
-        if len(core) >= K:
-            break
-        core.add(e)
-    ids = ids.copy()
-    w = None
-    if des["mode"] != "off":
-        share = range(n) if des["scope"] == "all" else range(lo, hi)
-        allowed = np.array([e in core for e in range(E)])
-        for r in share:
-            masked = np.where(allowed, b[r], -np.inf)
-            ids[r] = np.argsort(-masked, kind="stable")[:K]
-        w = w_fn(ids)
-    stats = [len(set(ids.ravel().tolist())), len(set(ids[lo:hi].ravel().tolist())), len(core)]
-    return ids, w, stats
+from ref_layers import (  # noqa: E402,F401 (re-exported for selftest.py)
+    rms_norm, rope_cos_sin, apply_rope, attention, sparse_patterns, shift_logits, silu, swiglu_mlp,
+    route_margin, moe_route, sigmoid_group_route, moe_ffn, des_route)
+from ref_loops import (  # noqa: E402,F401 (re-exported for selftest.py)
+    softmax64, confidence, top_positions, llada_schedule, dream_count, log_softmax64, generate,
+    generate_window, generate_llada2, des_setup, guided_logits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +229,7 @@ class Model:
     def ffn(self, m, ly):
         """The FFN of one layer on the normed rows m (MoE layers also lower self.margins; with self.des
         set, DES routing, and self.des_stats receives the layer's counts)."""
-        des = getattr(self, "des", None)
+        des = self.des_rows
         if "router" in ly and "bias" in ly:  # LLaDA2
             z = m @ ly["router"].T
             ids, wts, margin = sigmoid_group_route(z, ly["bias"], self.top_k, self.n_group,
@@ -484,6 +275,8 @@ class Model:
         layer's post-RoPE (K, V) of all rows. cached = (rows, kv): a KV-cache step, computing only the
         ascending rows `rows` (returns their hidden states); the other rows' K / V come from kv (a record
         of at least len(tokens) rows).
+        With self.des set (DES), the rows decoded in parallel are the computed rows at canvas positions
+        [des lo, des hi).
         record_q: a list that receives every layer's post-RoPE Q. patterns [layers, H, nqb, nkb] (SparseD
         tiles of sparse_block rows): attention sees only the kept tiles."""
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -491,6 +284,10 @@ class Model:
             raise SystemExit("token id outside the vocabulary")
         pos = np.asarray(cached[0], dtype=np.int64) if cached else np.arange(len(tokens))
         n = len(pos)
+        # DES: self.des's lo, hi are canvas positions; des_route votes with the computed rows inside them.
+        des = getattr(self, "des", None)
+        self.des_rows = dict(des, lo=int(np.searchsorted(pos, des["lo"])),
+                             hi=int(np.searchsorted(pos, des["hi"]))) if des else None
         self.margins = np.full(n, np.inf, dtype=np.float32)  # smallest router margin of each row
         x = self.emb[tokens[pos]].astype(np.float32)
         for li, ly in enumerate(self.layers):
@@ -525,227 +322,6 @@ class Model:
         """Logits [L, vocab] in fp32 (Dream: shifted)."""
         logits = (self.hidden(tokens) @ self.head.T).astype(np.float32)
         return shift_logits(logits) if self.shift else logits
-
-
-# ---------------------------------------------------------------------------------------------
-# samplers (temperature 0)
-# ---------------------------------------------------------------------------------------------
-
-def softmax64(logits):
-    l = np.asarray(logits, dtype=np.float64)
-    l = l - l.max(axis=-1, keepdims=True)
-    p = np.exp(l)
-    return p / p.sum(axis=-1, keepdims=True)
-
-
-def confidence(probs, alg):
-    """(x0, conf) per row of probs [n, V]; higher conf = more certain."""
-    x0 = probs.argmax(axis=-1)  # first maximum = lowest token id on ties
-    if alg in ("low_confidence", "maskgit_plus"):
-        c = probs[np.arange(len(x0)), x0]
-    elif alg == "topk_margin":
-        srt = np.sort(probs, axis=-1)
-        c = srt[:, -1] - srt[:, -2]
-    elif alg == "entropy":
-        c = (probs * np.log(probs + 1e-10)).sum(axis=-1)
-    else:
-        raise SystemExit(f"unsupported alg {alg!r} (low_confidence, entropy, maskgit_plus, topk_margin)")
-    return x0, c
-
-
-def top_positions(positions, conf, k):
-    """The k candidate positions with the highest confidence; equal confidences -> lower position
-    first (stable sort by descending confidence, candidates given in increasing position)."""
-    order = sorted(range(len(positions)), key=lambda r: (-conf[r], positions[r]))
-    return [r for r in order[:k]]
-
-
-def llada_schedule(n, steps):
-    """1A: n // S + (i < n % S) tokens at step i."""
-    return [n // steps + (1 if i < n % steps else 0) for i in range(steps)]
-
-
-def dream_count(n_masked, i, steps, eps=1e-3):
-    """1B: int(#masked * (1 - s/t)) with ts = linspace(1, eps, steps+1); all of them on the last step."""
-    ts = np.linspace(1, eps, steps + 1)
-    if i == steps - 1:
-        return n_masked
-    return int(n_masked * (1 - ts[i + 1] / ts[i]))
-
-
-def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3):
-    """Returns (final canvas, order: one sorted list of unmasked positions per step)."""
-    if block_length <= 0:
-        block_length = gen_length
-    if gen_length % block_length:
-        raise SystemExit("gen-length must be a multiple of block-length")
-    nb = gen_length // block_length
-    if steps % nb:
-        raise SystemExit("steps must be a multiple of gen-length / block-length")
-    spb = steps // nb
-    x = list(prompt) + [m.mask_id] * gen_length
-    P = len(prompt)
-    order = []
-    for b in range(nb):
-        lo, hi = P + b * block_length, P + (b + 1) * block_length
-        sched = llada_schedule(sum(1 for j in range(lo, hi) if x[j] == m.mask_id), spb)
-        for i in range(spb):
-            cand = [j for j in range(lo, hi) if x[j] == m.mask_id]
-            k = sched[i] if alg == "low_confidence" else dream_count(len(cand), i, spb, eps)
-            k = min(k, len(cand))
-            if k == 0:
-                order.append([])
-                continue
-            probs = softmax64(m.forward(x)[cand])
-            x0, conf = confidence(probs, alg)
-            sel = top_positions(cand, conf, k)
-            for r in sel:
-                x[cand[r]] = int(x0[r])
-            order.append(sorted(cand[r] for r in sel))
-    return x, order
-
-
-def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in, refresh, early_eos=(),
-                    eps=1e-3):
-    """Window-Diffusion (algorithms.md 3) over generate()'s blocks and schedules, temperature 0.
-    Positions >= stop are dropped (early stop: after a token of early_eos is decided at p, stop = p + 1).
-    A phase starts at a step when `refresh` forwards have run in the current one (refresh 0: at every
-    step), or when the current phase has no candidate left. At its start: u0 = the first masked position
-    (>= len(prompt), < stop); the external window is the first w_ex masked positions from u0 and ends at
-    E (one past the w_ex-th, or stop); phase_rows = those positions. Every forward sees x[:min(E, stop)].
-    Each step: active = the first w_in masked positions of [u0, min(E, stop)); the candidates are the
-    active positions inside the block (and < stop). refresh 0: a plain forward. The phase's first
-    forward: a full forward whose K / V of every layer are kept. Later ones compute only the rows of
-    phase_rows before the end of the active set (plus the logit rows of the candidates) with the other
-    rows' K / V from the kept ones, and keep the result. The block's count k (LLaDA: schedule +
-    owed; Dream: from the block's masked count) is capped at the candidates; LLaDA owes the rest to the
-    next step. After the block's schedule, every candidate is decided per step until the block is.
-    Positions never decided after an early stop read as the stopping token."""
-    if block_length <= 0:
-        block_length = gen_length
-    nb = gen_length // block_length
-    spb = steps // nb
-    P = len(prompt)
-    x = list(prompt) + [m.mask_id] * gen_length
-    st = dict(stop=len(x), left=0, u0=0, E=0, rows=[], fresh=False, kv=None, a_end=0)
-    order = []
-
-    def masked(lo, hi):
-        return [j for j in range(lo, hi) if x[j] == m.mask_id]
-
-    def new_phase():
-        free = masked(P, st["stop"])
-        st["u0"] = free[0] if free else st["stop"]
-        st["rows"] = free[:w_ex]
-        st["E"] = free[w_ex - 1] + 1 if len(free) >= w_ex else st["stop"]
-        st["left"], st["fresh"] = refresh, True
-
-    def prepare(lo, hi):
-        started = False
-        if st["left"] <= 0:
-            new_phase()
-            started = True
-        while True:
-            act = masked(st["u0"], min(st["E"], st["stop"]))[:w_in]
-            st["a_end"] = act[-1] + 1 if act else st["u0"]
-            cand = [j for j in act if lo <= j < min(hi, st["stop"])]
-            if cand or started:
-                return cand
-            new_phase()
-            started = True
-
-    def predict(cand):
-        n = min(st["E"], st["stop"])
-        src = [max(j - 1, 0) if m.shift else j for j in cand]
-        if refresh == 0:
-            H, rows = m.hidden(x[:n]), list(range(n))
-        elif st["fresh"]:
-            kv = []
-            H, rows = m.hidden(x[:n], record=kv), list(range(n))
-            st["kv"] = kv
-        else:
-            rows = sorted(set([r for r in st["rows"] if r < st["a_end"] and r < n] + src))
-            kv = []
-            H = m.hidden(x[:n], cached=(rows, st["kv"]), record=kv)
-            st["kv"] = kv
-        st["fresh"] = False
-        st["left"] -= 1
-        L = (H[[rows.index(r) for r in src]] @ m.head.T).astype(np.float32)
-        return confidence(softmax64(L), alg)
-
-    def commit(cand, x0, sel):
-        for r in sel:
-            x[cand[r]] = int(x0[r])
-            if x0[r] in early_eos:
-                st["stop"] = min(st["stop"], cand[r] + 1)
-        order.append(sorted(cand[r] for r in sel))
-
-    for b in range(nb):
-        lo, hi = P + b * block_length, P + (b + 1) * block_length
-        sched = llada_schedule(len(masked(lo, min(hi, st["stop"]))), spb)
-        owed = 0
-        for i in range(spb):
-            if alg == "low_confidence":
-                k = sched[i] + owed
-            else:
-                n_masked = len(masked(lo, min(hi, st["stop"])))
-                if n_masked == 0:
-                    continue
-                k = dream_count(n_masked, i, spb, eps)
-            if k == 0:
-                continue
-            cand = prepare(lo, hi)
-            if not cand:
-                break
-            x0, conf = predict(cand)
-            kk = min(k, len(cand))
-            owed = k - kk
-            commit(cand, x0, top_positions(cand, conf, kk))
-        while True:
-            cand = prepare(lo, hi)
-            if not cand:
-                break
-            x0, conf = predict(cand)
-            commit(cand, x0, list(range(len(cand))))
-    for j in range(st["stop"], len(x)):
-        if x[j] == m.mask_id:
-            x[j] = x[st["stop"] - 1]
-    return x, order
-
-
-def generate_llada2(m, prompt, gen_length, steps, block_length, threshold):
-    """LLaDA2's block-diffusion loop (algorithms.md 1C; LLaDA2MoeModelLM.generate), temperature 0.
-    Blocks are the model's attention blocks on absolute positions [b*BL, (b+1)*BL); the canvas is
-    padded with masks to whole blocks; blocks from the one holding position len(prompt) on. Each
-    forward sees x[:block end] with the block-causal mask of block BL. Per block, at most `steps`
-    steps; step i decides the masked positions of the block with conf > threshold if there are at
-    least sched[i] of them (sched = llada_schedule(BL, steps)), else the sched[i] most confident
-    (at least one). x0 = argmax (the reference samples even at temperature 0; greedy is the intent).
-    After a block holding an EOS in x[P:block end], later blocks are skipped. Returns (canvas
-    trimmed to prompt + gen_length, order)."""
-    P, BL = len(prompt), block_length
-    total = (P + gen_length + BL - 1) // BL * BL
-    x = list(prompt) + [m.mask_id] * (total - P)
-    sched = llada_schedule(BL, steps)
-    m.block = BL
-    order = []
-    for b in range(P // BL, total // BL):
-        end = (b + 1) * BL
-        for i in range(steps):
-            cand = [j for j in range(max(b * BL, P), end) if x[j] == m.mask_id]
-            if not cand:
-                break
-            probs = softmax64(m.forward(x[:end])[cand])
-            x0, conf = confidence(probs, "low_confidence")
-            high = [r for r in range(len(cand)) if conf[r] > threshold]
-            k = max(1, sched[i])
-            sel = high if len(high) >= k else top_positions(cand, conf, min(k, len(cand)))
-            for r in sel:
-                x[cand[r]] = int(x0[r])
-            order.append(sorted(cand[r] for r in sel))
-        if m.eos_id in x[P:end]:
-            break
-    return x[:P + gen_length], order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -797,6 +373,19 @@ def main():
     g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2 only: the confidence threshold")
     g.add_argument("--window", default="", help="Window-Diffusion: W_EX,W_IN,REFRESH (generate_window)")
     g.add_argument("--early-eos", default="", help="Window-Diffusion early stop at these token ids")
+    g.add_argument("--cache", default="", help="KV cache (Fast-dLLM, algorithms.md 1D): prefix | dual")
+    g.add_argument("--suffix", default="", help="infilling: token ids after the generated span")
+    g.add_argument("--sparse", action="store_true", help="SparseD (algorithms.md 2) with the three below")
+    g.add_argument("--sparse-block", type=int, default=32, help="SparseD: the tile side")
+    g.add_argument("--sparse-rho", type=float, default=0.5, help="SparseD: the kept ratio of each key set")
+    g.add_argument("--sparse-skip", type=float, default=0.2, help="SparseD: floor(steps * skip) exact forwards")
+    g.add_argument("--logprobs", action="store_true",
+                   help="also print \"logprobs\": per generated position, log_softmax of its deciding logits")
+    g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance scale (low_confidence)")
+    g.add_argument("--des", default="", help="DES: seq | vote (MoE models)")
+    g.add_argument("--des-k", type=int, default=2, help="DES-Seq: experts per voting row in the union")
+    g.add_argument("--des-beta", type=float, default=0.4, help="DES-Vote: coreset size floor(beta * E)")
+    g.add_argument("--des-scope", default="block", help="DES: block | all")
     args = ap.parse_args()
     m = Model(args.model)
     if args.cmd == "patterns":
@@ -851,16 +440,33 @@ def main():
             mg = m.margins[rows] if rows else m.margins
             np.ascontiguousarray(mg, dtype="<f4").tofile(args.margins)
     else:
+        lp = {} if args.logprobs else None
+        prompt = ids(args.prompt)
+        des = dict(mode=args.des, k=args.des_k, beta=args.des_beta, scope=args.des_scope) if args.des else None
         if m.family == "llada2":
-            x, order = generate_llada2(m, ids(args.prompt), args.gen_length, args.steps, args.block_length or 32,
+            if args.cache or args.suffix or args.sparse or args.logprobs or args.window or args.cfg or des:
+                raise SystemExit("LLaDA2: --cache, --suffix, --sparse, --window, --cfg, --des and --logprobs "
+                                 "are not supported")
+            x, order = generate_llada2(m, prompt, args.gen_length, args.steps, args.block_length or 32,
                                        args.threshold)
         elif args.window:
+            if args.cache or args.sparse:
+                raise SystemExit("--window does not combine with --cache or --sparse")
             w_ex, w_in, refresh = ids(args.window)
-            x, order = generate_window(m, ids(args.prompt), args.gen_length, args.steps, args.block_length,
-                                       args.alg, w_ex, w_in, refresh, tuple(ids(args.early_eos)))
+            x, order = generate_window(m, prompt, args.gen_length, args.steps, args.block_length,
+                                       args.alg, w_ex, w_in, refresh, tuple(ids(args.early_eos)), logprobs=lp,
+                                       suffix=ids(args.suffix), cfg=args.cfg, des=des)
         else:
-            x, order = generate(m, ids(args.prompt), args.gen_length, args.steps, args.block_length, args.alg)
-        print(json.dumps({"tokens": x, "order": order}))
+            if args.early_eos:
+                raise SystemExit("--early-eos needs --window")
+            sparse = dict(block=args.sparse_block, rho=args.sparse_rho, skip=args.sparse_skip) if args.sparse else None
+            x, order = generate(m, prompt, args.gen_length, args.steps, args.block_length, args.alg,
+                                cache=args.cache or None, suffix=ids(args.suffix), sparse=sparse, logprobs=lp,
+                                cfg=args.cfg, des=des)
+        out = {"tokens": x, "order": order}
+        if lp is not None:
+            out["logprobs"] = [lp.get(p) for p in range(len(prompt), len(prompt) + args.gen_length)]
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

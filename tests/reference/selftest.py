@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks of the numpy reference itself (reference.py, safetensors_np.py) and of
-tools/make_tiny_checkpoint.py. Every check can fail; exits non-zero if any does.
+tools/make_tiny_checkpoint.py. Every check can fail; exits non-zero if any does (77: no numpy, a
+skip for ctest, where it runs as the test reference_selftest).
 
   /usr/bin/python3 tests/reference/selftest.py        -> prints "N passed, 0 failed"
 """
@@ -13,7 +14,11 @@ import sys
 import tempfile
 import traceback
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    print("selftest: numpy is not installed for " + sys.executable + "; skipped")
+    sys.exit(77)  # ctest's SKIP_RETURN_CODE (tests/CMakeLists.txt)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -413,6 +418,190 @@ def window_generate():
         full = m.hidden(toks, record=kv)
         part = m.hidden(toks, cached=([2, 7, 8, 15], kv))
         close(part, full[[2, 7, 8, 15]], 1e-5, "cached rows with current K / V")
+
+
+def recording_hidden(m):
+    """Wraps m.hidden: returns the list that receives ("full" | "select" | "sparse" | rows) per call."""
+    calls, inner = [], m.hidden
+
+    def hidden(tokens, record=None, cached=None, record_q=None, patterns=None, sparse_block=0):
+        calls.append(list(cached[0]) if cached else "sparse" if patterns is not None
+                     else "select" if record_q is not None else "full")
+        return inner(tokens, record=record, cached=cached, record_q=record_q, patterns=patterns,
+                     sparse_block=sparse_block)
+    m.hidden = hidden
+    return calls
+
+
+@check
+def cache_generate():
+    """Fast-dLLM caches: one step per block (every forward a block's first) is the exact generation;
+    later forwards compute the block's rows [lo, end of canvas) (prefix) or [lo, hi) (dual) plus the
+    candidates' logit rows; prefix and dual agree when the block ends the canvas."""
+    for fam, alg in (("llada", "low_confidence"), ("dream", "entropy")):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt, sfx = [5, 17, 230], [11, 12]
+        for c in ("prefix", "dual"):
+            exact = ref.generate(m, prompt, 16, 2, 8, alg, suffix=sfx)
+            assert ref.generate(m, prompt, 16, 2, 8, alg, cache=c, suffix=sfx) == exact, (fam, c)
+            calls = recording_hidden(m)
+            x, order = ref.generate(m, prompt, 16, 8, 8, alg, cache=c, suffix=sfx)
+            del m.hidden
+            assert m.mask_id not in x and sorted(p for s in order for p in s) == list(range(3, 19)), (fam, c)
+            assert x[19:] == sfx and len(calls) == len(order), (fam, c)
+            for i, st in enumerate(order):
+                lo = 3 if st[0] < 11 else 11
+                if i == 0 or (order[i - 1][0] < 11) != (lo == 3):
+                    assert calls[i] == "full", (fam, c, i, calls[i])
+                    continue
+                done = {p for o in order[:i] for p in o}
+                cand = [p for p in range(lo, lo + 8) if p not in done]
+                want = set(range(lo, 21 if c == "prefix" else lo + 8))
+                want |= {p - 1 for p in cand} if m.shift else set()  # Dream: row lo - 1 while lo is a candidate
+                assert calls[i] == sorted(want), (fam, c, i, calls[i])
+        # The block ends the canvas: the two caches compute the same rows.
+        assert ref.generate(m, prompt, 16, 8, 16, alg, cache="prefix") == \
+            ref.generate(m, prompt, 16, 8, 16, alg, cache="dual"), fam
+
+
+@check
+def infill_generate():
+    """A suffix is seen, never decided; an empty one changes nothing; a real one changes the fill."""
+    for fam, alg in (("llada", "low_confidence"), ("dream", "entropy")):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt = [5, 17, 230]
+        plain = ref.generate(m, prompt, 16, 8, 8, alg)
+        assert ref.generate(m, prompt, 16, 8, 8, alg, suffix=[]) == plain, fam
+        x, order = ref.generate(m, prompt, 16, 8, 8, alg, suffix=[40, 41, 42, 43])
+        assert x[:3] == prompt and x[19:] == [40, 41, 42, 43], fam
+        assert sorted(p for s in order for p in s) == list(range(3, 19)), fam
+        assert (x[:19], order) != plain, f"{fam}: the suffix changed nothing"
+
+
+@check
+def sparse_generate():
+    """SparseD: floor(steps * skip) exact forwards, one that selects, then sparse ones; keeping every
+    tile (rho 1) or selecting at the last forward is the dense generation; rho 0 is not."""
+    for fam, alg in (("llada", "low_confidence"), ("dream", "entropy")):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt = [5, 17, 230, 8, 9]
+        dense = ref.generate(m, prompt, 16, 8, 8, alg)
+        calls = recording_hidden(m)
+        thin = ref.generate(m, prompt, 16, 8, 8, alg, sparse=dict(block=4, rho=0.0, skip=0.3))
+        del m.hidden
+        assert calls == ["full"] * 2 + ["select"] + ["sparse"] * (len(calls) - 3), calls
+        assert len(calls) == len(thin[1]) and thin != dense, fam
+        assert ref.generate(m, prompt, 16, 8, 8, alg, sparse=dict(block=4, rho=1.0, skip=0.2)) == dense, fam
+        assert ref.generate(m, prompt, 16, 8, 8, alg, sparse=dict(block=4, rho=0.0, skip=0.9)) == dense, fam
+        # The select forward's patterns are sparse_patterns of its own q / k (prompt length 5).
+        x = list(prompt) + [m.mask_id] * 16
+        qs, kv = [], []
+        m.hidden(x, record=kv, record_q=qs)
+        mask, _ = ref.sparse_patterns(qs[0], kv[0][0], 4, 0.0, 5)
+        assert mask.sum() == m.H * 6 * 2, "rho 0: one prompt and one generation tile per query block"
+
+
+@check
+def generate_logprobs():
+    """logprobs: one value per decided position, the log-probability of the greedy token under the
+    logits of its step (uncached: the forward of the canvas before that step)."""
+    m = ref.Model(make("llada", "gen_llada"))
+    prompt = [5, 17, 230]
+    lp = {}
+    x, order = ref.generate(m, prompt, 16, 8, 8, "low_confidence", logprobs=lp)
+    assert sorted(lp) == list(range(3, 19))
+    canvas = list(prompt) + [m.mask_id] * 16
+    for s in order:
+        L = ref.log_softmax64(m.forward(canvas))
+        for p in s:
+            close(lp[p], L[p].max(), 1e-12, "greedy logprob")
+            assert L[p].argmax() == x[p]
+        for p in s:
+            canvas[p] = x[p]
+    lw = {}
+    ref.generate_window(m, prompt, 16, 8, 8, "low_confidence", 6, 3, 3, logprobs=lw)
+    assert sorted(lw) == list(range(3, 19)) and all(v <= 0 for v in lw.values())
+
+
+@check
+def cfg_generate():
+    """cfg: guided logits are L_u + (s + 1)(L_c - L_u), L_u of the canvas with the prompt and the suffix
+    masked; both canvases compute the same rows, each from its own cache; one step per block (every
+    forward refreshes) is cfg without a cache; a window holding everything is the plain loop."""
+    for fam in ("llada", "dream"):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt, sfx = [5, 17, 230], [11, 12]
+        x = prompt + [m.mask_id] * 8 + sfx
+        u = [m.mask_id] * 3 + [m.mask_id] * 8 + [m.mask_id] * 2
+        Lc, Lu = m.forward(x), m.forward(u)
+        got = ref.guided_logits(m, x, len(x), 3, 8, [4, 6], None, {}, 1.5)
+        close(got, Lu[[4, 6]] + np.float32(2.5) * (Lc[[4, 6]] - Lu[[4, 6]]), 1e-5, f"{fam} guided logits")
+        assert ref.generate(m, prompt, 16, 8, 8, "low_confidence", cfg=1.0) != \
+            ref.generate(m, prompt, 16, 8, 8, "low_confidence"), f"{fam}: cfg changed nothing"
+        for c in ("prefix", "dual"):
+            assert ref.generate(m, prompt, 16, 2, 8, "low_confidence", cache=c, cfg=1.0, suffix=sfx) == \
+                ref.generate(m, prompt, 16, 2, 8, "low_confidence", cfg=1.0, suffix=sfx), (fam, c)
+            calls = recording_hidden(m)
+            ref.generate(m, prompt, 16, 8, 8, "low_confidence", cache=c, cfg=1.0)
+            del m.hidden
+            assert calls[0::2] == calls[1::2] and len(calls) == 16, (fam, c, calls)
+        want = ref.generate(m, prompt, 16, 8, 8, "low_confidence", cfg=1.0, suffix=sfx)
+        for refresh in (0, 1):
+            assert ref.generate_window(m, prompt, 16, 8, 8, "low_confidence", 16, 16, refresh, cfg=1.0,
+                                       suffix=sfx) == want, (fam, refresh)
+        calls = recording_hidden(m)
+        x, order = ref.generate_window(m, prompt, 16, 8, 8, "low_confidence", 6, 3, 3, cfg=1.0)
+        del m.hidden
+        assert calls[0::2] == calls[1::2] and m.mask_id not in x, (fam, calls)
+
+
+@check
+def window_suffix_generate():
+    """The window with a suffix prunes nothing (every forward sees the whole canvas) and decides every
+    position once; a window holding everything is the suffix loop."""
+    for fam, alg in (("llada", "low_confidence"), ("dream", "entropy")):
+        m = ref.Model(make(fam, "gen_" + fam))
+        prompt, sfx = [5, 17, 230], [40, 41, 42]
+        want = ref.generate(m, prompt, 16, 8, 8, alg, suffix=sfx)
+        for refresh in (0, 1):
+            assert ref.generate_window(m, prompt, 16, 8, 8, alg, 16, 16, refresh, suffix=sfx) == want, fam
+        seen, inner = [], m.hidden
+        m.hidden = lambda t, **kw: seen.append(len(t)) or inner(t, **kw)
+        x, order = ref.generate_window(m, prompt, 16, 8, 8, alg, 4, 2, 3, suffix=sfx)
+        del m.hidden
+        assert set(seen) == {22} and x[19:] == sfx, (fam, seen)
+        assert sorted(p for s in order for p in s) == list(range(3, 19)), fam
+        # SparseD keeping every tile is the dense infilling
+        assert ref.generate(m, prompt, 16, 8, 8, alg, suffix=sfx, sparse=dict(block=4, rho=1.0, skip=0.2)) == want
+
+
+@check
+def des_generate():
+    """DES whose coreset keeps every voting row's experts (vote, beta 1) is exact, with the window and cfg;
+    a real coreset changes the generation; the voting rows of a cached forward are its computed rows
+    inside the canvas positions [lo, hi)."""
+    m = ref.Model(make("llada_moe", "gen_moe", "--experts", "16", "--top-k", "4"))
+    prompt, full, small = [5, 17, 230], dict(mode="vote", beta=1.0), dict(mode="vote", beta=0.25)
+    runs = (lambda **kw: ref.generate(m, prompt, 16, 8, 8, "low_confidence", **kw),
+            lambda **kw: ref.generate_window(m, prompt, 16, 8, 8, "low_confidence", 6, 3, 3, **kw))
+    for run in runs:
+        changed = False
+        for cfg in (0.0, 1.0):
+            plain = run(cfg=cfg)
+            assert run(cfg=cfg, des=full) == plain, (run, cfg)
+            changed |= run(cfg=cfg, des=small) != plain
+        assert changed, run
+    # A forward of every row voting with positions 6..11 fills the cache; recomputing rows 6..11 (rows 0..5
+    # of the cached forward) with the same votes gives the same rows; without votes, others.
+    x = prompt + [m.mask_id] * 16
+    ref.des_setup(m, small)
+    m.des["lo"], m.des["hi"] = 6, 12
+    kv = []
+    whole = m.hidden(x, record=kv)
+    close(m.hidden(x, cached=(list(range(6, 12)), kv)), whole[6:12], 1e-5, "votes by canvas position")
+    m.des["lo"], m.des["hi"] = 0, 6
+    assert np.abs(m.hidden(x, cached=(list(range(6, 12)), kv)) - whole[6:12]).max() > 1e-4, "no voting rows"
+    m.des = None
 
 
 # ---------------------------------------------------------------------------------------------

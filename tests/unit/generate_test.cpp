@@ -275,7 +275,7 @@ TEST(Generate, DreamLinspaceCounts) {
   for (auto [n, steps] : std::vector<std::pair<int, int>>{{10, 4}, {8, 8}, {16, 5}, {12, 3}}) {
     FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
     GenerateOptions o;
-    o.alg = "maskgit_plus";
+    o.alg = Unmask::MaskgitPlus;
     o.gen_length = n;
     o.steps = steps;
     o.block_length = 1000;  // ignored: >= gen_length
@@ -291,7 +291,7 @@ TEST(Generate, DreamLinspaceCounts) {
 TEST(Generate, DreamScheduleInsideBlocks) {
   FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
   GenerateOptions o;
-  o.alg = "entropy";
+  o.alg = Unmask::Entropy;
   o.gen_length = 20;
   o.block_length = 10;
   o.steps = 8;  // 4 per block: 2,2,2,4 in each
@@ -324,7 +324,7 @@ TEST(Generate, ProbMarginEntropyChooseAsHandComputed) {
   for (auto [alg, want] : cases) {
     FakeDenoiser d([&](std::span<const int32_t>, int p) { return rows[static_cast<size_t>(p - 3)]; }, 5, 4);
     GenerateOptions o;
-    o.alg = alg;
+    o.alg = parse_unmask(alg);
     o.gen_length = 4;
     o.steps = 2;
     GenerateResult r = generate(d, kPrompt, o);
@@ -336,7 +336,7 @@ TEST(Generate, ProbMarginEntropyChooseAsHandComputed) {
 TEST(Generate, OriginReproducibleAndKeyed) {
   FakeDenoiser d(peaked([](int p) { return p % 6; }, [](int) { return 2.0f; }));
   GenerateOptions o;
-  o.alg = "origin";
+  o.alg = Unmask::Origin;
   o.gen_length = 16;
   o.steps = 6;
   o.seed = 1234;
@@ -366,7 +366,7 @@ TEST(Generate, OriginReproducibleAndKeyed) {
 TEST(Generate, RandomRemaskingReproducible) {
   FakeDenoiser d(peaked([](int) { return 1; }, [](int) { return 2.0f; }));
   GenerateOptions o;
-  o.alg = "random";
+  o.alg = Unmask::Random;
   o.gen_length = 16;
   o.block_length = 16;
   o.steps = 16;
@@ -391,7 +391,7 @@ TEST(Generate, RandomRemaskingReproducible) {
 TEST(Generate, AlgTempSamplesPositionsReproducibly) {
   FakeDenoiser d(peaked([](int) { return 1; }, [](int p) { return float(p % 4); }));
   GenerateOptions o;
-  o.alg = "maskgit_plus";
+  o.alg = Unmask::MaskgitPlus;
   o.gen_length = 10;
   o.steps = 4;
   o.alg_temp = 0.5f;
@@ -576,7 +576,7 @@ TEST(Generate, SuffixFollowsTheGenerationInEveryForward) {
     d.cached = true;
     GenerateOptions o;
     o.gen_length = o.steps = o.block_length = 3;
-    o.cache = cache;
+    o.cache = parse_kv_cache(cache);
     o.suffix = suffix;
     o.stop_at_eos = false;
     std::vector<std::vector<int32_t>> canvases;
@@ -628,7 +628,7 @@ TEST(Generate, KvCacheComputesTheExpectedRows) {
     o.steps = steps;
     o.threshold = thr;
     o.stop_at_eos = false;
-    o.cache = cache;
+    o.cache = parse_kv_cache(cache);
     const GenerateResult r = generate(d, kPrompt, o);
     EXPECT_EQ(d.calls.size(), static_cast<size_t>(r.steps_run));
     EXPECT_EQ(d.ranges.size(), d.calls.size());  // every forward went through the cache
@@ -649,17 +649,52 @@ TEST(Generate, KvCacheComputesTheExpectedRows) {
     EXPECT_EQ(rb, (std::vector<int64_t>{12})) << c;
     EXPECT_EQ(bc, (std::vector<R>{{0, 4, 4}, {0, 8, 8}, {4, 8, 8}, {4, 12, 12}, {8, 12, 12}})) << c;
   }
-  // Threshold decoding: the first forward of each block refreshes, the others reuse.
+  // Threshold decoding: the first forward of each block refreshes, the others reuse. No confidence
+  // reaches 0.99 (at most conf_of(2.0) ~ 0.55), so each forward decides one position: 4 per block.
   auto [rt, thr] = run("dual", 0, 8, 4, 8, 0.99f);
-  ASSERT_GE(thr.size(), 2u);
-  EXPECT_EQ(thr[0], (R{0, 11, 11}));
-  for (size_t i = 1; i < thr.size(); ++i)
-    EXPECT_TRUE(thr[i] == (R{3, 7, 11}) || thr[i] == (R{0, 11, 11}) || thr[i] == (R{7, 11, 11}));
+  EXPECT_EQ(thr, (std::vector<R>{{0, 11, 11},
+                                 {3, 7, 11},
+                                 {3, 7, 11},
+                                 {3, 7, 11},
+                                 {0, 11, 11},
+                                 {7, 11, 11},
+                                 {7, 11, 11},
+                                 {7, 11, 11}}));
+  auto [rtp, thr_prefix] = run("prefix", 0, 8, 4, 8, 0.99f);
+  EXPECT_EQ(thr_prefix, (std::vector<R>{{0, 11, 11},
+                                        {3, 11, 11},
+                                        {3, 11, 11},
+                                        {3, 11, 11},
+                                        {0, 11, 11},
+                                        {7, 11, 11},
+                                        {7, 11, 11},
+                                        {7, 11, 11}}));
+  // Dream's schedule (entropy, 2 blocks of 4 steps): every forward after a block's first reuses too.
+  for (const char* c : {"prefix", "dual"}) {
+    FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+    d.cached = true;
+    GenerateOptions o;
+    o.gen_length = 8;
+    o.block_length = 4;
+    o.steps = 8;
+    o.alg = Unmask::Entropy;
+    o.stop_at_eos = false;
+    o.cache = parse_kv_cache(c);
+    const GenerateResult r = generate(d, kPrompt, o);
+    ASSERT_EQ(d.ranges.size(), r.order.size()) << c;
+    ASSERT_GT(r.order.size(), 2u) << c;
+    for (size_t i = 0; i < r.order.size(); ++i) {
+      const int64_t lo = r.order[i].front() < 7 ? 3 : 7;  // the block of the step's positions
+      const bool first = i == 0 || (r.order[i - 1].front() < 7) != (lo == 3);
+      const R want = first ? R{0, 11, 11} : R{lo, std::string(c) == "dual" ? lo + 4 : 11, 11};
+      EXPECT_EQ(d.ranges[i], want) << c << " forward " << i;
+    }
+  }
   // Without support the cache is refused, not ignored.
   FakeDenoiser plain(peaked([](int) { return 1; }, [](int) { return 1.0f; }));
   GenerateOptions o;
   o.gen_length = o.block_length = o.steps = 4;
-  o.cache = "prefix";
+  o.cache = KvCache::Prefix;
   EXPECT_THROW(generate(plain, kPrompt, o), Error);
 }
 
@@ -706,7 +741,17 @@ TEST(Generate, SparseAttentionPhases) {
     }
     EXPECT_TRUE(s.sparse_begins.empty());
   };
-  refused([](auto& b) { b.cache = "dual"; }, 0, "sparse attention cannot be combined with a KV cache");
+  // With the dual cache the selection waits for the first refresh of the whole canvas at or after the
+  // skip (block 1's first forward), then every forward is sparse.
+  FakeDenoiser dc(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+  dc.sparse = dc.cached = true;
+  o.sparse_skip = 0.3f;
+  o.cache = KvCache::Dual;
+  EXPECT_EQ(generate(dc, kPrompt, o).steps_run, 8);
+  EXPECT_EQ(dc.phases, (std::vector<P>{P::Dense, P::Dense, P::Dense, P::Dense, P::Select, P::Sparse,
+                                       P::Sparse, P::Sparse}));
+  EXPECT_EQ(dc.log[4], "c0-11/11");  // the refresh that selects
+  o.cache = KvCache::None;
   refused([](auto& b) { b.cfg_scale = 1.0f; }, 0, "cannot be combined with classifier-free guidance");
   refused([](auto&) {}, 4, "sparse attention needs a bidirectional model");
   refused([](auto& b) { b.sparse_rho = 1.5f; }, 0, "sparse-rho must be in [0, 1] (got 1.5)");
@@ -764,7 +809,7 @@ TEST(Generate, WindowPhasesComputeTheExpectedRows) {
   FakeDenoiser m(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
   m.cached = m.moe = true;
   o.window_refresh = 3;
-  o.des = "seq";
+  o.des = DesMode::Seq;
   generate(m, kPrompt, o);
   // clang-format off
   EXPECT_EQ(m.log, (std::vector<std::string>{
@@ -795,7 +840,7 @@ TEST(Generate, WindowCoveringEverythingIsExact) {
   for (const Case& c : {Case{"low_confidence", 0.0f, 4}, Case{"entropy", 0.0f, 8},
                         Case{"topk_margin", 0.0f, 4}, Case{"low_confidence", 0.3f, 8}}) {
     GenerateOptions o;
-    o.alg = c.alg;
+    o.alg = parse_unmask(c.alg);
     o.threshold = c.threshold;
     o.gen_length = 8;
     o.block_length = c.block;
@@ -866,14 +911,13 @@ TEST(Generate, WindowRefusals) {
     f(o);
     return o;
   };
-  expect_error(with([](auto& o) { o.cache = "dual"; }), "Window-Diffusion keeps its own phase cache");
+  expect_error(with([](auto& o) { o.cache = KvCache::Dual; }), "Window-Diffusion keeps its own phase cache");
   expect_error(with([](auto& o) { o.sparse = true; }), "Window-Diffusion cannot be combined with sparse");
-  expect_error(with([](auto& o) { o.cfg_scale = 1.0f; }),
-               "Window-Diffusion cannot be combined with classifier-free guidance");
+  expect_error(with([](auto& o) { o.cfg_scale = 1.0f; }), "this denoiser has no KV cache");
   expect_error(with([](auto& o) { o.window_in = 0; }), "window-in must be >= 1 (got 0)");
   expect_error(with([](auto& o) { o.window_in = 65; }), "window-in (65) must not exceed window-ex (64)");
   expect_error(with([](auto& o) {
-                 o.alg = "entropy";
+                 o.alg = Unmask::Entropy;
                  o.window_in = 200;
                }),
                "window-in (200) must not exceed window-ex (128)");
@@ -902,7 +946,7 @@ TEST(Generate, ValidationErrors) {
     f(o);
     return o;
   };
-  expect_error(with([](auto& o) { o.alg = "greedy"; }), "unknown algorithm 'greedy'");
+  test::expect_error([] { (void)parse_unmask("greedy"); }, "unknown algorithm 'greedy'");
   expect_error(with([](auto& o) { o.gen_length = 0; }), "gen-length must be > 0 (got 0)");
   expect_error(with([](auto& o) { o.steps = -1; }), "steps must be > 0 (got -1)");
   expect_error(with([](auto& o) { o.block_length = 0; }), "block-length must be > 0 (got 0)");
@@ -918,13 +962,13 @@ TEST(Generate, ValidationErrors) {
                }),
                "steps 100 is not divisible by the number of blocks 3");
   expect_error(with([](auto& o) {
-                 o.alg = "entropy";
+                 o.alg = Unmask::Entropy;
                  o.gen_length = 96;
                  o.block_length = 32;
                  o.steps = 100;
                }),
                "steps 100 is not divisible by the number of blocks 3");
-  expect_error(with([](auto& o) { o.cache = "lru"; }), "unknown KV cache 'lru'; use none, prefix or dual");
+  test::expect_error([] { (void)parse_kv_cache("lru"); }, "unknown KV cache 'lru'; use none, prefix or dual");
   expect_error(with([](auto& o) {
                  o.suffix = {1, kV};
                }),
@@ -932,66 +976,62 @@ TEST(Generate, ValidationErrors) {
   expect_error(with([](auto& o) { o.suffix = {1, kMask}; }), "suffix token 1 is the mask token");
   expect_error(with([](auto& o) {
                  o.suffix = {1};
-                 o.window = true;
+                 o.window = o.window_early_stop = true;
+                 o.eos_ids = {kEos};
                }),
-               "Window-Diffusion cannot be combined with a suffix");
-  expect_error(with([](auto& o) {
-                 o.suffix = {1};
-                 o.sparse = true;
-               }),
-               "sparse attention cannot be combined with a suffix");
+               "window-early-stop cannot be combined with a suffix");
   test::expect_error([&] { validate_generate_options(with([](auto& o) { o.suffix = {1}; }), kV, true); },
                      "a suffix needs a bidirectional model");
   expect_error(with([](auto& o) {
-                 o.cache = "dual";
+                 o.cache = KvCache::Dual;
                  o.cfg_scale = 1.0f;
                }),
-               "the KV cache cannot be combined with classifier-free guidance");
+               "this denoiser has no KV cache");
   expect_error(with([](auto& o) { o.temperature = -0.5f; }), "temperature must be >= 0 (got -0.5)");
   expect_error(with([](auto& o) { o.threshold = 1.5f; }), "threshold must be in [0, 1] (got 1.5)");
   expect_error(with([](auto& o) {
                  o.threshold = 0.9f;
-                 o.alg = "random";
+                 o.alg = Unmask::Random;
                }),
                "threshold decoding needs a probability-like confidence");
   expect_error(with([](auto& o) { o.cfg_scale = -1.0f; }), "cfg-scale must be >= 0 (got -1)");
   expect_error(with([](auto& o) {
                  o.cfg_scale = 1.0f;
-                 o.alg = "entropy";
+                 o.alg = Unmask::Entropy;
                }),
                "cfg-scale applies only to the LLaDA algorithms");
   expect_error(with([](auto& o) {
                  o.top_k = -2;
-                 o.alg = "origin";
+                 o.alg = Unmask::Origin;
                }),
                "top-k must be >= 0 (got -2)");
   expect_error(with([](auto& o) {
                  o.top_p = 0.0f;
-                 o.alg = "origin";
+                 o.alg = Unmask::Origin;
                }),
                "top-p must be in (0, 1] (got 0)");
   expect_error(with([](auto& o) { o.top_p = 0.9f; }), "top-k / top-p apply only to the Dream algorithms");
   expect_error(with([](auto& o) { o.alg_temp = -1.0f; }), "alg-temp must be >= 0 (got -1)");
   expect_error(with([](auto& o) {
                  o.alg_temp = 0.5f;
-                 o.alg = "origin";
+                 o.alg = Unmask::Origin;
                }),
                "alg-temp applies only to maskgit_plus, topk_margin and entropy");
   expect_error(with([](auto& o) {
                  o.alg_temp = 0.5f;
-                 o.alg = "entropy";
+                 o.alg = Unmask::Entropy;
                  o.threshold = 0.1f;
                }),
                "threshold decoding needs a probability-like confidence");
   expect_error(with([](auto& o) {
                  o.alg_temp = 0.5f;
-                 o.alg = "maskgit_plus";
+                 o.alg = Unmask::MaskgitPlus;
                  o.threshold = 0.5f;
                }),
                "alg-temp cannot be combined with threshold decoding");
   expect_error(with([](auto& o) {
                  o.eps = 0.0f;
-                 o.alg = "origin";
+                 o.alg = Unmask::Origin;
                }),
                "eps must be in (0, 1) (got 0)");
   expect_error(with([](auto& o) { o.eos_ids = {3, 100}; }), "eos id 100 is outside the vocabulary [0, 8)");

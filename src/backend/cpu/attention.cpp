@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/simd.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace tessera::cpu {
@@ -427,17 +428,61 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
 
 }  // namespace
 
+// Block-sparse attention of a KV-cache step: the query rows [qa, qb) are some positions of the canvas
+// the pattern was built for (q_pos ascending) and the keys [ka, kb) its positions (k_pos ascending). A
+// query tile holds rows of one query block (by position); its keys are the rows of the kept key blocks
+// (by position), gathered as in the row-indexed path.
+void attend_sparse_by_position(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka,
+                               int64_t kb, int n_heads, int group, Tensor& out) {
+  const int64_t bs = p.sparse_block, n_qb = p.sparse_q_blocks, n_kb = p.sparse_k_blocks;
+  struct QTile {
+    int64_t a, end, block;
+  };
+  std::vector<QTile> tiles;
+  for (int64_t a = qa; a < qb;) {
+    const int64_t blk = p.q_pos[a] / bs;
+    TESSERA_CHECK(blk < n_qb && (a == qa || p.q_pos[a] > p.q_pos[a - 1]),
+                  "attention: sparse query positions must ascend inside the pattern's canvas");
+    int64_t e = a + 1;
+    while (e < qb && e - a < kBQ && p.q_pos[e] / bs == blk) ++e;
+    tiles.push_back({a, e, blk});
+    a = e;
+  }
+  std::vector<int64_t> key_from(static_cast<size_t>(n_kb) + 1, kb);  // first key row of each key block
+  for (int64_t r = kb - 1; r >= ka; --r) {
+    const int64_t blk = p.k_pos[r] / bs;
+    TESSERA_CHECK(blk < n_kb && (r == ka || p.k_pos[r] > p.k_pos[r - 1]),
+                  "attention: sparse key positions must ascend inside the pattern's canvas");
+    for (int64_t j = blk; j >= 0 && key_from[static_cast<size_t>(j)] > r; --j)
+      key_from[static_cast<size_t>(j)] = r;
+  }
+  const auto ntiles = static_cast<int64_t>(tiles.size());
+#pragma omp parallel
+  {
+    std::vector<int32_t> list;
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int h = 0; h < n_heads; ++h) {
+      for (int64_t t = 0; t < ntiles; ++t) {
+        const QTile& q = tiles[static_cast<size_t>(t)];
+        const uint8_t* kept = p.block_mask + (h * n_qb + q.block) * n_kb;
+        list.clear();
+        for (int64_t j = 0; j < n_kb; ++j) {
+          if (kept[j] == 0) continue;
+          const int64_t r0 = std::max(key_from[static_cast<size_t>(j)], ka);
+          const int64_t r1 = j + 1 < n_kb ? key_from[static_cast<size_t>(j) + 1] : kb;
+          for (int64_t r = r0; r < r1; ++r) list.push_back(static_cast<int32_t>(r));
+        }
+        attend_tile(c, p, q.a, q.end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h,
+                    h / group, out.data, out.dtype);
+      }
+    }
+  }
+}
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p) {
-  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32 && v.dtype == DType::F32,
-                "attention (cpu): q, k, v must be f32");
-  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "attention: output must be f32 or bf16");
-  TESSERA_CHECK(head_dim <= kMaxD, "attention: head_dim above 256 is not supported");
-  TESSERA_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
-  TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
-                "attention: q/k widths do not match the head counts");
-  TESSERA_CHECK(p.block_mask == nullptr || (p.n_seqs == 1 && p.sparse_block > 0),
-                "attention: a block-sparse pattern needs one sequence and sparse_block > 0");
+  check_attention(q, k, v, out, n_heads, n_kv_heads, head_dim, p, Device::CPU);
+  static_assert(kMaxD >= 256, "the CPU kernel runs every head_dim check_attention accepts");
   const TileCtx c{
       q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
@@ -453,6 +498,10 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
                       out.dtype);
         }
       }
+      continue;
+    }
+    if (p.sparse_q_blocks > 0) {
+      attend_sparse_by_position(c, p, qa, qb, ka, kb, n_heads, group, out);
       continue;
     }
     // Block-sparse: query tiles never cross a query block (at most kBQ rows of one), so each visits
@@ -486,28 +535,6 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
     }
   }
 }
-
-}  // namespace tessera::cpu
-
-namespace tessera {
-
-void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
-                         const SparseSelectParams& p) {
-  TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32, "sparse_select: q and k must be f32");
-  TESSERA_CHECK(head_dim <= 256, "sparse_select: head_dim above 256 is not supported");
-  TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
-                "sparse_select: n_heads must be a multiple of n_kv_heads");
-  TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
-                "sparse_select: q/k widths do not match the head counts");
-  TESSERA_CHECK(p.block > 0, "sparse_select: block must be > 0");
-  TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
-  TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
-                "sparse_select: n_prompt_keys must be in [0, key rows]");
-}
-
-}  // namespace tessera
-
-namespace tessera::cpu {
 
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
                    const SparseSelectParams& p, uint8_t* mask) {

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/simd.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace tessera::cpu {
@@ -28,8 +29,8 @@ inline float load(const void* p, DType t, int64_t i) {
 }  // namespace
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
+  check_embed(tokens, table, out);
   const int64_t n = tokens.numel(), d = table.cols(), v = table.rows();
-  TESSERA_CHECK(out.rows() == n && out.cols() == d, "embed: output shape mismatch");
   const auto* ids = tokens.as<const int32_t>();
   for (int64_t r = 0; r < n; ++r) {
     if (ids[r] < 0 || ids[r] >= v) {
@@ -57,12 +58,10 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
 
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
   using namespace simd;
-  TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
+  check_rmsnorm(x, w, y);
   const int64_t group = w.numel();
   const int64_t n = x.numel() / group;
-  TESSERA_CHECK(x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
   const bool to_bf16 = y.dtype == DType::BF16;
-  TESSERA_CHECK(to_bf16 || y.dtype == DType::F32, "rmsnorm: output must be f32 or bf16");
   // The weight in f32 once (rows of up to kMaxGroup; longer ones read it element by element).
   constexpr int64_t kMaxGroup = 16384;
   alignas(64) float wf[kMaxGroup];
@@ -96,11 +95,9 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
 }
 
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox) {
-  TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
-  TESSERA_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rope: bad rotary_dim");
+  check_rope(x, positions, head_dim, rotary_dim);
   const int64_t n = x.rows();
   const int64_t heads = x.cols() / head_dim;
-  TESSERA_CHECK(positions.numel() == n, "rope: one position per row expected");
   const int half = rotary_dim / 2;
   float inv_freq[512];
   TESSERA_CHECK(half <= 512, "rope: head_dim too large");
@@ -133,7 +130,7 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
 // silu(g) * u with e^-g from simd::exp (within 2 ulp of std::exp) on whole vectors, std::exp on the tail.
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   using namespace simd;
-  TESSERA_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "swiglu: shape mismatch");
+  check_swiglu(gate, up, out);
   const int64_t n = gate.numel();
   const int64_t nv = n / kW;  // whole vectors
   if (gate.dtype == DType::F32) {
@@ -148,8 +145,6 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
     for (int64_t i = nv * kW; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     return;
   }
-  TESSERA_CHECK(gate.dtype == DType::BF16 && up.dtype == DType::BF16 && out.dtype == DType::BF16,
-                "swiglu: dtypes must all be f32 or all bf16");
   const auto* g = gate.as<const uint16_t>();
   const auto* u = up.as<const uint16_t>();
   auto* o = out.as<uint16_t>();
@@ -166,11 +161,8 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  check_scatter_rows(src, rows, dst);
   const bool round = src.dtype == DType::F32 && dst.dtype == DType::BF16;
-  TESSERA_CHECK((src.dtype == dst.dtype || round) && src.cols() == dst.cols(),
-                "scatter_rows: src and dst must have the same columns and dtype (or f32 into bf16)");
-  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
-                "scatter_rows: one i32 row index per source row expected");
   const int32_t* idx = rows.as<const int32_t>();
   for (int64_t i = 0; i < src.rows(); ++i) {
     TESSERA_CHECK(idx[i] >= 0 && idx[i] < dst.rows(), "scatter_rows: row index " + std::to_string(idx[i]) +
@@ -197,7 +189,7 @@ void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
 }
 
 void convert(const Tensor& src, Tensor& dst) {
-  TESSERA_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  check_convert(src, dst);
   const int64_t n = src.numel();
   if (src.dtype == dst.dtype) {
     std::memcpy(dst.data, src.data, src.nbytes());
@@ -210,19 +202,15 @@ void convert(const Tensor& src, Tensor& dst) {
     for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
     return;
   }
-  TESSERA_CHECK(src.dtype == DType::F32 && dst.dtype == DType::BF16, "convert: only f32 <-> bf16");
-  const float* s = src.as<const float>();
+  const float* s = src.as<const float>();  // f32 -> bf16
   auto* d = dst.as<uint16_t>();
 #pragma omp parallel for simd if (n > (int64_t{1} << 18))
   for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  check_gather_rows(src, rows, dst);
   const bool widen = src.dtype == DType::BF16 && dst.dtype == DType::F32;
-  TESSERA_CHECK((src.dtype == dst.dtype || widen) && src.cols() == dst.cols(),
-                "gather_rows: src and dst must have the same columns and dtype (or bf16 into f32)");
-  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == dst.rows(),
-                "gather_rows: one i32 row index per destination row expected");
   const int32_t* idx = rows.as<const int32_t>();
   for (int64_t i = 0; i < dst.rows(); ++i) {
     TESSERA_CHECK(idx[i] >= 0 && idx[i] < src.rows(), "gather_rows: row index " + std::to_string(idx[i]) +

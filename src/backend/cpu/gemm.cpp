@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace tessera::cpu {
@@ -123,11 +124,8 @@ GemmEngine::GemmEngine() : impl_(std::make_unique<Impl>()) {}
 GemmEngine::~GemmEngine() = default;
 
 void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) {
+  check_gemm(a, w, bias, c, accumulate, Device::CPU);
   const int64_t m = a.rows(), k = a.cols(), n = w.rows();
-  TESSERA_CHECK(w.cols() == k, "gemm: inner dimensions differ");
-  TESSERA_CHECK(c.rows() == m && c.cols() == n, "gemm: output shape mismatch");
-  TESSERA_CHECK(a.dtype == w.dtype, "gemm (cpu): activation and weight dtypes must match");
-  TESSERA_CHECK(!accumulate || c.dtype == DType::F32, "gemm: accumulate needs an f32 output");
   if (m == 0) return;
   if (w.quantized()) {
     const int64_t np = panel_rows(n, k, a.dtype);
@@ -184,10 +182,8 @@ void GemmEngine::prepare(int64_t m, int64_t n, int64_t k, DType a, DType c, bool
 }
 
 void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
+  check_gather_gemm(a, rows, w, c, Device::CPU);
   const int64_t n_rows = rows.numel(), k = a.cols(), n = w.rows();
-  TESSERA_CHECK(w.cols() == k, "gather_gemm: inner dimensions differ");
-  TESSERA_CHECK(c.rows() == n_rows && c.cols() == n, "gather_gemm: output shape mismatch");
-  TESSERA_CHECK(a.dtype == w.dtype, "gather_gemm (cpu): activation and weight dtypes must match");
   if (n_rows == 0) return;
   const size_t es = dtype_size(a.dtype), cs = dtype_size(c.dtype);
   const size_t tile_bytes = static_cast<size_t>(kGatherTile * k) * es;

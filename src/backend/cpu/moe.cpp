@@ -19,20 +19,10 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace tessera {
-
-void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k) {
-  TESSERA_CHECK(sh.state != nullptr, "moe_route: expert sharing needs its state buffer");
-  TESSERA_CHECK(0 <= sh.vote_lo && sh.vote_lo <= sh.vote_hi && sh.vote_hi <= rows && 0 <= sh.share_lo &&
-                    sh.share_lo <= sh.share_hi && sh.share_hi <= rows,
-                "moe_route: expert sharing rows outside the call's " + std::to_string(rows) + " rows");
-  TESSERA_CHECK(sh.mode != DesMode::Seq || (sh.k >= 1 && sh.k <= top_k),
-                "moe_route: DES-Seq k must be in [1, top_k = " + std::to_string(top_k) + "]");
-  TESSERA_CHECK(sh.mode != DesMode::Vote || (sh.m_core >= 1 && sh.m_core <= n_experts),
-                "moe_route: the DES-Vote coreset size must be in [1, " + std::to_string(n_experts) + "]");
-}
 
 void des_coreset(const float* votes, const float* seq, int E, DesMode mode, int m_core, int top_k,
                  float* core) {
@@ -261,24 +251,13 @@ void for_windows(const int32_t* offsets, int E, Fn&& fn) {
 }  // namespace
 
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "moe_route: router logits must be f32");
+  // (the CPU's router takes every group count a supported expert count divides into)
+  check_moe_route(logits, p, ids, weights, MoeRouteLimits{kMaxExperts, kMaxTopK, kMaxExperts});
   const int64_t M = logits.rows();
   const int E = static_cast<int>(logits.cols());
-  TESSERA_CHECK(E >= 1 && E <= kMaxExperts, "moe_route: 1 to 1024 experts supported");
-  TESSERA_CHECK(p.top_k >= 1 && p.top_k <= std::min(E, kMaxTopK),
-                "moe_route: top_k must be in [1, min(E, 64)]");
-  TESSERA_CHECK(p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 && p.topk_group <= p.n_group,
-                "moe_route: n_group must divide the expert count and topk_group be in [1, n_group]");
-  TESSERA_CHECK(p.n_group == 1 || int64_t{p.topk_group} * (E / p.n_group) >= p.top_k,
-                "moe_route: the kept groups hold fewer than top_k experts");
-  TESSERA_CHECK(ids.dtype == DType::I32 && ids.numel() == M * p.top_k,
-                "moe_route: ids must be i32 [M, top_k]");
-  TESSERA_CHECK(weights.dtype == DType::F32 && weights.numel() == M * p.top_k,
-                "moe_route: weights must be f32 [M, top_k]");
   const float* L = logits.as<const float>();
   auto* id = ids.as<int32_t>();
   auto* w = weights.as<float>();
-  if (p.share != nullptr) check_moe_share(*p.share, M, E, p.top_k);
 #pragma omp parallel for if (M > 16)
   for (int64_t r = 0; r < M; ++r) route_row(L + r * E, E, p, id + r * p.top_k, w + r * p.top_k);
   if (p.share != nullptr) moe_share(L, E, p, *p.share, M, id, w);
@@ -288,19 +267,10 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
              Tensor& scratch, Tensor& out) {
   const int64_t M = x.rows(), H = e.hidden, I = e.inter;
   const int E = e.n_experts;
-  TESSERA_CHECK(E >= 1 && e.table != nullptr, "moe_ffn: no expert table");
-  TESSERA_CHECK(x.cols() == H && x.dtype == e.dtype, "moe_ffn: x must be [M, hidden] of the experts' dtype");
-  TESSERA_CHECK(out.dtype == DType::F32 && out.rows() == M && out.cols() == H,
-                "moe_ffn: out must be f32 [M, hidden]");
+  check_moe_ffn(x, ids, weights, e, scratch, out);
   if (M == 0) return;
-  TESSERA_CHECK(ids.dtype == DType::I32 && ids.numel() % M == 0, "moe_ffn: ids must be i32 [M, top_k]");
   const int64_t k = ids.numel() / M, P = M * k;
-  TESSERA_CHECK(weights.dtype == DType::F32 && weights.numel() == P,
-                "moe_ffn: weights must be f32 [M, top_k]");
   const size_t contract = moe_scratch_bytes(M, static_cast<int>(k), e);
-  TESSERA_CHECK(scratch.nbytes() >= contract,
-                "moe_ffn: scratch of " + std::to_string(scratch.nbytes()) +
-                    " bytes is smaller than moe_scratch_bytes() = " + std::to_string(contract));
   TESSERA_CHECK(carve(nullptr, P, e).bytes <= contract,
                 "moe_ffn: the CPU layout exceeds moe_scratch_bytes()");
   auto* base = static_cast<char*>(scratch.data);

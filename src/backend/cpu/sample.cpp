@@ -24,6 +24,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/simd.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace tessera {
@@ -262,22 +263,12 @@ RowResult sample_row(const float* L, int64_t V, uint64_t key, const SampleParams
   return {static_cast<int32_t>(x0), confidence(x, cut, s, x0, p, key)};
 }
 
-void check_rows(const Tensor& logits, const Tensor& a, const char* what, DType t) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "sample_rows: logits must be f32");
-  TESSERA_CHECK(a.numel() == logits.rows() && a.dtype == t,
-                std::string("sample_rows: ") + what + " must have one " + (t == DType::I32 ? "i32" : "f32") +
-                    " entry per logits row");
-}
-
 }  // namespace
 
 void cpu_sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                      Tensor& conf) {
-  check_rows(logits, row_keys, "row_keys", DType::I32);
-  check_rows(logits, token, "token", DType::I32);
-  check_rows(logits, conf, "conf", DType::F32);
+  check_sample_rows(logits, row_keys, token, conf);
   const int64_t R = logits.rows(), V = logits.cols();
-  TESSERA_CHECK(V > 0, "sample_rows: logits have no columns (vocab size 0)");
   const float* L = logits.as<const float>();
   const int32_t* keys = row_keys.as<const int32_t>();
   int32_t* tok = token.as<int32_t>();
@@ -292,11 +283,7 @@ void cpu_sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleP
 }
 
 void cpu_token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "token_logprob: logits must be f32");
-  TESSERA_CHECK(target.numel() == logits.rows() && target.dtype == DType::I32,
-                "token_logprob: target must have one i32 entry per logits row");
-  TESSERA_CHECK(logprob.numel() == logits.rows() && logprob.dtype == DType::F32,
-                "token_logprob: logprob must have one f32 entry per logits row");
+  check_token_logprob(logits, target, logprob);
   const int64_t R = logits.rows(), V = logits.cols();
   const float* L = logits.as<const float>();
   const int32_t* tg = target.as<const int32_t>();

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/op_checks.h"
 
 namespace tessera {
 namespace {
@@ -103,11 +104,8 @@ class CudaBackend final : public Backend {
   }
   void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) override;
   void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) override {
-    TESSERA_CHECK(w.cols() == a.cols(), "gather_gemm: inner dimensions differ");
-    TESSERA_CHECK(c.rows() == rows.numel() && c.cols() == w.rows(), "gather_gemm: output shape mismatch");
-    TESSERA_CHECK(a.dtype == w.dtype, "gather_gemm (cuda): activation and weight dtypes must match");
+    check_gather_gemm(a, rows, w, c, Device::CUDA);
     TESSERA_CHECK(!w.quantized(), "gather_gemm (cuda): quantized weights are dequantized at load on CUDA");
-    TESSERA_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16, "gather_gemm: output must be f32 or bf16");
     cuda::MmaProblem p;
     p.a = a.data;
     p.a_dtype = a.dtype;
@@ -232,12 +230,9 @@ const LtPlan& CudaBackend::plan(const Key& key) {
 }
 
 void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) {
-  const int64_t m = a.rows(), k = a.cols(), n = w.rows();
-  TESSERA_CHECK(w.cols() == k, "gemm: inner dimensions differ");
-  TESSERA_CHECK(c.rows() == m && c.cols() == n, "gemm: output shape mismatch");
-  TESSERA_CHECK(a.dtype == w.dtype, "gemm (cuda): activation and weight dtypes must match");
+  check_gemm(a, w, bias, c, acc, Device::CUDA);
   TESSERA_CHECK(!w.quantized(), "gemm (cuda): quantized (GGUF) weights are dequantized at load on CUDA");
-  TESSERA_CHECK(!acc || c.dtype == DType::F32, "gemm: accumulate needs an f32 output");
+  const int64_t m = a.rows(), k = a.cols(), n = w.rows();
   if (m == 0) return;
   const Key key{m,
                 n,
@@ -249,7 +244,6 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Ten
                 acc};
   const LtPlan& p = plan(key);
   if (bias != nullptr) {
-    TESSERA_CHECK(bias->dtype == DType::F32 && bias->numel() == n, "gemm: bias must be f32 [N]");
     const void* bp = bias->data;
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
              "bias pointer");

@@ -1,4 +1,4 @@
-// The CUDA workspace (declared in memory/workspace.h): one virtual range reserved once; physical
+// The CUDA workspace (declared in backend/workspace.h): one virtual range reserved once; physical
 // chunks of the allocation granularity mapped up to the planned peak; released on shrink.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/workspace.h"
 #include "core/error.h"
-#include "memory/workspace.h"
 
 namespace tessera {
 namespace {

@@ -2,6 +2,7 @@
 // Semantics match the CPU kernels in backend/cpu/elementwise.cpp (their reference).
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/op_checks.h"
 
 namespace tessera::cuda {
 namespace {
@@ -159,9 +160,8 @@ __global__ void convert_kernel(const void* src, int sdt, void* dst, bool dst_bf1
 }  // namespace
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s) {
+  check_embed(tokens, table, out);
   const int64_t n = tokens.numel(), d = table.cols();
-  TESSERA_CHECK(out.rows() == n && out.cols() == d, "embed: output shape mismatch");
-  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "embed: output must be f32 or bf16");
   if (n == 0) return;
   embed_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(tokens.as<const int32_t>(), table.data,
                                                         dtype_code(table.dtype), table.rows(), d, out.data,
@@ -170,10 +170,8 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t 
 }
 
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_t s) {
-  TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
+  check_rmsnorm(x, w, y);
   const int64_t group = w.numel();
-  TESSERA_CHECK(group > 0 && x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
-  TESSERA_CHECK(y.dtype == DType::F32 || y.dtype == DType::BF16, "rmsnorm: output must be f32 or bf16");
   const int64_t n_groups = x.numel() / group;
   if (n_groups == 0) return;
   rmsnorm_kernel<<<static_cast<unsigned>(ceil_div(n_groups, 8)), 256, 0, s>>>(
@@ -183,10 +181,8 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
 
 void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
           cudaStream_t s) {
-  TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
-  TESSERA_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rotary_dim > 0, "rope: bad rotary_dim");
+  check_rope(x, positions, head_dim, rotary_dim);
   const int64_t rows = x.rows(), heads = x.cols() / head_dim;
-  TESSERA_CHECK(positions.numel() == rows, "rope: one position per row expected");
   const int half = rotary_dim / 2;
   const int64_t total = rows * heads * half;
   if (total == 0) return;
@@ -196,17 +192,13 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
 }
 
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s) {
-  TESSERA_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "swiglu: shape mismatch");
+  check_swiglu(gate, up, out);
   const int64_t n = gate.numel();
   if (n == 0) return;
   if (gate.dtype == DType::F32) {
-    TESSERA_CHECK(up.dtype == DType::F32 && out.dtype == DType::F32,
-                  "swiglu: dtypes must all be f32 or all bf16");
     swiglu_f32_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, s>>>(
         gate.as<const float>(), up.as<const float>(), out.as<float>(), n);
   } else {
-    TESSERA_CHECK(gate.dtype == DType::BF16 && up.dtype == DType::BF16 && out.dtype == DType::BF16,
-                  "swiglu: dtypes must all be f32 or all bf16");
     swiglu_bf16_kernel<<<static_cast<unsigned>(ceil_div(ceil_div(n, 2), 256)), 256, 0, s>>>(
         gate.as<const __nv_bfloat16>(), up.as<const __nv_bfloat16>(), out.as<__nv_bfloat16>(), n);
   }
@@ -214,11 +206,8 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s) {
 }
 
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s) {
+  check_scatter_rows(src, rows, dst);
   const bool round = src.dtype == DType::F32 && dst.dtype == DType::BF16;
-  TESSERA_CHECK((src.dtype == dst.dtype || round) && src.cols() == dst.cols(),
-                "scatter_rows: src and dst must have the same columns and dtype (or f32 into bf16)");
-  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == src.rows(),
-                "scatter_rows: one i32 row index per source row expected");
   if (src.rows() == 0 || src.cols() == 0) return;
   if (round) {
     scatter_rows_bf16_kernel<<<static_cast<unsigned>(src.rows()), 128, 0, s>>>(
@@ -237,7 +226,7 @@ void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream
 }
 
 void convert(const Tensor& src, Tensor& dst, cudaStream_t s) {
-  TESSERA_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
+  check_convert(src, dst);
   TESSERA_CHECK((src.dtype == DType::F32 || src.dtype == DType::BF16) &&
                     (dst.dtype == DType::F32 || dst.dtype == DType::BF16),
                 "convert: only f32 and bf16");
@@ -249,11 +238,8 @@ void convert(const Tensor& src, Tensor& dst, cudaStream_t s) {
 }
 
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s) {
+  check_gather_rows(src, rows, dst);
   const bool widen = src.dtype == DType::BF16 && dst.dtype == DType::F32;
-  TESSERA_CHECK((src.dtype == dst.dtype || widen) && src.cols() == dst.cols(),
-                "gather_rows: src and dst must have the same columns and dtype (or bf16 into f32)");
-  TESSERA_CHECK(rows.dtype == DType::I32 && rows.numel() == dst.rows(),
-                "gather_rows: one i32 row index per destination row expected");
   if (dst.rows() == 0 || dst.cols() == 0) return;
   if (widen) {
     gather_rows_f32_kernel<<<static_cast<unsigned>(dst.rows()), 128, 0, s>>>(

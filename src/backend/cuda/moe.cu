@@ -5,6 +5,7 @@
 // (deterministic). Group sizes never leave the device.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/op_checks.h"
 
 namespace tessera::cuda {
 namespace {
@@ -303,20 +304,11 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
 }  // namespace
 
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "moe_route: router logits must be f32");
+  // One warp per row: 32 lanes of kMaxPerLane experts, top_k of at most 32, at most 64 groups.
+  check_moe_route(logits, p, ids, weights, MoeRouteLimits{32 * kMaxPerLane, 32, 64});
   const int64_t M = logits.rows();
   const int E = static_cast<int>(logits.cols());
-  TESSERA_CHECK(p.top_k >= 1 && p.top_k <= E && p.top_k <= 32, "moe_route: top_k must be in [1, min(E, 32)]");
-  TESSERA_CHECK(E <= 32 * kMaxPerLane, "moe_route: at most 512 experts");
-  TESSERA_CHECK(p.n_group >= 1 && p.n_group <= 64 && E % p.n_group == 0 && p.topk_group >= 1 &&
-                    p.topk_group <= p.n_group,
-                "moe_route: bad expert groups");
-  TESSERA_CHECK(ids.numel() == M * p.top_k && ids.dtype == DType::I32,
-                "moe_route: ids must be i32 [M, top_k]");
-  TESSERA_CHECK(weights.numel() == M * p.top_k && weights.dtype == DType::F32,
-                "moe_route: weights must be f32 [M, top_k]");
   if (M == 0) return;
-  if (p.share != nullptr) check_moe_share(*p.share, M, E, p.top_k);
   RouteArgs a{logits.as<const float>(), M, E, p.top_k, p, ids.as<int32_t>(), weights.as<float>()};
   route_kernel<<<static_cast<unsigned>(ceil_div(M, 8)), 256, 0, s>>>(a);
   check_launch("moe_route");
@@ -345,18 +337,12 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
 
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s) {
+  check_moe_ffn(x, ids, weights, e, scratch, out);
   const int64_t M = x.rows();
-  TESSERA_CHECK(M == 0 || ids.numel() % M == 0, "moe_ffn: ids must be [M, top_k]");
-  const int k = M == 0 ? 1 : static_cast<int>(ids.numel() / M);
-  const int64_t P = M * k;
-  TESSERA_CHECK(x.cols() == e.hidden && x.dtype == e.dtype,
-                "moe_ffn: x must be [M, hidden] of the experts' dtype");
-  TESSERA_CHECK(out.dtype == DType::F32 && out.rows() == M && out.cols() == e.hidden,
-                "moe_ffn: out must be f32 [M, hidden]");
-  TESSERA_CHECK(weights.numel() == P && weights.dtype == DType::F32,
-                "moe_ffn: weights must be f32 [M, top_k]");
-  TESSERA_CHECK(scratch.nbytes() >= carve_bytes(P, e), "moe_ffn: scratch buffer too small");
   if (M == 0) return;
+  const int k = static_cast<int>(ids.numel() / M);
+  const int64_t P = M * k;
+  TESSERA_CHECK(scratch.nbytes() >= carve_bytes(P, e), "moe_ffn: scratch buffer too small");
   const Layout l = carve(scratch.data, P, e);
   const int E = e.n_experts;
   check(cudaMemsetAsync(l.offsets, 0, static_cast<size_t>(E + 1) * 4, s), "moe_ffn: clear counts");

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/op_checks.h"
 
 namespace tessera::cuda {
 namespace {
@@ -347,13 +348,8 @@ __global__ void __launch_bounds__(kT)
 
 void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                  Tensor& conf, cudaStream_t s) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "sample_rows: logits must be f32");
+  check_sample_rows(logits, row_keys, token, conf);
   const int64_t R = logits.rows(), V = logits.cols();
-  TESSERA_CHECK(row_keys.numel() == R && row_keys.dtype == DType::I32,
-                "sample_rows: one i32 row key per row");
-  TESSERA_CHECK(token.numel() == R && token.dtype == DType::I32, "sample_rows: one i32 token per row");
-  TESSERA_CHECK(conf.numel() == R && conf.dtype == DType::F32, "sample_rows: one f32 confidence per row");
-  TESSERA_CHECK(V > 0, "sample_rows: logits have no columns (vocab size 0)");
   if (R == 0) return;
   sample_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(
       logits.as<const float>(), V, row_keys.as<const int32_t>(), p, token.as<int32_t>(), conf.as<float>());
@@ -361,10 +357,8 @@ void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParam
 }
 
 void token_logprob(const Tensor& logits, const Tensor& target, Tensor& logprob, cudaStream_t s) {
-  TESSERA_CHECK(logits.dtype == DType::F32, "token_logprob: logits must be f32");
+  check_token_logprob(logits, target, logprob);
   const int64_t R = logits.rows(), V = logits.cols();
-  TESSERA_CHECK(target.numel() == R && target.dtype == DType::I32, "token_logprob: one i32 target per row");
-  TESSERA_CHECK(logprob.numel() == R && logprob.dtype == DType::F32, "token_logprob: one f32 output per row");
   if (R == 0) return;
   logprob_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(logits.as<const float>(), V,
                                                          target.as<const int32_t>(), logprob.as<float>());

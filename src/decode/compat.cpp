@@ -1,0 +1,166 @@
+#include "decode/compat.h"
+
+#include <array>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+struct Entry {
+  Feature a, b;
+  Compat c;
+};
+
+// Every pair that is not simply "exact, or approximate where a part is". The refused pairs are
+// checked in this order (the first one a request uses is its error).
+constexpr Entry kTable[] = {
+    {Feature::KvCache,
+     Feature::Cfg,
+     {Combination::Approximate,
+      "the unconditional canvas keeps its own cache (a second KV stream); such requests run alone in serve"}},
+    {Feature::SparseD,
+     Feature::KvCache,
+     {Combination::Approximate,
+      "patterns are selected at the first forward at or after the skip that refreshes the whole canvas; "
+      "cached forwards read the pattern rows of their positions (CPU backend)"}},
+    {Feature::SparseD,
+     Feature::Cfg,
+     {Combination::Refused,
+      "sparse attention cannot be combined with classifier-free guidance; use cfg 0 or sparse off"}},
+    {Feature::SparseD,
+     Feature::BlockCausal,
+     {Combination::Refused,
+      "sparse attention needs a bidirectional model; this block-causal model grows its canvas block by "
+      "block"}},
+    {Feature::Window,
+     Feature::KvCache,
+     {Combination::Refused,
+      "Window-Diffusion keeps its own phase cache (window-refresh); use cache none with the window"}},
+    {Feature::Window,
+     Feature::SparseD,
+     {Combination::Refused,
+      "Window-Diffusion cannot be combined with sparse attention; turn one of them off"}},
+    {Feature::Window,
+     Feature::Cfg,
+     {Combination::Approximate,
+      "both canvases see the same window and, with window-refresh > 0, keep a phase cache each (two KV "
+      "streams; such requests run alone in serve)"}},
+    {Feature::Window,
+     Feature::BlockCausal,
+     {Combination::Refused,
+      "Window-Diffusion needs a bidirectional model; this block-causal model decodes block by block"}},
+    {Feature::Infilling,
+     Feature::BlockCausal,
+     {Combination::Refused,
+      "a suffix needs a bidirectional model; this block-causal model cannot see text after the block it "
+      "decodes"}},
+    {Feature::Infilling,
+     Feature::Window,
+     {Combination::Approximate,
+      "the far field between the window and the suffix stays in every forward: the window picks the "
+      "active set and caches rows, and prunes nothing"}},
+    {Feature::Infilling,
+     Feature::SparseD,
+     {Combination::Approximate, "the suffix's key blocks are selected with the generation's"}},
+    {Feature::KvCache,
+     Feature::BlockCausal,
+     {Combination::Exact, "exact: rows of finished blocks never change nor see later rows"}},
+    {Feature::SparseD,
+     Feature::Batching,
+     {Combination::Alone, "the engine holds one request's patterns: such requests run one at a time"}},
+    {Feature::Des,
+     Feature::Batching,
+     {Combination::Alone, "the engine holds one request's expert state: such requests run one at a time"}},
+};
+
+}  // namespace
+
+std::string_view feature_name(Feature f) {
+  static constexpr std::array<std::string_view, kFeatures> names = {
+      "KV cache",  "SparseD",  "window",  "cfg", "infilling", "DES", "LLaDA2 (block-causal)",
+      "threshold", "logprobs", "batching"};
+  return names[static_cast<size_t>(f)];
+}
+
+bool approximate(Feature f) {
+  return f == Feature::KvCache || f == Feature::SparseD || f == Feature::Window || f == Feature::Des;
+}
+
+Compat compat(Feature a, Feature b) {
+  for (const Entry& e : kTable)
+    if ((e.a == a && e.b == b) || (e.a == b && e.b == a)) return e.c;
+  if (approximate(a) || approximate(b)) return {Combination::Approximate, ""};
+  return {Combination::Exact, ""};
+}
+
+bool uses(const GenerateOptions& o, Feature f, bool block_causal) {
+  switch (f) {
+    case Feature::KvCache:
+      return o.cache != KvCache::None;
+    case Feature::SparseD:
+      return o.sparse;
+    case Feature::Window:
+      return o.window;
+    case Feature::Cfg:
+      return o.cfg_scale > 0.0f;
+    case Feature::Infilling:
+      return !o.suffix.empty();
+    case Feature::Des:
+      return o.des != DesMode::Off;
+    case Feature::BlockCausal:
+      return block_causal;
+    case Feature::Threshold:
+      return o.threshold > 0.0f;
+    case Feature::Logprobs:
+      return o.logprobs;
+    case Feature::Batching:
+      return false;
+  }
+  return false;
+}
+
+void check_combinations(const GenerateOptions& o, bool block_causal) {
+  for (const Entry& e : kTable) {
+    if (e.c.how == Combination::Refused && uses(o, e.a, block_causal) && uses(o, e.b, block_causal))
+      fail(std::string(e.c.reason));
+  }
+}
+
+std::string compat_markdown() {
+  // Each pair's reason once, numbered in the order of the upper triangle; both cells carry its number.
+  std::string notes;
+  int numbers[kFeatures][kFeatures] = {};
+  int note = 0;
+  for (int i = 0; i < kFeatures; ++i) {
+    for (int j = i + 1; j < kFeatures; ++j) {
+      const auto a = static_cast<Feature>(i), b = static_cast<Feature>(j);
+      const Compat c = compat(a, b);
+      if (c.reason.empty()) continue;
+      numbers[i][j] = numbers[j][i] = ++note;
+      notes += std::to_string(note) + ". " + std::string(feature_name(a)) + " + " +
+               std::string(feature_name(b)) + ": " + std::string(c.reason) + "\n";
+    }
+  }
+  std::string s = "| |";
+  for (int j = 0; j < kFeatures; ++j) s += " " + std::string(feature_name(static_cast<Feature>(j))) + " |";
+  s += "\n|---|";
+  for (int j = 0; j < kFeatures; ++j) s += "---|";
+  s += "\n";
+  static constexpr std::array<std::string_view, 4> how = {"exact", "approx.", "alone", "**refused**"};
+  for (int i = 0; i < kFeatures; ++i) {
+    const auto a = static_cast<Feature>(i);
+    s += "| **" + std::string(feature_name(a)) + "** |";
+    for (int j = 0; j < kFeatures; ++j) {
+      const auto b = static_cast<Feature>(j);
+      std::string cell = i == j ? (approximate(a) ? "approx." : "exact")
+                                : std::string(how[static_cast<size_t>(compat(a, b).how)]);
+      if (numbers[i][j] > 0) cell += " (" + std::to_string(numbers[i][j]) + ")";
+      s += " " + cell + " |";
+    }
+    s += "\n";
+  }
+  return s + "\n" + notes;
+}
+
+}  // namespace tessera

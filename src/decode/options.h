@@ -1,0 +1,111 @@
+// The options of one generation, typed: every choice is an enum, parsed once where it enters (CLI
+// flags, serve's JSON, --compare specs) by the parse_* functions below, which name the bad value and
+// the choices. Nothing inside src/ compares option strings.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace tessera {
+
+// The unmask policy (GenerateOptions::alg): how a step ranks the candidate positions.
+enum class Unmask : uint8_t {
+  LowConfidence,  // LLaDA 1A: softmax probability of the Gumbel-max token
+  Random,         // LLaDA 1A: uniform random ranks
+  Origin,         // Dream 1B: each position transfers with probability 1 - s / t
+  MaskgitPlus,    // Dream 1B: probability of the token
+  TopkMargin,     // Dream 1B: p1 - p2
+  Entropy,        // Dream 1B: negative entropy
+};
+// The KV cache (Fast-dLLM, algorithms.md 1D).
+enum class KvCache : uint8_t { None, Prefix, Dual };
+// Which rows of a forward route inside the DES coreset: the block's (the tokens decoded in parallel)
+// or every row.
+enum class DesScope : uint8_t { Block, All };
+
+Unmask parse_unmask(std::string_view s);
+KvCache parse_kv_cache(std::string_view s);
+DesMode parse_des(std::string_view s);
+DesScope parse_des_scope(std::string_view s);
+std::string_view name(Unmask a);
+std::string_view name(KvCache c);
+std::string_view name(DesMode d);
+std::string_view name(DesScope s);
+
+// LLaDA's algorithms (semi-autoregressive blocks, Gumbel-max sampling) and Dream's (timesteps).
+inline bool is_llada(Unmask a) {
+  return a == Unmask::LowConfidence || a == Unmask::Random;
+}
+inline bool is_dream(Unmask a) {
+  return !is_llada(a);
+}
+
+// What a generation does (decode/generate.h describes each part; decode/compat.h which combine).
+struct GenerateOptions {
+  int gen_length = 128, steps = 128, block_length = 128;
+  float temperature = 0.0f;
+  Unmask alg = Unmask::LowConfidence;
+  float threshold = 0.0f;  // > 0: confidence-threshold parallel decoding (1C)
+  float cfg_scale = 0.0f;  // > 0: classifier-free guidance (LLaDA algorithms only)
+  int top_k = 0;           // Dream algorithms only; 0 = off
+  float top_p = 1.0f;      // Dream algorithms only; 1 = off
+  float alg_temp = 0.0f;   // Dream confidence algorithms: > 0 samples positions
+  float eps = 1e-3f;       // Dream timesteps linspace(1, eps, steps + 1)
+  uint64_t seed = 0;
+  bool logits_eos_inf = false;    // forbid eos_ids[0] (LLaDA's logits_eos_inf)
+  bool stop_at_eos = true;        // trim the output at the first EOS; stop after a block that holds one
+  KvCache cache = KvCache::None;  // KV cache (see above)
+  bool sparse = false;            // SparseD sparse attention (see above)
+  int sparse_block = 32;
+  float sparse_rho = 0.5f;
+  float sparse_skip = 0.2f;
+  DesMode des = DesMode::Off;  // Dynamic Expert Sharing (see above)
+  int des_k = 2;
+  float des_beta = 0.4f;
+  DesScope des_scope = DesScope::Block;
+  bool moe_stats = false;   // count unique experts (Denoiser::des_begin with mode Off) when des is off
+  bool window = false;      // Window-Diffusion (see above)
+  int window_ex = 0;        // external window in undecided positions; 0 = 64 (LLaDA algs) / 128 (Dream)
+  int window_in = 16;       // active set
+  int window_refresh = 32;  // forwards per phase; 0 = no cache
+  bool window_early_stop = false;
+  std::vector<int32_t> eos_ids;
+  // Stop sequences (text, each non-empty): the answer ends before the first one. generate() has no
+  // tokenizer: the caller that has one (cli::Session) cuts the text and sets stop_when, which says
+  // whether generated tokens hold a stop sequence. mid_block_stop (default): whenever the run of decided
+  // tokens from the start of the generation grows, generate() ends as soon as that run holds an EOS
+  // (stop_at_eos) or stop_when says it holds a stop sequence (asked with the run, not when it holds an
+  // EOS), inside a block too. Exact: the tokens of the run are final, so the answer is the same as
+  // running every step. false: asked only after every block but the last (the run cut at its first EOS
+  // when stop_at_eos) and true skips the later blocks; kept to measure what the default saves.
+  std::vector<std::string> stop;
+  std::function<bool(std::span<const int32_t>)> stop_when;
+  bool mid_block_stop = true;
+  // Infilling: tokens after the generated span. The canvas is prompt + gen_length masks + suffix and
+  // every forward sees the suffix (cfg's unconditional canvas masks it with the prompt); the answer is
+  // the span between them. Bidirectional models only.
+  std::vector<int32_t> suffix;
+  // Record each generated token's log-probability (GenerateResult::logprobs): the forward that decided
+  // it returns them beside the tokens (SampleParams::logprobs; with cfg, from the guided logits).
+  bool logprobs = false;
+};
+
+// Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:
+// the options are for a block-causal model (no divisibility rules; see generate()). A combination of
+// features is checked against the table of decode/compat.h.
+void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
+
+// The external window of the options: window_ex, or its default for the algorithm (64 LLaDA, 128 Dream).
+int window_external(const GenerateOptions& o);
+// The DES method of a request: `des` when given, else the one des-k (seq) or des-beta (vote) implies,
+// else `otherwise`; throws Error when both are given without des.
+DesMode implied_des(std::optional<DesMode> des, bool k_given, bool beta_given, DesMode otherwise);
+
+}  // namespace tessera

@@ -1,0 +1,17 @@
+// Where a request's parts are chosen from its options: a new policy is its own file plus one line here.
+#include "decode/policies.h"
+
+namespace tessera::decode {
+
+Parts choose_parts(const GenerateOptions& o, const RequestPlan& plan) {
+  Parts p;
+  p.schedule = make_schedule(o, plan);
+  p.unmask = make_unmask(o);
+  p.rows = o.window ? make_window_rows(o, plan) : make_cache_rows(o, plan);
+  if (o.sparse) p.attention = make_sparse(o);
+  if (plan.des) p.experts = make_experts(o);
+  if (o.cfg_scale > 0.0f) p.guidance = make_guidance(o);
+  return p;
+}
+
+}  // namespace tessera::decode

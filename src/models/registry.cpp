@@ -1,0 +1,59 @@
+// The family registry: every family tessera loads, in the order of Family (io/config.h).
+#include "models/registry.h"
+
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// One line per family: its FamilyInfo, defined in models/<family>.cpp.
+constexpr const FamilyInfo* kFamilies[] = {
+    &kLladaFamily,
+    &kDreamFamily,
+    &kLladaMoeFamily,
+    &kLlada2Family,
+};
+
+}  // namespace
+
+std::span<const FamilyInfo* const> families() {
+  return kFamilies;
+}
+
+const FamilyInfo& family_info(Family f) {
+  const auto i = static_cast<size_t>(f);
+  TESSERA_CHECK(i < std::size(kFamilies), "no model family " + std::to_string(i));
+  return *kFamilies[i];
+}
+
+std::span<const FamilyFiles* const> family_files() {
+  static const std::vector<const FamilyFiles*> files = [] {
+    std::vector<const FamilyFiles*> v;
+    for (const FamilyInfo* f : kFamilies) v.push_back(&f->files);
+    return v;
+  }();
+  return files;
+}
+
+ModelConfig named_geometry(const std::string& name) {
+  ModelConfig c;
+  std::string known;
+  for (size_t i = 0; i < std::size(kFamilies); ++i) {
+    for (const GeometryPreset& g : kFamilies[i]->geometries) {
+      if (name == g.name) {
+        c.family = static_cast<Family>(i);
+        g.make(c);
+        c.head_dim = c.hidden / c.n_heads;
+        return c;
+      }
+      known += (known.empty() ? "" : ", ") + std::string(g.name);
+    }
+  }
+  fail("unknown geometry '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace tessera
