@@ -47,7 +47,8 @@ inline bool is_dream(Unmask a) {
   return !is_llada(a);
 }
 
-// What a generation does (decode/generate.h describes each part; decode/compat.h which combine).
+// What a generation does (each part is described in its file of decode/, listed in decode/loop.h;
+// decode/compat.h says which combine).
 struct GenerateOptions {
   int gen_length = 128, steps = 128, block_length = 128;
   float temperature = 0.0f;
@@ -61,17 +62,17 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool logits_eos_inf = false;    // forbid eos_ids[0] (LLaDA's logits_eos_inf)
   bool stop_at_eos = true;        // trim the output at the first EOS; stop after a block that holds one
-  KvCache cache = KvCache::None;  // KV cache (see above)
-  bool sparse = false;            // SparseD sparse attention (see above)
+  KvCache cache = KvCache::None;  // KV cache (decode/rows.cpp)
+  bool sparse = false;            // SparseD sparse attention (decode/sparse.cpp)
   int sparse_block = 32;
   float sparse_rho = 0.5f;
   float sparse_skip = 0.2f;
-  DesMode des = DesMode::Off;  // Dynamic Expert Sharing (see above)
+  DesMode des = DesMode::Off;  // Dynamic Expert Sharing (decode/experts.cpp)
   int des_k = 2;
   float des_beta = 0.4f;
   DesScope des_scope = DesScope::Block;
   bool moe_stats = false;   // count unique experts (Denoiser::des_begin with mode Off) when des is off
-  bool window = false;      // Window-Diffusion (see above)
+  bool window = false;      // Window-Diffusion (decode/window.cpp)
   int window_ex = 0;        // external window in undecided positions; 0 = 64 (LLaDA algs) / 128 (Dream)
   int window_in = 16;       // active set
   int window_refresh = 32;  // forwards per phase; 0 = no cache
