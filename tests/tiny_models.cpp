@@ -313,4 +313,42 @@ void requantize_gguf(const std::filesystem::path& src, const std::filesystem::pa
   write_gguf(dst, kv, out);
 }
 
+void PrintTo(const ReferenceRun& r, std::ostream* os) {
+  *os << "tokens " << join_ids(r.tokens) << ", order";
+  for (const auto& s : r.order) *os << " [" << join_ids(s) << "]";
+}
+
+std::vector<ReferenceRun> reference_runs(const std::filesystem::path& dir,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         const GenerateOptions& o) {
+  std::vector<ReferenceRun> runs;
+  for (const auto& prompt : prompts) {
+    const ReferenceGeneration r = reference_generate(dir, prompt, o);
+    const auto P = static_cast<long>(prompt.size()), G = static_cast<long>(o.gen_length);
+    if (r.canvas.size() != prompt.size() + static_cast<size_t>(G) + o.suffix.size()) {
+      ADD_FAILURE() << "the reference canvas has " << r.canvas.size() << " tokens";
+      runs.push_back({});
+      continue;
+    }
+    EXPECT_EQ(std::vector<int32_t>(r.canvas.begin(), r.canvas.begin() + P), prompt);
+    EXPECT_EQ(std::vector<int32_t>(r.canvas.begin() + P + G, r.canvas.end()), o.suffix);
+    runs.push_back({{r.canvas.begin() + P, r.canvas.begin() + P + G}, r.order});
+  }
+  return runs;
+}
+
+std::vector<ReferenceRun> expect_matches_reference(const std::filesystem::path& dir,
+                                                   const std::vector<std::vector<int32_t>>& prompts,
+                                                   const GenerateOptions& o, const std::string& what) {
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const std::vector<ReferenceRun> want = reference_runs(dir, prompts, o);
+  for (size_t i = 0; i < prompts.size() && i < want.size(); ++i) {
+    const GenerateResult r = generate(*e, prompts[i], o);
+    const std::string at = what + ", prompt " + join_ids(prompts[i]);
+    EXPECT_EQ(r.order, want[i].order) << at;
+    EXPECT_EQ(r.tokens, want[i].tokens) << at;
+  }
+  return want;
+}
+
 }  // namespace tessera::test

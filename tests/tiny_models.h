@@ -2,6 +2,7 @@
 // per test process, and the numpy reference forward of tests/reference/reference.py.
 #pragma once
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,23 @@ struct ReferenceGeneration {
 };
 ReferenceGeneration reference_generate(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
                                        const GenerateOptions& o, bool logprobs = false);
+
+// One generation per prompt: the generated span and the positions decided at each step.
+struct ReferenceRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<int32_t>> order;
+  bool operator==(const ReferenceRun&) const = default;
+};
+void PrintTo(const ReferenceRun& r, std::ostream* os);
+// reference_generate with the options `o` for every prompt; checks that it kept the prompt and the suffix.
+std::vector<ReferenceRun> reference_runs(const std::filesystem::path& dir,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         const GenerateOptions& o);
+// tessera's generate() (f32) decides, for every prompt, exactly what the reference decides with the
+// options `o` (what: the case's name, in the failure messages); returns the reference's runs.
+std::vector<ReferenceRun> expect_matches_reference(const std::filesystem::path& dir,
+                                                   const std::vector<std::vector<int32_t>>& prompts,
+                                                   const GenerateOptions& o, const std::string& what);
 
 // The parameters stored in the checkpoint at `dir`: all, and those of the routed experts (mlp.experts.*).
 struct CheckpointParams {

@@ -51,34 +51,9 @@ GenerateOptions windowed(GenerateOptions o, int refresh) {
   return o;
 }
 
-// One generation per prompt: the generated span and the positions decided at each step.
-struct Run {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<int32_t>> order;
-  bool operator==(const Run&) const = default;
-};
-void PrintTo(const Run& r, std::ostream* os) {
-  *os << "tokens " << test::join_ids(r.tokens) << ", order";
-  for (const auto& s : r.order) *os << " [" << test::join_ids(s) << "]";
-}
-
-// reference.py generate with the options `o` for every prompt; checks that it kept the prompt and the
-// suffix.
+using Run = test::ReferenceRun;
 std::vector<Run> reference_runs(const std::filesystem::path& dir, const GenerateOptions& o) {
-  std::vector<Run> runs;
-  for (const auto& prompt : prompts()) {
-    const test::ReferenceGeneration r = test::reference_generate(dir, prompt, o);
-    const auto P = static_cast<long>(prompt.size()), G = static_cast<long>(o.gen_length);
-    if (r.canvas.size() != prompt.size() + static_cast<size_t>(G) + o.suffix.size()) {
-      ADD_FAILURE() << "the reference canvas has " << r.canvas.size() << " tokens";
-      runs.push_back({});
-      continue;
-    }
-    EXPECT_EQ(std::vector<int32_t>(r.canvas.begin(), r.canvas.begin() + P), prompt);
-    EXPECT_EQ(std::vector<int32_t>(r.canvas.begin() + P + G, r.canvas.end()), o.suffix);
-    runs.push_back({{r.canvas.begin() + P, r.canvas.begin() + P + G}, r.order});
-  }
-  return runs;
+  return test::reference_runs(dir, prompts(), o);
 }
 
 // The combination `o` (what: its name) decides, for every prompt, exactly what the reference decides;
@@ -86,14 +61,7 @@ std::vector<Run> reference_runs(const std::filesystem::path& dir, const Generate
 // reference's generation differs from the combination's for some prompt.
 void check_combination(const std::filesystem::path& dir, const GenerateOptions& o, const std::string& what,
                        const std::vector<std::pair<std::string, GenerateOptions>>& without) {
-  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  const std::vector<Run> want = reference_runs(dir, o);
-  for (size_t i = 0; i < prompts().size(); ++i) {
-    const GenerateResult r = generate(*e, prompts()[i], o);
-    const std::string at = what + ", prompt " + test::join_ids(prompts()[i]);
-    EXPECT_EQ(r.order, want[i].order) << at;
-    EXPECT_EQ(r.tokens, want[i].tokens) << at;
-  }
+  const std::vector<Run> want = test::expect_matches_reference(dir, prompts(), o, what);
   for (const auto& [name, w] : without)
     EXPECT_NE(reference_runs(dir, w), want) << what << ": " << name << " decides the same in the reference";
 }
