@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "serve_process.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -23,37 +24,11 @@ namespace {
 
 using json = nlohmann::json;
 
-// A `tessera serve` process of the bundled tiny model for the test's lifetime (as serve_test.cpp's).
-class Server {
- public:
-  Server(const std::string& args, const std::filesystem::path& dir) {
-    const auto log = dir / "serve.log";
-    const auto model = test::source_dir() / "models" / "tessera-tiny";
-    std::string out;
-    EXPECT_EQ(test::run_command(std::string(TESSERA_BINARY) + " serve --port 0 -m " + model.string() + " " +
-                                    args + " >" + log.string() + " 2>&1 & echo $!",
-                                &out),
-              0);
-    pid_ = std::stoi(out);
-    for (int i = 0; i < 200 && port_ == 0; ++i) {  // up to 20 s for the model to load
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::ifstream f(log);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const size_t at = text.find("127.0.0.1:");
-      if (at != std::string::npos) port_ = std::stoi(text.substr(at + 10));
-    }
-    EXPECT_GT(port_, 0) << "the server did not start";
-  }
-  ~Server() {
-    if (pid_ > 0) kill(pid_, SIGTERM);
-  }
-  Server(const Server&) = delete;
-  Server& operator=(const Server&) = delete;
-  int port() const { return port_; }
-
- private:
-  int pid_ = 0, port_ = 0;
-};
+using Server = test::ServerProcess;
+// A server of the bundled tiny model with `args`, logging under `dir`.
+Server tiny_server(const std::string& args, const std::filesystem::path& dir) {
+  return Server("-m " + (test::source_dir() / "models" / "tessera-tiny").string() + " " + args, dir);
+}
 
 // The completion text of one request, or a line that starts with "no 200" and says what came back.
 std::string completion(const Server& s, const json& r) {
@@ -66,7 +41,7 @@ std::string completion(const Server& s, const json& r) {
 
 TEST(ServeCombine, ConcurrentCombinationsAnswerAsAlone) {
   const auto tmp = test::temp_dir("serve-combine");
-  Server server("--batch 8", tmp);
+  Server server = tiny_server("--batch 8", tmp);
   ASSERT_GT(server.port(), 0);
   const std::string suffix = " and they lived happily ever after.";
   const std::vector<json> extra = {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "io/tokenizer.h"
+#include "serve_process.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -26,38 +27,7 @@ namespace tessera {
 namespace {
 
 using json = nlohmann::json;
-
-// A `tessera serve` process for the test's lifetime.
-class ServerProcess {
- public:
-  ServerProcess(const std::string& args, const std::filesystem::path& dir) {
-    const auto log = dir / "serve.log";
-    std::string out;
-    EXPECT_EQ(test::run_command(std::string(TESSERA_BINARY) + " serve --port 0 " + args + " >" +
-                                    log.string() + " 2>&1 & echo $!",
-                                &out),
-              0);
-    pid_ = std::stoi(out);
-    for (int i = 0; i < 200 && port_ == 0; ++i) {  // up to 20 s for the model to load
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::ifstream f(log);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const size_t at = text.find("127.0.0.1:");
-      if (at != std::string::npos) port_ = std::stoi(text.substr(at + 10));
-    }
-    EXPECT_GT(port_, 0) << "the server did not start";
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) kill(pid_, SIGTERM);
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  int port() const { return port_; }
-  int pid() const { return pid_; }
-
- private:
-  int pid_ = 0, port_ = 0;
-};
+using test::ServerProcess;
 
 // The bundled default model, and a server of it with extra arguments logging under temp dir `name`.
 std::filesystem::path tiny_dir() {
