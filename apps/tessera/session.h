@@ -85,10 +85,10 @@ class Session {
   // Generates with the options `o` (validated by the caller), calling on_step after every step.
   Output run(const std::vector<int32_t>& prompt, const GenerateOptions& o,
              const std::function<void(const StepEvent&)>& on_step);
-  // The same through a Batcher over this session's engine, from any thread: a batchable request shares
-  // forwards with the others running at the same time (its unmasking loop and on_step run on the calling
-  // thread); any other request, or every request when the batch size is 1, runs alone on the engine
-  // thread (one at a time).
+  // The same through a Batcher over this session's engine, from any thread: a request whose plan shares
+  // forwards (RequestPlan::shares_forwards) shares forwards with the others running at the same time (its
+  // unmasking loop and on_step run on the calling thread); any other request, or every request when the batch
+  // size is 1, runs alone on the engine thread (one at a time).
   Output run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& o,
              const std::function<void(const StepEvent&)>& on_step);
   const Tokenizer& tokenizer() const { return *tok_; }
