@@ -398,8 +398,7 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   // The request is planned once: its state (KV cache, SparseD patterns, DES) is held open from here to
   // its end, and a memory budget is checked on its largest step before the first forward.
   const bool block_causal = engine_->attention_block() > 0;
-  validate_generate_options(g, engine_->config().vocab, block_causal);
-  RequestScope request(*engine_, plan_request(g, static_cast<int64_t>(prompt.size()), block_causal));
+  RequestScope request(*engine_, plan_checked(prompt, g, engine_->config().vocab, block_causal));
   check_request_budget(*engine_, request.plan());
   return timed(g, [&](const GenerateOptions& s) { return generate(request, prompt, s, on_step); });
 }

@@ -127,11 +127,15 @@ DesMode implied_des(std::optional<DesMode> des, bool k_given, bool beta_given, D
 
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& o,
                         const std::function<void(const StepEvent&)>& on_step) {
-  const bool block_causal = den.attention_block() > 0;
-  validate_generate_options(o, den.vocab_size(), block_causal);
-  check_prompt_tokens(prompt, den.vocab_size());
-  RequestScope request(den, plan_request(o, static_cast<int64_t>(prompt.size()), block_causal));
+  RequestScope request(den, plan_checked(prompt, o, den.vocab_size(), den.attention_block() > 0));
   return generate(request, prompt, o, on_step);
+}
+
+RequestPlan plan_checked(std::span<const int32_t> prompt, const GenerateOptions& o, int64_t vocab,
+                         bool block_causal) {
+  validate_generate_options(o, vocab, block_causal);
+  check_prompt_tokens(prompt, vocab);
+  return plan_request(o, static_cast<int64_t>(prompt.size()), block_causal);
 }
 
 GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, const GenerateOptions& o,
@@ -139,8 +143,6 @@ GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, 
   Denoiser& den = request.denoiser();
   const RequestPlan& plan = request.plan();
   const bool block_causal = plan.attention_block > 0;
-  validate_generate_options(o, den.vocab_size(), block_causal);
-  check_prompt_tokens(prompt, den.vocab_size());
   TESSERA_CHECK(plan.prompt_len == static_cast<int64_t>(prompt.size()) &&
                     plan.canvas == canvas_length(plan.prompt_len, o, block_causal),
                 "generate: internal error, the request was planned for another prompt or options");

@@ -46,7 +46,11 @@ struct GenerateResult {
 // invalid options or prompt tokens, before any forward.
 GenerateResult generate(Denoiser& den, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(const StepEvent&)>& on_step = {});
-// Runs a request whose state the caller holds open (the plan of these options and prompt).
+// Checks the options and the prompt tokens (vocab: the model's; block_causal: a block-causal model) and
+// plans the request: what the callers that hold a request open themselves (RequestScope) run first.
+RequestPlan plan_checked(std::span<const int32_t> prompt, const GenerateOptions& opt, int64_t vocab,
+                         bool block_causal);
+// Runs a request whose state the caller holds open: the plan_checked plan of these options and prompt.
 GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(const StepEvent&)>& on_step = {});
 

@@ -151,8 +151,7 @@ BatchStats Batcher::stats() const {
 
 GenerateResult Batcher::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
                                  const std::function<void(const StepEvent&)>& on_step) {
-  validate_generate_options(o, vocab_, initial_block_ > 0);
-  const RequestPlan plan = plan_request(o, static_cast<int64_t>(prompt.size()), initial_block_ > 0);
+  const RequestPlan plan = plan_checked(prompt, o, vocab_, initial_block_ > 0);
   if (!plan.shares_forwards())
     fail(
         "internal error: a request that holds per-request engine state (SparseD patterns, DES, cfg's second "

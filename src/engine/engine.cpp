@@ -314,11 +314,9 @@ void Engine::kv_reset(int slot, int64_t capacity) {
 
 void Engine::kv_cache_reset(int64_t capacity) {
   kv_reset(0, capacity);
-  own_kv_open_ = true;
 }
 
 void Engine::kv_cache_end() {
-  own_kv_open_ = false;
   kv_close(0);
   if (stream_slot_ >= 0) kv_close(stream_slot_);
   stream_slot_ = -1;
@@ -482,7 +480,7 @@ void Engine::sparse_begin(int64_t canvas_len, const SparseConfig& c) {
   const size_t bytes = SparseState::check(cfg, bidirectional, canvas_len, c);
   // A cached step reads the pattern by position, which only the CPU kernel does: refused before work.
   TESSERA_CHECK(
-      !own_kv_open_ || backend_->device() == Device::CPU,
+      !kv_->is_open(0) || backend_->device() == Device::CPU,
       "sparse attention with a KV cache runs on the CPU backend only; use cache none on " + backend_->name());
   if (bytes > sparse_.bytes())
     grow_held(sparse_.buffer(), bytes, SparseState::describe(canvas_len, c, bytes));

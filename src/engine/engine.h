@@ -284,8 +284,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // Request state held across steps: the KV cache pool (kv_pool.h), the SparseD patterns and the DES
   // layer states (request_state.h).
   std::unique_ptr<KvPool> kv_;
-  int stream_slot_ = -1;      // the pool slot of KV stream 1 while a request holds one
-  bool own_kv_open_ = false;  // slot 0 holds a request's cache (kv_cache_reset to kv_cache_end)
+  int stream_slot_ = -1;  // the pool slot of KV stream 1 while a request holds one
   SparseState sparse_;
   DesState des_;
   std::array<double, graph::kOpKinds> op_seconds_{};

@@ -127,6 +127,10 @@ int KvPool::slots_open() const {
   return n;
 }
 
+bool KvPool::is_open(int slot) const {
+  return slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[static_cast<size_t>(slot)].open;
+}
+
 bool KvPool::fits(int64_t capacity) const {
   if (!budget_.limited() || row_bytes_ == 0) return true;  // (no pool yet: open checks it)
   const int64_t need = first_fit(capacity) + capacity;

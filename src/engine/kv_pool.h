@@ -60,6 +60,7 @@ class KvPool {
   // Frees the slot's region (a slot that is not open is ignored).
   void close(int slot);
   int slots_open() const;
+  bool is_open(int slot) const;
   // Whether open(capacity) would fit the budget (always without one, or before the first slot).
   bool fits(int64_t capacity) const;
   // Frees the buffer when no slot is open; returns whether it did.

@@ -177,8 +177,7 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
       g.moe_stats = e.supports_expert_sharing();
       // One request: planned, its state held open, its budget checked, as the CLI and the server do.
       const bool block_causal = e.attention_block() > 0;
-      validate_generate_options(g, e.vocab_size(), block_causal);
-      RequestScope request(e, plan_request(g, static_cast<int64_t>(c.prompt.size()), block_causal));
+      RequestScope request(e, plan_checked(c.prompt, g, e.vocab_size(), block_causal));
       check_request_budget(e, request.plan());
       GenerateResult r = generate(request, c.prompt, g);
       o.steps += r.steps_run;

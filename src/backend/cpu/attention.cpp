@@ -428,30 +428,37 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
 
 }  // namespace
 
-// Block-sparse attention of a KV-cache step: the query rows [qa, qb) are some positions of the canvas
-// the pattern was built for (q_pos ascending) and the keys [ka, kb) its positions (k_pos ascending). A
-// query tile holds rows of one query block (by position); its keys are the rows of the kept key blocks
-// (by position), gathered as in the row-indexed path.
-void attend_sparse_by_position(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka,
-                               int64_t kb, int n_heads, int group, Tensor& out) {
-  const int64_t bs = p.sparse_block, n_qb = p.sparse_q_blocks, n_kb = p.sparse_k_blocks;
+// Block-sparse attention of one sequence: query tiles never cross a query block (at most kBQ rows of
+// one), so each visits exactly the keys of its query block's kept key blocks, gathered into full key
+// tiles; a dropped (query block, key block) pair costs nothing. A row's block is that of its row index
+// in the sequence, or, with the pattern's strides given (AttnParams::sparse_q_blocks: a KV-cache step
+// computing some positions of the canvas the pattern was built for), that of its position (q_pos /
+// k_pos, each ascending).
+void attend_sparse(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
+                   int n_heads, int group, Tensor& out) {
+  const int64_t bs = p.sparse_block;
+  const bool by_position = p.sparse_q_blocks > 0;
+  const int64_t n_qb = by_position ? p.sparse_q_blocks : (qb - qa + bs - 1) / bs;  // the pattern's strides
+  const int64_t n_kb = by_position ? p.sparse_k_blocks : (kb - ka + bs - 1) / bs;
+  auto q_at = [&](int64_t i) -> int64_t { return by_position ? p.q_pos[i] : i - qa; };
+  auto k_at = [&](int64_t r) -> int64_t { return by_position ? p.k_pos[r] : r - ka; };
   struct QTile {
     int64_t a, end, block;
   };
   std::vector<QTile> tiles;
   for (int64_t a = qa; a < qb;) {
-    const int64_t blk = p.q_pos[a] / bs;
-    TESSERA_CHECK(blk < n_qb && (a == qa || p.q_pos[a] > p.q_pos[a - 1]),
+    const int64_t blk = q_at(a) / bs;
+    TESSERA_CHECK(blk < n_qb && (a == qa || q_at(a) > q_at(a - 1)),
                   "attention: sparse query positions must ascend inside the pattern's canvas");
     int64_t e = a + 1;
-    while (e < qb && e - a < kBQ && p.q_pos[e] / bs == blk) ++e;
+    while (e < qb && e - a < kBQ && q_at(e) / bs == blk) ++e;
     tiles.push_back({a, e, blk});
     a = e;
   }
   std::vector<int64_t> key_from(static_cast<size_t>(n_kb) + 1, kb);  // first key row of each key block
   for (int64_t r = kb - 1; r >= ka; --r) {
-    const int64_t blk = p.k_pos[r] / bs;
-    TESSERA_CHECK(blk < n_kb && (r == ka || p.k_pos[r] > p.k_pos[r - 1]),
+    const int64_t blk = k_at(r) / bs;
+    TESSERA_CHECK(blk < n_kb && (r == ka || k_at(r) > k_at(r - 1)),
                   "attention: sparse key positions must ascend inside the pattern's canvas");
     for (int64_t j = blk; j >= 0 && key_from[static_cast<size_t>(j)] > r; --j)
       key_from[static_cast<size_t>(j)] = r;
@@ -468,9 +475,8 @@ void attend_sparse_by_position(const TileCtx& c, const AttnParams& p, int64_t qa
         list.clear();
         for (int64_t j = 0; j < n_kb; ++j) {
           if (kept[j] == 0) continue;
-          const int64_t r0 = std::max(key_from[static_cast<size_t>(j)], ka);
-          const int64_t r1 = j + 1 < n_kb ? key_from[static_cast<size_t>(j) + 1] : kb;
-          for (int64_t r = r0; r < r1; ++r) list.push_back(static_cast<int32_t>(r));
+          for (int64_t r = key_from[static_cast<size_t>(j)]; r < key_from[static_cast<size_t>(j) + 1]; ++r)
+            list.push_back(static_cast<int32_t>(r));
         }
         attend_tile(c, p, q.a, q.end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h,
                     h / group, out.data, out.dtype);
@@ -500,39 +506,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
       }
       continue;
     }
-    if (p.sparse_q_blocks > 0) {
-      attend_sparse_by_position(c, p, qa, qb, ka, kb, n_heads, group, out);
-      continue;
-    }
-    // Block-sparse: query tiles never cross a query block (at most kBQ rows of one), so each visits
-    // exactly the keys of its query block's kept key blocks, gathered into full key tiles; a dropped
-    // (query block, key block) pair costs nothing.
-    const int64_t bs = p.sparse_block;
-    const int64_t n_qb = (q.rows() + bs - 1) / bs, n_kb = (k.rows() + bs - 1) / bs;  // the pattern's strides
-    std::vector<int64_t> tiles;  // first row of each query tile
-    for (int64_t b = 0; qa + b * bs < qb; ++b)
-      for (int64_t a = qa + b * bs; a < std::min(qa + (b + 1) * bs, qb); a += kBQ) tiles.push_back(a);
-    const auto ntiles = static_cast<int64_t>(tiles.size());
-#pragma omp parallel
-    {
-      std::vector<int32_t> list;
-#pragma omp for collapse(2) schedule(dynamic, 1)
-      for (int h = 0; h < n_heads; ++h) {
-        for (int64_t t = 0; t < ntiles; ++t) {
-          const int64_t a = tiles[static_cast<size_t>(t)], b = (a - qa) / bs;
-          const int64_t end = std::min({a + kBQ, qa + (b + 1) * bs, qb});
-          const uint8_t* kept = p.block_mask + (h * n_qb + b) * n_kb;
-          list.clear();
-          for (int64_t j = 0; ka + j * bs < kb; ++j) {
-            if (kept[j] == 0) continue;
-            for (int64_t r = ka + j * bs; r < std::min(ka + (j + 1) * bs, kb); ++r)
-              list.push_back(static_cast<int32_t>(r));
-          }
-          attend_tile(c, p, a, end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h, h / group,
-                      out.data, out.dtype);
-        }
-      }
-    }
+    attend_sparse(c, p, qa, qb, ka, kb, n_heads, group, out);
   }
 }
 
