@@ -68,21 +68,29 @@ def attention(q, k, v, causal=False, block=0, q_pos=None, keep=None):
     return np.einsum("hqk,khd->qhd", p, v).astype(np.float32)
 
 
-def sparse_patterns(q, k, block, rho, prompt_len, tie=1e-4):
+def sparse_patterns(q, k, block, rho, prompt_len, tie=1e-4, attn_block=0, q_pos=None):
     """SparseD isolated selection of one layer in float64 (Backend::sparse_select): q [Lq, H, hd], k [L, KV,
     hd] post-RoPE. Per head and query block, each key block's importance is the sum over the tile of the
     rows' softmax over all keys (scale 1/sqrt(hd)); the prompt blocks [0, prompt_len // block) and the
     generation blocks keep floor(n * rho) + 1 (at most n) each, ties to the lower block. Returns (mask [H,
-    nqb, nkb] uint8, clear [H, nqb] uint8: 0 where a kept and a dropped block are within `tie`)."""
+    nqb, nkb] uint8, clear [H, nqb] uint8: 0 where a kept and a dropped block are within `tie`).
+    q_pos (a forward computing only some rows, e.g. with a KV cache): query row i is at position q_pos[i]
+    and falls into the query block q_pos[i] // block, nqb = ceil(L / block) (query blocks holding none of
+    the rows score 0 everywhere; callers keep only the rows' blocks). attn_block > 0 (LLaDA2's block-causal
+    mask): the softmax of the query at position p runs over the keys j with j // attn_block <= p //
+    attn_block only; masked keys contribute 0 to the importance (the keep counts are unchanged)."""
     Lq, H, hd = q.shape
     L, KV = k.shape[0], k.shape[1]
     k = np.repeat(k.astype(np.float64), H // KV, axis=1)
     s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) / np.sqrt(hd)
+    qp = np.arange(Lq) if q_pos is None else np.asarray(q_pos, dtype=np.int64)
+    if attn_block > 0:
+        s = np.where((np.arange(L)[None, :] // attn_block <= qp[:, None] // attn_block)[None], s, -np.inf)
     s = np.exp(s - s.max(axis=-1, keepdims=True))
     s /= s.sum(axis=-1, keepdims=True)
-    nqb, nkb = -(-Lq // block), -(-L // block)
+    nqb, nkb = -(-(Lq if q_pos is None else L) // block), -(-L // block)
     pad = np.zeros((H, nqb * block, nkb * block))
-    pad[:, :Lq, :L] = s
+    pad[:, qp, :L] = s
     imp = pad.reshape(H, nqb, block, nkb, block).sum(axis=(2, 4))
     g = prompt_len // block
     mask = np.zeros((H, nqb, nkb), dtype=np.uint8)

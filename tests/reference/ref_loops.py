@@ -1,8 +1,9 @@
 """Temperature-0 unmasking loops of the numpy reference (reference.py generate): LLaDA 1A, Dream 1B, the
 Fast-dLLM KV caches (1D), infilling, SparseD (2), Window-Diffusion (3) and LLaDA2's block diffusion (1C),
-and their combinations with classifier-free guidance (1A's cfg) and DES (4),
-written from shared/specs/algorithms.md and tessera's documented loop semantics (src/decode/generate.h's
-comments), never from tessera's C++ code. `m` is a reference.Model. Re-exported by reference.py."""
+and their combinations with classifier-free guidance (1A's cfg), DES (4) and SparseD (with cfg, inside
+the window; LLaDA2's combinations are in ref_combos.py), written from shared/specs/algorithms.md and
+tessera's documented loop semantics (src/decode/generate.h's comments), never from tessera's C++ code.
+`m` is a reference.Model. Re-exported by reference.py."""
 import numpy as np
 
 from ref_layers import sparse_patterns
@@ -69,34 +70,49 @@ def des_setup(m, des):
         m.des_stats = []
 
 
-def rows_logits(m, toks, spec, src, st, key):
+def rows_logits(m, toks, spec, src, st, key, sp=None):
     """Logits [len(src), V] at the hidden rows src of one forward over toks. spec None: a plain forward;
     "refresh": a full forward whose every layer's post-RoPE K / V become the cache st[key]; a row list:
-    those rows (plus src) computed, the other rows' K / V from st[key], which the computed rows update."""
-    if spec is None:
-        H, rows = m.hidden(toks), list(range(len(toks)))
-    elif spec == "refresh":
+    those rows (plus src) computed, the other rows' K / V from st[key], which the computed rows update.
+    sp (SparseD) None: exact attention; dict(mode="select", block, rho, P): an exact forward of every row
+    (spec None or "refresh") that also builds every layer's pattern from its post-RoPE q / k
+    (sparse_patterns, prompt length P) into sp["patterns"]; dict(mode="sparse", block, patterns): the
+    computed rows attend only to the kept tiles (the pattern row of each row's POSITION // block)."""
+    mode = sp["mode"] if sp else None
+    kw = dict(patterns=sp["patterns"], sparse_block=sp["block"]) if mode == "sparse" else {}
+    qs = [] if mode == "select" else None
+    if spec is None and mode != "select":
+        H, rows = m.hidden(toks, **kw), list(range(len(toks)))
+    elif spec is None or spec == "refresh":
         kv = []
-        H, rows = m.hidden(toks, record=kv), list(range(len(toks)))
-        st[key] = kv
+        H, rows = m.hidden(toks, record=kv, record_q=qs, **kw), list(range(len(toks)))
+        if spec == "refresh":
+            st[key] = kv
     else:
+        if mode == "select":
+            raise ValueError("a SparseD selection needs a forward of every row")
         rows, kv = sorted(set(spec) | set(src)), []
-        H = m.hidden(toks, cached=(rows, st[key]), record=kv)
+        H = m.hidden(toks, cached=(rows, st[key]), record=kv, **kw)
         st[key] = kv
+    if mode == "select":
+        sp["patterns"] = np.stack([sparse_patterns(q, k, sp["block"], sp["rho"], sp["P"])[0]
+                                   for q, (k, _) in zip(qs, kv)])
     return (H[[rows.index(r) for r in src]] @ m.head.T).astype(np.float32)
 
 
-def guided_logits(m, x, n, P, G, cand, spec, st, cfg):
+def guided_logits(m, x, n, P, G, cand, spec, st, cfg, sp=None):
     """The logits of the candidates from a forward over x[:n] (rows_logits' spec); cfg > 0 (classifier-free
     guidance, algorithms.md 1A): also over the unconditional canvas (the same view with the prompt
     [0, P) and the suffix [P + G, n) masked), each canvas with its own cache (st["c"], st["u"]), and
-    L_u + (cfg + 1) (L_c - L_u) in fp32."""
+    L_u + (cfg + 1) (L_c - L_u) in fp32. sp (SparseD, rows_logits'): a selection is built from the
+    CONDITIONAL canvas's forward (the unconditional one of that step attends exactly); in a sparse
+    step both canvases attend over the same pattern."""
     src = [max(j - 1, 0) if m.shift else j for j in cand]
-    Lc = rows_logits(m, x[:n], spec, src, st, "c")
+    Lc = rows_logits(m, x[:n], spec, src, st, "c", sp)
     if cfg <= 0:
         return Lc
     u = [m.mask_id if j < P or j >= P + G else t for j, t in enumerate(x[:n])]
-    Lu = rows_logits(m, u, spec, src, st, "u")
+    Lu = rows_logits(m, u, spec, src, st, "u", None if sp is None or sp["mode"] == "select" else sp)
     g = np.float32(np.float32(cfg) + np.float32(1.0))
     return (Lu + g * (Lc - Lu)).astype(np.float32)
 
@@ -120,7 +136,10 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3, cache=No
     key blocks are ranked with the generation's); every later forward attends only to the kept tiles.
     cfg > 0 (classifier-free guidance, LLaDA's low_confidence): every forward also runs the
     unconditional canvas (prompt and suffix masked; guided_logits); with a cache, both canvases compute
-    the same rows and each keeps its own cache. Not with sparse.
+    the same rows and each keeps its own cache. With sparse, both canvases of a step attend with the same
+    phase (one forward counted per step): the selecting step's pattern is built from the conditional
+    canvas's forward (its unconditional forward attends exactly); later steps attend over that one
+    pattern with both canvases.
     des (MoE models, algorithms.md 4): dict(mode seq | vote, k, beta, scope block | all); the rows
     decoded in parallel are the block's positions [lo, hi) (of the rows a cached forward computes).
     logprobs: a dict that receives, per decided position, log_softmax (float64) of the logits of the
@@ -134,8 +153,8 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3, cache=No
         raise SystemExit("steps must be a multiple of gen-length / block-length")
     if cache not in (None, "prefix", "dual"):
         raise SystemExit(f"unknown cache {cache!r} (prefix, dual)")
-    if cfg > 0 and (sparse or alg != "low_confidence"):
-        raise SystemExit("cfg: LLaDA's low_confidence only, and not with sparse")
+    if cfg > 0 and alg != "low_confidence":
+        raise SystemExit("cfg: LLaDA's low_confidence only")
     if sparse and cache:
         raise SystemExit("sparse does not combine with a cache")
     spb = steps // nb
@@ -152,15 +171,10 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3, cache=No
         f = st["forwards"]
         st["forwards"] += 1
         if sparse and f >= select_at:
-            src = [max(j - 1, 0) if m.shift else j for j in cand]
-            if f == select_at:  # exact, and builds the patterns
-                qs, kv = [], []
-                H = m.hidden(x, record=kv, record_q=qs)
-                st["patterns"] = np.stack([sparse_patterns(q, k, sparse["block"], sparse["rho"], P)[0]
-                                           for q, (k, _) in zip(qs, kv)])
-            else:
-                H = m.hidden(x, patterns=st["patterns"], sparse_block=sparse["block"])
-            return (H[src] @ m.head.T).astype(np.float32)
+            sp = dict(sparse, mode="select" if f == select_at else "sparse", P=P, patterns=st["patterns"])
+            L = guided_logits(m, x, n, P, gen_length, cand, None, st, cfg, sp)
+            st["patterns"] = sp["patterns"]  # the selection's (f == select_at), else unchanged
+            return L
         spec = None
         if cache and st["fresh"]:
             spec = "refresh"
@@ -196,7 +210,7 @@ def generate(m, prompt, gen_length, steps, block_length, alg, eps=1e-3, cache=No
 
 
 def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in, refresh, early_eos=(),
-                    eps=1e-3, logprobs=None, suffix=(), cfg=0.0, des=None):
+                    eps=1e-3, logprobs=None, suffix=(), cfg=0.0, des=None, sparse=None):
     """Window-Diffusion (algorithms.md 3) over generate()'s blocks and schedules, temperature 0.
     Positions >= stop are dropped (early stop: after a token of early_eos is decided at p, stop = p + 1).
     A phase starts at a step when `refresh` forwards have run in the current one (refresh 0: at every
@@ -216,7 +230,20 @@ def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in,
     window still picks the active set and, with refresh > 0, the rows computed after the refresh.
     cfg > 0: as generate()'s, over the same view; with refresh > 0 each canvas keeps its own phase cache
     (same rows computed). des: as generate()'s, the rows decoded in parallel are each forward's span of
-    candidates [first, last + 1)."""
+    candidates [first, last + 1).
+    sparse (SparseD inside the window): dict(block, rho, skip). Forwards are counted over the whole request
+    as run (one per step, with cfg too); select_at = floor(steps * skip) (skip rounded to fp32). A forward
+    SELECTS when (forwards run before it) >= select_at, it computes every row of its view (refresh > 0:
+    the phase's first forward; refresh 0: every forward), and no pattern exists yet or its view length
+    differs from the view length of the last selection: it attends exactly and builds every layer's
+    pattern over its view (queries and keys = rows [0, view), sparse_patterns with prompt length
+    len(prompt)), which replaces the previous one. Any other forward, once a pattern exists and its view
+    is not longer than the selected one, attends only to the kept tiles, each query row's and key row's
+    tile given by its absolute position // block over the pattern's strides (a cached forward computes
+    the phase rows, the other rows' K / V from the phase cache); otherwise it attends exactly. With a
+    suffix the view (the whole canvas) never changes: one selection. After an early stop the view
+    shrinks: a forward of every row re-selects, a cached one attends sparsely by position. cfg: the
+    selection comes from the conditional canvas (guided_logits)."""
     if block_length <= 0:
         block_length = gen_length
     if suffix and early_eos:
@@ -229,7 +256,8 @@ def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in,
     x = list(prompt) + [m.mask_id] * gen_length + list(suffix)
     if m.mask_id in suffix:
         raise SystemExit("the suffix holds the mask token")
-    st = dict(stop=len(x), left=0, u0=0, E=0, rows=[], fresh=False, a_end=0)
+    st = dict(stop=len(x), left=0, u0=0, E=0, rows=[], fresh=False, a_end=0, forwards=0, patterns=None, sel_n=0)
+    select_at = int(np.floor(steps * np.float64(np.float32(sparse["skip"])))) if sparse else -1
     order = []
     des_setup(m, des)
 
@@ -267,9 +295,19 @@ def generate_window(m, prompt, gen_length, steps, block_length, alg, w_ex, w_in,
             spec = [r for r in st["rows"] if r < st["a_end"] and r < n]
         if m.des:
             m.des["lo"], m.des["hi"] = cand[0], cand[-1] + 1
+        sp = None
+        if sparse:
+            f, whole = st["forwards"], refresh == 0 or st["fresh"]
+            st["forwards"] += 1
+            if f >= select_at and whole and (st["patterns"] is None or n != st["sel_n"]):
+                sp = dict(sparse, mode="select", P=P)
+            elif st["patterns"] is not None and n <= st["sel_n"]:
+                sp = dict(sparse, mode="sparse", patterns=st["patterns"])
         st["fresh"] = False
         st["left"] -= 1
-        L = guided_logits(m, x, n, P, gen_length, cand, spec, st, cfg)
+        L = guided_logits(m, x, n, P, gen_length, cand, spec, st, cfg, sp)
+        if sp and sp["mode"] == "select":
+            st["patterns"], st["sel_n"] = sp["patterns"], n
         st["L"] = L
         return confidence(softmax64(L), alg)
 

@@ -18,11 +18,17 @@ Rules (a request's forwards are counted from 0; steps whose count is 0 run none 
     [block start, end of canvas); dual: [block start, block end); plus the rows whose hidden states give
     the candidates' logits (Dream: row p - 1); the first forward of every block refreshes everything
     (after the selection it is sparse too). Computed rows write their K / V into the cache.
+  - cfg > 0 (classifier-free guidance, LLaDA's low_confidence): every forward also runs the unconditional
+    canvas (the prompt masked), which computes the same rows with its own cache; guided logits
+    L_u + (cfg + 1) (L_c - L_u) in fp32. Both canvases of a step attend with the same phase (one forward
+    counted per step): the selecting step's pattern is built from the conditional canvas's forward (the
+    unconditional forward of that step attends exactly, over every row); later steps attend sparsely
+    with that one pattern on both canvases.
 
 Command line (like reference.py's):
   ref_sparse_cache.py generate --model DIR --prompt 5,9,3 --gen-length 32 --steps 16 --block-length 8
       --alg low_confidence|entropy|maskgit_plus|topk_margin --cache prefix|dual|none
-      [--sparse-block 4 --sparse-rho 0.3 --sparse-skip 0.25 | --no-sparse]
+      [--sparse-block 4 --sparse-rho 0.3 --sparse-skip 0.25 | --no-sparse] [--cfg S]
     prints JSON {"tokens": [...final canvas...], "order": [[positions of step 0], ...], "forwards": N,
     "select_forward": F (the forward that built the patterns; -1 if none)}.
   ref_sparse_cache.py logits --model DIR --cache-tokens A --tokens B --compute LO,HI --rows 33,36
@@ -101,11 +107,11 @@ def select_at_of(steps, skip):
     return int(np.floor(steps * np.float64(np.float32(skip))))
 
 
-def generate_sparse_cache(m, prompt, gen_length, steps, block_length, alg, cache, sparse, eps=1e-3):
+def generate_sparse_cache(m, prompt, gen_length, steps, block_length, alg, cache, sparse, eps=1e-3, cfg=0.0):
     """1A / 1B over blocks (ref_loops.generate's schedules, candidates and ties), temperature 0, with
-    SparseD (sparse: dict(block, rho, skip), or None) and a KV cache (cache: None | "prefix" | "dual")
-    under the rules of this module's docstring. Returns (final canvas, order, info: dict(forwards,
-    select_forward))."""
+    SparseD (sparse: dict(block, rho, skip), or None), a KV cache (cache: None | "prefix" | "dual") and
+    classifier-free guidance (cfg > 0, low_confidence) under the rules of this module's docstring.
+    Returns (final canvas, order, info: dict(forwards, select_forward))."""
     if block_length <= 0:
         block_length = gen_length
     if gen_length % block_length:
@@ -117,12 +123,14 @@ def generate_sparse_cache(m, prompt, gen_length, steps, block_length, alg, cache
         raise SystemExit(f"unknown cache {cache!r} (prefix, dual)")
     if m.causal or m.block or m.family == "llada2":
         raise SystemExit("SparseD with a cache: bidirectional LLaDA / Dream / LLaDA-MoE models only")
+    if cfg > 0 and alg != "low_confidence":
+        raise SystemExit("cfg: LLaDA's low_confidence only")
     spb = steps // nb
     P = len(prompt)
     x = list(prompt) + [m.mask_id] * gen_length
     n = len(x)
     select_at = select_at_of(steps, sparse["skip"]) if sparse else -1
-    st = dict(forwards=0, patterns=None, kv=None, fresh=True, select_forward=-1)
+    st = dict(forwards=0, patterns=None, kv={}, fresh=True, select_forward=-1)
 
     def logits_of(cand, lo, hi):
         f = st["forwards"]
@@ -131,17 +139,28 @@ def generate_sparse_cache(m, prompt, gen_length, steps, block_length, alg, cache
         whole = cache is None or st["fresh"]
         rows = None if whole else sorted(set(range(lo, n if cache == "prefix" else hi)) | set(src))
         st["fresh"] = False
-        if sparse and st["patterns"] is None and f >= select_at and whole:
-            qs = []
-            H, kv = forward_rows(m, x, record_q=qs)  # exact, and builds the patterns
-            st["patterns"] = np.stack([sparse_patterns(q, k, sparse["block"], sparse["rho"], P)[0]
-                                       for q, (k, _) in zip(qs, kv)])
-            st["select_forward"] = f
-        else:
-            H, kv = forward_rows(m, x, rows, st["kv"], st["patterns"], sparse["block"] if sparse else 0)
-        st["kv"] = kv
-        rr = list(range(n)) if rows is None else rows
-        return (H[[rr.index(r) for r in src]] @ m.head.T).astype(np.float32)
+        select = sparse and st["patterns"] is None and f >= select_at and whole
+        out = []
+        for key in ("c", "u") if cfg > 0 else ("c",):
+            canvas = x if key == "c" else [m.mask_id if j < P else t for j, t in enumerate(x)]
+            if select and key == "c":
+                qs = []
+                H, kv = forward_rows(m, canvas, record_q=qs)  # exact, and builds the patterns
+                st["patterns"] = np.stack([sparse_patterns(q, k, sparse["block"], sparse["rho"], P)[0]
+                                           for q, (k, _) in zip(qs, kv)])
+                st["select_forward"] = f
+            elif select:  # the unconditional canvas of the selecting step attends exactly
+                H, kv = forward_rows(m, canvas)
+            else:
+                H, kv = forward_rows(m, canvas, rows, st["kv"].get(key), st["patterns"],
+                                     sparse["block"] if sparse else 0)
+            st["kv"][key] = kv
+            rr = list(range(n)) if rows is None else rows
+            out.append((H[[rr.index(r) for r in src]] @ m.head.T).astype(np.float32))
+        if cfg <= 0:
+            return out[0]
+        g = np.float32(np.float32(cfg) + np.float32(1.0))
+        return (out[1] + g * (out[0] - out[1])).astype(np.float32)
 
     order = []
     for b in range(nb):
@@ -226,6 +245,7 @@ def main():
     g.add_argument("--sparse-block", type=int, default=32)
     g.add_argument("--sparse-rho", type=float, default=0.5)
     g.add_argument("--sparse-skip", type=float, default=0.2)
+    g.add_argument("--cfg", type=float, default=0.0, help="classifier-free guidance scale (low_confidence)")
     a = sub.add_parser("logits")
     a.add_argument("--model", required=True)
     a.add_argument("--cache-tokens", required=True, help="canvas A: its full forward fills the cache")
@@ -265,7 +285,7 @@ def main():
     cache = None if args.cache in ("", "none") else args.cache
     sparse = None if args.no_sparse else dict(block=args.sparse_block, rho=args.sparse_rho, skip=args.sparse_skip)
     x, order, info = generate_sparse_cache(m, ids(args.prompt), args.gen_length, args.steps, args.block_length,
-                                           args.alg, cache, sparse)
+                                           args.alg, cache, sparse, cfg=args.cfg)
     print(json.dumps(dict(tokens=x, order=order, **info)))
 
 

@@ -28,7 +28,14 @@ ref_layers.py, the unmasking loops in ref_loops.py (both re-exported here).
       classifier-free guidance (low_confidence; with a cache or the window too); --des seq|vote [--des-k
       2] [--des-beta 0.4] [--des-scope block|all]: DES (MoE models; with the caches, the window, cfg);
       --logprobs: also "logprobs", per generated position the log-probability of its token under the
-      logits of the forward that decided it.
+      logits of the forward that decided it. --sparse combines with --window (generate_window(sparse=...))
+      and with --cfg. LLaDA2 (ref_combos.py): --window W_EX,W_IN,REFRESH (generate_llada2_window);
+      --sparse [--cache prefix] (generate_llada2_sparse: SparseD per block; --cache prefix alone: the
+      exact KV cache).
+      --edit | --joint [--threshold 0.95 --edit-threshold 0.9 --max-post-steps 16 --min-transfer 1
+      --edit-penalty 0 --no-eos-early-stop]: LLaDA2.1's joint-threshold loop with token editing (--joint:
+      editing off; ref_editing.py; LLaDA2 block-causal or bidirectional by family; --steps unused);
+      prints {"tokens", "order", "edits": [[order index, position, old, new], ...], "forwards"}.
 
 Model (models.md): family from config.json model_type ("llada", "Dream"/"dream", or "lladamoe"/"llada_moe";
 "llada" with num_experts and no d_model is LLaDA-MoE too).
@@ -89,6 +96,9 @@ from ref_layers import (  # noqa: E402,F401 (re-exported for selftest.py)
 from ref_loops import (  # noqa: E402,F401 (re-exported for selftest.py)
     softmax64, confidence, top_positions, llada_schedule, dream_count, log_softmax64, generate,
     generate_window, generate_llada2, des_setup, guided_logits)
+from ref_combos import generate_llada2_window, generate_llada2_sparse  # noqa: E402,F401 (LLaDA2 combinations)
+from ref_editing import (  # noqa: E402,F401 (re-exported for selftest.py)
+    edit_step, penalised_logits, generate_llada21, generate_edit_bidirectional)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +288,8 @@ class Model:
         With self.des set (DES), the rows decoded in parallel are the computed rows at canvas positions
         [des lo, des hi).
         record_q: a list that receives every layer's post-RoPE Q. patterns [layers, H, nqb, nkb] (SparseD
-        tiles of sparse_block rows): attention sees only the kept tiles."""
+        tiles of sparse_block rows): attention sees only the kept tiles; a computed row at position p uses
+        the pattern row p // sparse_block and key j the column j // sparse_block (also in a cached step)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= self.emb.shape[0]:
             raise SystemExit("token id outside the vocabulary")
@@ -311,8 +322,8 @@ class Model:
                 record_q.append(q)
             keep = None
             if patterns is not None:
-                t = np.repeat(np.repeat(patterns[li] != 0, sparse_block, axis=1), sparse_block, axis=2)
-                keep = t[:, :n, :k.shape[0]]
+                tiles = (patterns[li] != 0)[:, pos // sparse_block]  # by position (uncached: pos = 0 .. n-1)
+                keep = np.ascontiguousarray(tiles[:, :, np.arange(k.shape[0]) // sparse_block])
             att = attention(q, k, v, self.causal, self.block, pos, keep).reshape(n, self.H * self.hd)
             x = x + att @ ly["o"].T
             x = x + self.ffn(rms_norm(x, ly["fn"], self.eps), ly)
@@ -367,10 +378,10 @@ def main():
     g.add_argument("--model", required=True)
     g.add_argument("--prompt", required=True)
     g.add_argument("--gen-length", type=int, required=True)
-    g.add_argument("--steps", type=int, required=True)
+    g.add_argument("--steps", type=int, default=None, help="required except with --edit / --joint")
     g.add_argument("--block-length", type=int, default=0)
     g.add_argument("--alg", default="low_confidence")
-    g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2 only: the confidence threshold")
+    g.add_argument("--threshold", type=float, default=0.95, help="LLaDA2, --edit, --joint: the confidence threshold")
     g.add_argument("--window", default="", help="Window-Diffusion: W_EX,W_IN,REFRESH (generate_window)")
     g.add_argument("--early-eos", default="", help="Window-Diffusion early stop at these token ids")
     g.add_argument("--cache", default="", help="KV cache (Fast-dLLM, algorithms.md 1D): prefix | dual")
@@ -386,6 +397,13 @@ def main():
     g.add_argument("--des-k", type=int, default=2, help="DES-Seq: experts per voting row in the union")
     g.add_argument("--des-beta", type=float, default=0.4, help="DES-Vote: coreset size floor(beta * E)")
     g.add_argument("--des-scope", default="block", help="DES: block | all")
+    g.add_argument("--edit", action="store_true", help="LLaDA2.1 joint threshold with token editing (ref_editing)")
+    g.add_argument("--joint", action="store_true", help="the --edit loop with editing disabled (M2T only)")
+    g.add_argument("--edit-threshold", type=float, default=0.9, help="--edit: T2T confidence threshold (strict >)")
+    g.add_argument("--max-post-steps", type=int, default=16, help="--edit / --joint: post-fill forward cap")
+    g.add_argument("--min-transfer", type=int, default=1, help="--edit / --joint: masks filled per step at least")
+    g.add_argument("--edit-penalty", type=float, default=0.0, help="--edit / --joint: SGLang's 2-gram penalty lambda")
+    g.add_argument("--no-eos-early-stop", action="store_true", help="--edit / --joint: decode every block")
     args = ap.parse_args()
     m = Model(args.model)
     if args.cmd == "patterns":
@@ -439,27 +457,51 @@ def main():
         if args.margins:
             mg = m.margins[rows] if rows else m.margins
             np.ascontiguousarray(mg, dtype="<f4").tofile(args.margins)
+    elif args.edit or args.joint:  # LLaDA2.1 draft and edit (ref_editing.py)
+        if args.edit and args.joint:
+            raise SystemExit("--edit and --joint exclude each other (--joint = editing disabled)")
+        if (args.cache or args.window or args.sparse or args.cfg or args.des or args.suffix or args.logprobs
+                or args.early_eos):
+            raise SystemExit("--edit / --joint: --cache, --window, --sparse, --cfg, --des, --suffix, --logprobs "
+                             "and --early-eos are not supported")
+        fn = generate_llada21 if m.family == "llada2" else generate_edit_bidirectional
+        bl = args.block_length or (32 if m.family == "llada2" else 0)
+        x, order, edits, forwards = fn(m, ids(args.prompt), args.gen_length, bl, args.threshold,
+                                       args.edit_threshold, args.edit, args.max_post_steps, args.min_transfer,
+                                       args.edit_penalty, not args.no_eos_early_stop)
+        print(json.dumps({"tokens": x, "order": order, "edits": edits, "forwards": forwards}))
     else:
+        if args.steps is None:
+            raise SystemExit("generate: --steps is required (except with --edit / --joint)")
         lp = {} if args.logprobs else None
         prompt = ids(args.prompt)
         des = dict(mode=args.des, k=args.des_k, beta=args.des_beta, scope=args.des_scope) if args.des else None
-        if m.family == "llada2":
-            if args.cache or args.suffix or args.sparse or args.logprobs or args.window or args.cfg or des:
-                raise SystemExit("LLaDA2: --cache, --suffix, --sparse, --window, --cfg, --des and --logprobs "
-                                 "are not supported")
-            x, order = generate_llada2(m, prompt, args.gen_length, args.steps, args.block_length or 32,
-                                       args.threshold)
+        sparse = dict(block=args.sparse_block, rho=args.sparse_rho, skip=args.sparse_skip) if args.sparse else None
+        if m.family == "llada2":  # ref_combos.py: --window, or --sparse and / or --cache prefix
+            if (args.suffix or args.logprobs or args.cfg or des or args.cache not in ("", "prefix")
+                    or (args.window and (args.sparse or args.cache or args.early_eos))):
+                raise SystemExit("LLaDA2: --suffix, --cfg, --des and --logprobs are not supported, --cache is "
+                                 "prefix only, --window not with --sparse, --cache or --early-eos")
+            bl = args.block_length or 32
+            if args.window:
+                w_ex, w_in, refresh = ids(args.window)
+                x, order = generate_llada2_window(m, prompt, args.gen_length, args.steps, bl, args.threshold,
+                                                  w_ex, w_in, refresh)
+            elif args.sparse or args.cache:
+                x, order = generate_llada2_sparse(m, prompt, args.gen_length, args.steps, bl, args.threshold,
+                                                  sparse, args.cache or None)
+            else:
+                x, order = generate_llada2(m, prompt, args.gen_length, args.steps, bl, args.threshold)
         elif args.window:
-            if args.cache or args.sparse:
-                raise SystemExit("--window does not combine with --cache or --sparse")
+            if args.cache:
+                raise SystemExit("--window does not combine with --cache")
             w_ex, w_in, refresh = ids(args.window)
             x, order = generate_window(m, prompt, args.gen_length, args.steps, args.block_length,
                                        args.alg, w_ex, w_in, refresh, tuple(ids(args.early_eos)), logprobs=lp,
-                                       suffix=ids(args.suffix), cfg=args.cfg, des=des)
+                                       suffix=ids(args.suffix), cfg=args.cfg, des=des, sparse=sparse)
         else:
             if args.early_eos:
                 raise SystemExit("--early-eos needs --window")
-            sparse = dict(block=args.sparse_block, rho=args.sparse_rho, skip=args.sparse_skip) if args.sparse else None
             x, order = generate(m, prompt, args.gen_length, args.steps, args.block_length, args.alg,
                                 cache=args.cache or None, suffix=ids(args.suffix), sparse=sparse, logprobs=lp,
                                 cfg=args.cfg, des=des)

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import make_tiny_checkpoint as mtc  # noqa: E402
 import reference as ref  # noqa: E402
 import safetensors_np  # noqa: E402
+import selftest_editing  # noqa: E402
 
 CHECKS = []
 TMP = tempfile.mkdtemp(prefix="tessera_selftest_")
@@ -605,6 +606,13 @@ def des_generate():
 
 
 # ---------------------------------------------------------------------------------------------
+# LLaDA2.1 draft and edit (ref_editing.py): the checks are in selftest_editing.py
+# ---------------------------------------------------------------------------------------------
+
+selftest_editing.register(check, make, close)
+
+
+# ---------------------------------------------------------------------------------------------
 # (d) make_tiny_checkpoint output
 # ---------------------------------------------------------------------------------------------
 
@@ -777,6 +785,10 @@ def cli_logits_rows():
                        capture_output=True, text=True)
     j = json.loads(r.stdout)
     assert len(j["tokens"]) == 10 and len(j["order"]) == 4
+
+
+import selftest_combos  # noqa: E402 (SparseD with the window and cfg, the window and SparseD on LLaDA2)
+selftest_combos.register(check, make, close, recording_hidden)
 
 
 def main():
