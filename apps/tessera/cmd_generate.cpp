@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "apps/tessera/canvas_event.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/session.h"
 
@@ -105,6 +106,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"prompt_tokens", prompt_tokens},
       {"suffix_tokens", s.options().suffix.size()},  // --suffix (infilling)
       {"steps", o.result.steps_run},
+      {"forwards", o.result.forwards},
       {"seconds", o.seconds},
       {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
       {"peak_rss_bytes", peak_rss_bytes()},
@@ -125,6 +127,32 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
                    {"internal", g.window_in},
                    {"refresh", g.window_refresh},
                    {"early_stop", g.window_early_stop}};
+  }
+  if (g.edit) {  // token editing: its settings and every rewrite
+    nlohmann::json edits = nlohmann::json::array();
+    for (const TokenEdit& e : o.result.edits)
+      edits.push_back({{"step", e.step},
+                       {"position", e.position - static_cast<int32_t>(prompt_tokens)},
+                       {"old", e.from},
+                       {"new", e.to}});
+    j["edit"] = {{"threshold", g.threshold},
+                 {"edit_threshold", g.edit_threshold},
+                 {"max_post_steps", g.max_post_steps},
+                 {"penalty", g.edit_penalty},
+                 {"edits", edits}};
+  }
+  if (g.edit) {  // token editing: its settings and every rewrite
+    nlohmann::json edits = nlohmann::json::array();
+    for (const TokenEdit& e : o.result.edits)
+      edits.push_back({{"step", e.step},
+                       {"position", e.position - static_cast<int32_t>(prompt_tokens)},
+                       {"old", e.from},
+                       {"new", e.to}});
+    j["edit"] = {{"threshold", g.threshold},
+                 {"edit_threshold", g.edit_threshold},
+                 {"max_post_steps", g.max_post_steps},
+                 {"penalty", g.edit_penalty},
+                 {"edits", edits}};
   }
   const MoeStats& m = s.engine().moe_stats();
   if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
@@ -341,12 +369,17 @@ void add_generate(CLI::App& app, Registry& reg) {
   sub->add_option("--suffix", a->suffix,
                   "infilling: the text after the generated span (every forward sees it; the answer is the "
                   "gen-length tokens between the prompt and it); raw text, no chat template");
-  reg.handlers.emplace_back(sub, [a, prompt, prompts_file, batch, p_opt, f_opt] {
+  auto canvas = std::make_shared<bool>(false);
+  sub->add_flag("--canvas", *canvas,
+                "with --json: one line per step before the result, {\"canvas\": {...}}: the committed text, "
+                "the provisional tokens and masks, the positions changed and the tokens rewritten");
+  reg.handlers.emplace_back(sub, [a, prompt, prompts_file, batch, p_opt, f_opt, canvas] {
     if (p_opt->count() == 0 && f_opt->count() == 0)
       fail("give a prompt (-p TEXT) or a prompts file (--prompts-file)");
     if (a->suffix && a->chat)
       fail("--suffix infills raw text between the prompt and the suffix; drop --chat");
     if (f_opt->count() > 0) {
+      if (*canvas) fail("--canvas streams the steps of one prompt (-p), not of a prompts file");
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
       return generate_many(s, *a, prompts, *batch);
@@ -355,7 +388,18 @@ void add_generate(CLI::App& app, Registry& reg) {
     Session s(*a);
     const auto ids = s.prompt_ids({{"user", *prompt}}, uses_chat(*a, s, *prompt));
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
-    const auto o = s.run(ids, tty);
+    if (*canvas && !a->json) fail("--canvas streams JSON step events; give --json too");
+    const auto o =
+        *canvas ? s.run(ids, s.options(),
+                        [&](const StepEvent& ev) {
+                          std::printf("%s\n",
+                                      json_line({{"canvas", canvas_event_json(ev, s.tokenizer(), ids.size(),
+                                                                              s.engine().mask_token(),
+                                                                              s.options().eos_ids)}})
+                                          .c_str());
+                          std::fflush(stdout);
+                        })
+                : s.run(ids, tty);
     if (a->json) {
       std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
     } else {

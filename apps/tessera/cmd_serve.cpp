@@ -16,23 +16,25 @@
 // hold other engine state across forwards and run one at a time, as every request does with --batch 1.
 // Besides OpenAI's fields a request may set tessera's generation options: steps, block_length, alg,
 // threshold, cache, cfg, top_k, sparse*, des*, window, window_ex, window_in, window_refresh,
-// window_early_stop. `stop` (a string or up to 4) ends the text before the first stop sequence; the
-// generation ends as soon as its decided tokens hold one. `n` (up to 16) choices run at once, choice i with
-// seed + i (their forwards packed like concurrent requests). `logprobs` (completions: N; chat: true, with
-// top_logprobs N; N up to 20) gives each token's log-probability in the forward of the step that decided
-// it (raw logits) and the N most likely tokens there; streamed, each event carries those of the tokens
-// whose text it completes. A field the server does not know or that belongs to the other route, a value it
-// cannot honour (echo, penalties, a logit bias, tools, a JSON response format: OpenAI's fields are taken only
-// with the values that change nothing here), a prompt that does not fit the context or a bad value gets a
-// 400 with an OpenAI-style error object, never a silently different generation. Streaming (SSE): a diffusion
-// model decides positions out of order, so each event carries the text of the generation's decided prefix
-// that was not sent yet (the positions up to the first undecided one); the events concatenate to the final
-// text. Then a last event with the finish_reason, and "data: [DONE]". With stop sequences, the text that
-// could begin one is held back until it is ruled out. A model without a chat template gets the chat messages
-// concatenated (as `tessera chat` does). A client that goes away ends its request at the next step: a stream
-// notices when an event cannot be written, a plain request by watching its connection (ClientWatch); /health
-// counts them. SIGTERM / SIGINT stop the server gracefully (the requests in flight finish); a second one
-// exits at once. --cors ORIGIN: CORS headers for browser pages of that origin (none by default).
+// window_early_stop, edit_mode, edit_threshold, max_post_steps, edit_penalty; "canvas": true (with
+// "stream") adds a "tessera.canvas" event per step (canvas_event.h). `stop` (a string or up to 4) ends the
+// text before the first stop sequence; the generation ends as soon as its decided tokens hold one. `n` (up to
+// 16) choices run at once, choice i with seed + i (their forwards packed like concurrent requests).
+// `logprobs` (completions: N; chat: true, with top_logprobs N; N up to 20) gives each token's log-probability
+// in the forward of the step that decided it (raw logits) and the N most likely tokens there; streamed, each
+// event carries those of the tokens whose text it completes. A field the server does not know or that belongs
+// to the other route, a value it cannot honour (echo, penalties, a logit bias, tools, a JSON response format:
+// OpenAI's fields are taken only with the values that change nothing here), a prompt that does not fit the
+// context or a bad value gets a 400 with an OpenAI-style error object, never a silently different generation.
+// Streaming (SSE): a diffusion model decides positions out of order, so each event carries the text of the
+// generation's decided prefix that was not sent yet (the positions up to the first undecided one); the events
+// concatenate to the final text. Then a last event with the finish_reason, and "data: [DONE]". With stop
+// sequences, the text that could begin one is held back until it is ruled out. A model without a chat
+// template gets the chat messages concatenated (as `tessera chat` does). A client that goes away ends its
+// request at the next step: a stream notices when an event cannot be written, a plain request by watching its
+// connection (ClientWatch); /health counts them. SIGTERM / SIGINT stop the server gracefully (the requests in
+// flight finish); a second one exits at once. --cors ORIGIN: CORS headers for browser pages of that origin
+// (none by default).
 #include <dirent.h>
 #include <fcntl.h>
 #include <httplib.h>
@@ -59,6 +61,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/tessera/canvas_event.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_request.h"
 #include "apps/tessera/session.h"
@@ -528,9 +531,18 @@ class Server {
       size_t hold = 0;
       for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
       std::vector<size_t> completion(static_cast<size_t>(total));
+      // "canvas": true: a named event per step (OpenAI clients read only the unnamed data events).
+      std::function<void(int, json)> send_canvas = [&](int c, json j) {
+        j["index"] = c;
+        const std::string ev =
+            "event: tessera.canvas\ndata: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        std::lock_guard<std::mutex> l(sink_mutex);
+        if (!sink.write(ev.data(), ev.size())) throw ClientGone{};
+      };
       run_choices(total, [&](int c) {
         completion[static_cast<size_t>(c)] =
-            stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event);
+            stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event,
+                          r.canvas ? send_canvas : nullptr);
       });
       size_t sum = 0;
       for (size_t t : completion) sum += t;
@@ -562,15 +574,17 @@ class Server {
   template <typename Send, typename Delta>
   // c: the choice's index; o: its options (its seed).
   size_t stream_choice(int c, const std::vector<int32_t>& ids, const GenerateOptions& o, size_t hold, int top,
-                       bool chat, const Send& send, const Delta& delta_event) {
+                       bool chat, const Send& send, const Delta& delta_event,
+                       const std::function<void(int, json)>& send_canvas) {
     std::string sent;
     size_t sent_tokens = 0;  // logprobs: the tokens of the prefix whose text was sent with theirs
     const size_t P = ids.size();
     std::vector<int32_t> prefix;
     const int32_t mask = session_.engine().mask_token();
     const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
-      prefix.clear();  // the generation's decided prefix, up to the first mask or EOS
-      for (size_t i = P; i < ev.canvas.size() && ev.canvas[i] != mask; ++i) {
+      if (send_canvas) send_canvas(c, canvas_event_json(ev, session_.tokenizer(), P, mask, o.eos_ids));
+      prefix.clear();  // the generation's committed prefix, up to the first mask or EOS
+      for (size_t i = P; i < static_cast<size_t>(ev.committed) && ev.canvas[i] != mask; ++i) {
         if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
         prefix.push_back(ev.canvas[i]);
       }

@@ -17,6 +17,7 @@ Precision parse_precision(const std::string& p) {
 
 Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const EngineOptions& base_eng) {
   Candidate c{spec, base, base_eng, false};
+  EditFlags edit;  // applied once every key is read (a preset, then the values given)
   std::stringstream ss(spec);
   std::string kv;
   while (std::getline(ss, kv, ',')) {
@@ -35,6 +36,7 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.gen.block_length = std::stoi(v);
       } else if (k == "threshold") {
         c.gen.threshold = std::stof(v);
+        edit.threshold = c.gen.threshold;
       } else if (k == "alg") {
         c.gen.alg = parse_unmask(v);
       } else if (k == "cfg") {
@@ -82,6 +84,14 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
          : k == "window-in" ? c.gen.window_in
                             : c.gen.window_refresh) = std::stoi(v);
         c.gen.window = true;
+      } else if (k == "edit-mode") {
+        edit.mode = parse_edit_mode(v);
+      } else if (k == "edit-threshold") {
+        edit.edit_threshold = std::stof(v);
+      } else if (k == "max-post-steps") {
+        edit.max_post = std::stoi(v);
+      } else if (k == "edit-penalty") {
+        edit.penalty = std::stof(v);
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -101,17 +111,24 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.eng.memory_budget = memory::parse_size(v);
         c.own_engine = true;
       } else {
-        fail("--compare '" + spec + "': unknown option '" + k +
-             "' (known: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
-             "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
-             "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, precision, dequantize, "
-             "device, k-ffn, k-logits, memory-budget)");
+        fail(
+            "--compare '" + spec + "': unknown option '" + k +
+            "' (known: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
+            "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
+            "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, "
+            "max-post-steps, edit-penalty, precision, dequantize, "
+            "device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
       fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);
     } catch (const std::out_of_range&) {
       fail("--compare '" + spec + "': '" + v + "' is out of range for " + k);
     }
+  }
+  try {
+    apply_edit_flags(edit, c.gen);
+  } catch (const Error& e) {
+    fail("--compare '" + spec + "': " + e.what());
   }
   TESSERA_CHECK(c.eng.k_ffn >= 1 && c.eng.k_logits >= 1,
                 "--compare '" + spec + "': chunk counts must be >= 1");

@@ -1,7 +1,8 @@
 // --compare SPEC of tessera eval and tessera bench: a comma-separated list of key=value options (steps,
 // block-length, threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des,
 // des-k, des-beta, des-scope, window, window-ex, window-in, window-refresh, window-early-stop,
-// mid-block-stop, suffix, logprobs, precision, device, k-ffn, k-logits, memory-budget) applied to a base
+// mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, precision,
+// device, k-ffn, k-logits, memory-budget) applied to a base
 // configuration.
 #pragma once
 #include <string>

@@ -57,7 +57,8 @@ const std::set<std::string, std::less<>> kShared = {
     // tessera's options
     "steps", "block_length", "alg", "threshold", "cache", "sparse", "sparse_block", "sparse_rho",
     "sparse_skip", "des", "des_k", "des_beta", "des_scope", "window", "window_ex", "window_in",
-    "window_refresh", "window_early_stop", "cfg"};
+    "window_refresh", "window_early_stop", "cfg", "edit_mode", "edit_threshold", "max_post_steps",
+    "edit_penalty", "canvas"};
 const std::set<std::string, std::less<>> kCompletionOnly = {"prompt", "suffix", "echo", "best_of"};
 const std::set<std::string, std::less<>> kChatOnly = {
     "messages", "top_logprobs", "response_format", "tools",     "tool_choice", "parallel_tool_calls",
@@ -233,6 +234,13 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
     }
   }
   try {
+    EditFlags ef;
+    if (given(body, "edit_mode")) ef.mode = choice(parse_edit_mode, "edit_mode");
+    if (given(body, "threshold")) ef.threshold = o.threshold;
+    if (given(body, "edit_threshold")) ef.edit_threshold = float_field(body, "edit_threshold");
+    if (given(body, "edit_penalty")) ef.penalty = float_field(body, "edit_penalty");
+    if (given(body, "max_post_steps")) ef.max_post = small_int("max_post_steps");
+    apply_edit_flags(ef, o);
     o.des = implied_des(given(body, "des") ? std::optional(parse_des(str_field(body, "des"))) : std::nullopt,
                         given(body, "des_k"), given(body, "des_beta"), o.des);
     validate_generate_options(o, session.config().vocab, block_causal);
@@ -444,6 +452,8 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
   }
   r.options.logprobs = r.logprobs >= 0;
   if (given(body, "stream")) r.stream = bool_field(body, "stream");
+  if (given(body, "canvas")) r.canvas = bool_field(body, "canvas");
+  if (r.canvas && !r.stream) bad("'canvas' streams the steps as events; set 'stream': true");
   if (given(body, "stream_options")) {
     const json& so = body["stream_options"];
     if (!so.is_object()) bad("'stream_options' must be an object");

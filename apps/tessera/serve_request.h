@@ -36,6 +36,8 @@ struct ParsedRequest {
   // string, token ids, or an array of either; choice p * n + i is prompt p's choice i.
   std::vector<std::vector<int32_t>> prompts;
   bool stream = false, include_usage = false;
+  // Streamed: also one "tessera.canvas" event per step of each choice (canvas_event.h), before its delta.
+  bool canvas = false;
   int n = 1;  // choices: choice i samples with seed + i (at temperature 0 they are all the same)
   // Log-probabilities of the generated tokens (completions: "logprobs": N; chat: "logprobs": true with
   // "top_logprobs": N) with the N most likely tokens at each; -1: none. options.logprobs is set with it.

@@ -100,6 +100,22 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_flag("--window-early-stop", a.window_early_stop,
                 "Window-Diffusion: after an EOS is decided, never compute the positions after it (implies "
                 "--window)");
+  sub->add_option("--edit-mode", a.edit_mode,
+                  "token editing (LLaDA2.1's draft and edit; any model): quality (threshold 0.7, rewrite a "
+                  "decided token of the block when its candidate has p > 0.5), speed (threshold 0.5, rewrite "
+                  "whenever the candidate differs) or off (default)")
+      ->check(CLI::IsMember({"off", "quality", "speed"}));
+  sub->add_option("--edit-threshold", a.edit_threshold,
+                  "token editing: rewrite a decided token of the current block when the model's candidate "
+                  "differs with a probability above this (0 = whenever it differs); turns editing on")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--max-post-steps", a.max_post_steps,
+                  "token editing: at most this many forwards after the block has no mask (default 16)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--edit-penalty", a.edit_penalty,
+                  "token editing: SGLang's 2-gram penalty, subtracted from the logit of the token before "
+                  "each position (0 = off; 3 often curbs repetition)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--stop", a.stop,
                   "stop sequence: the answer ends before it, and the blocks after the one it appears in "
                   "are not generated (repeat for several)")
@@ -242,6 +258,9 @@ Session::Session(const SessionArgs& a) {
   gen_.window_in = a.window_in.value_or(gen_.window_in);
   gen_.window_refresh = a.window_refresh.value_or(gen_.window_refresh);
   gen_.window_early_stop = a.window_early_stop;
+  apply_edit_flags(EditFlags{a.edit_mode ? std::optional(parse_edit_mode(*a.edit_mode)) : std::nullopt,
+                             a.threshold, a.edit_threshold, a.edit_penalty, a.max_post_steps},
+                   gen_);
   gen_.stop = a.stop;
   if (a.suffix) gen_.suffix = suffix_ids(*a.suffix, "the suffix");
   gen_.logprobs = a.logprobs.has_value();
@@ -332,13 +351,28 @@ class LiveView {
     winsize w{};
     if (ioctl(fileno(f), TIOCGWINSZ, &w) == 0 && w.ws_col > 0) cols_ = w.ws_col;
   }
+  // The committed text plain; after it, the provisional tokens dimmed (with token editing they may
+  // still change) and the masks as shaded blocks; the tokens this step rewrote in reverse video.
   void draw(const StepEvent& ev, int total_steps) {
     std::string body;
+    edits_ += ev.edits.size();
     for (size_t i = plen_; i < ev.canvas.size(); ++i) {
-      body += ev.canvas[i] == mask_ ? std::string("\xe2\x96\x91") : t_.token_text(ev.canvas[i]);
+      if (ev.canvas[i] == mask_) {
+        body += "\xe2\x96\x91";
+        continue;
+      }
+      const bool edited = std::any_of(ev.edits.begin(), ev.edits.end(), [&](const TokenEdit& e) {
+        return static_cast<size_t>(e.position) == i;
+      });
+      const bool provisional = static_cast<int>(i) >= ev.committed;
+      body += (edited        ? "\x1b[7m"
+               : provisional ? "\x1b[2m"
+                             : "") +
+              t_.token_text(ev.canvas[i]) + (edited || provisional ? "\x1b[0m" : "");
     }
     std::string frame = body + "\n\x1b[2m[step " + std::to_string(ev.step + 1) + "/" +
-                        std::to_string(total_steps) + "]\x1b[0m\n";
+                        std::to_string(total_steps) + "]" +
+                        (edits_ > 0 ? " " + std::to_string(edits_) + " edits" : std::string()) + "\x1b[0m\n";
     std::string out;
     if (rows_ > 0) out += "\x1b[" + std::to_string(rows_) + "F";
     out += "\x1b[J" + frame;
@@ -379,6 +413,7 @@ class LiveView {
   int32_t mask_;
   int cols_ = 80;
   int rows_ = 0;
+  size_t edits_ = 0;  // tokens rewritten so far
 };
 
 }  // namespace

@@ -43,6 +43,10 @@ struct SessionArgs {
   std::vector<std::string> stop;      // stop sequences
   std::optional<int> logprobs;        // report each token's log-probability and this many alternatives
   std::optional<std::string> suffix;  // generate --suffix: infill between the prompt and this text
+  // Token editing (GenerateOptions::edit): a preset and the values that override it.
+  std::optional<std::string> edit_mode;
+  std::optional<float> edit_threshold, edit_penalty;
+  std::optional<int> max_post_steps;
 };
 
 void add_session_options(CLI::App* sub, SessionArgs& a);

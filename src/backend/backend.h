@@ -54,6 +54,14 @@ struct SparseSelectParams {
   int block = 32;             // tile side in query rows and key rows
   float rho = 0.5f;           // kept fraction of each key set, in [0, 1]
   int64_t n_prompt_keys = 0;  // keys [0, n_prompt_keys) are the prompt
+  // Block-causal models (LLaDA2; CPU only): the attention block of the mask (a query at position p sees
+  // the keys of positions < (p / attn_block + 1) * attn_block; the others count 0), the query rows'
+  // positions (ascending; the keys are positions [0, key rows)) and the pattern's strides (the whole
+  // canvas's query and key blocks): the call writes the pattern rows of its rows' query blocks only,
+  // every key block past its keys 0. attn_block 0: rows are positions 0.., strides from the rows.
+  int attn_block = 0;
+  const int32_t* q_pos = nullptr;
+  int64_t n_qb = 0, n_kb = 0;
 };
 // Tiles kept per key set of n blocks: floor(n * rho) + 1, at most n (0 for an empty set).
 inline int64_t sparse_keep(int64_t n, float rho) {

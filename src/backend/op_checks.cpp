@@ -88,6 +88,10 @@ void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv
   TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
   TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
                 "sparse_select: n_prompt_keys must be in [0, key rows]");
+  TESSERA_CHECK(p.attn_block == 0 ||
+                    (p.attn_block > 0 && p.q_pos != nullptr && p.n_kb * p.block >= k.rows() && p.n_qb > 0),
+                "sparse_select: a block-causal selection needs the query positions and pattern strides that "
+                "cover the keys");
 }
 
 void check_swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {

@@ -33,7 +33,8 @@ void init_canvas(Loop& L, std::span<const int32_t> prompt) {
   L.base.gumbel = u.gumbel();
   L.base.top_k = o.top_k;
   L.base.top_p = o.top_p;
-  L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : -1;
+  // Token editing never proposes the mask token (a step could then re-mask a position and repeat).
+  L.base.suppress_token = o.logits_eos_inf ? o.eos_ids.front() : o.edit ? L.mask : -1;
   L.base.logprobs = o.logprobs && !L.parts.guidance;  // cfg: the host computes them
   if (o.logprobs)  // the generated positions (block-causal: with the padding after them)
     L.gen_lp.assign(L.canvas.size() - static_cast<size_t>(L.P) - o.suffix.size(), TokenLogprob{});

@@ -26,21 +26,23 @@ constexpr Entry kTable[] = {
       "cached forwards read the pattern rows of their positions (CPU backend)"}},
     {Feature::SparseD,
      Feature::Cfg,
-     {Combination::Refused,
-      "sparse attention cannot be combined with classifier-free guidance; use cfg 0 or sparse off"}},
+     {Combination::Approximate,
+      "both canvases attend over the pattern selected from the conditional canvas's forward"}},
     {Feature::SparseD,
      Feature::BlockCausal,
-     {Combination::Refused,
-      "sparse attention needs a bidirectional model; this block-causal model grows its canvas block by "
-      "block"}},
+     {Combination::Approximate,
+      "within the block grid: each block's forwards after the skip read the pattern rows its selecting "
+      "forward chose for the positions it computes, over the keys each sees (CPU backend)"}},
     {Feature::Window,
      Feature::KvCache,
      {Combination::Refused,
       "Window-Diffusion keeps its own phase cache (window-refresh); use cache none with the window"}},
     {Feature::Window,
      Feature::SparseD,
-     {Combination::Refused,
-      "Window-Diffusion cannot be combined with sparse attention; turn one of them off"}},
+     {Combination::Approximate,
+      "the pattern is selected over the window's rows at a forward computing all of them (a phase's "
+      "refresh; with window-refresh 0 every forward) and again when the window has moved; forwards read "
+      "it by position (CPU backend with window-refresh > 0)"}},
     {Feature::Window,
      Feature::Cfg,
      {Combination::Approximate,
@@ -48,8 +50,9 @@ constexpr Entry kTable[] = {
       "streams; such requests run alone in serve)"}},
     {Feature::Window,
      Feature::BlockCausal,
-     {Combination::Refused,
-      "Window-Diffusion needs a bidirectional model; this block-causal model decodes block by block"}},
+     {Combination::Approximate,
+      "within the block grid: forwards see at most the current block, each block starts a phase, a "
+      "refresh recomputes the rows from the first stale block"}},
     {Feature::Infilling,
      Feature::BlockCausal,
      {Combination::Refused,
@@ -66,6 +69,19 @@ constexpr Entry kTable[] = {
     {Feature::KvCache,
      Feature::BlockCausal,
      {Combination::Exact, "exact: rows of finished blocks never change nor see later rows"}},
+    {Feature::Editing,
+     Feature::Window,
+     {Combination::Refused,
+      "token editing revisits the block's decided tokens, which the window's active set leaves out; turn "
+      "one of them off"}},
+    {Feature::Editing,
+     Feature::Threshold,
+     {Combination::Exact, "the threshold is editing's mask threshold (the joint threshold)"}},
+    {Feature::Editing,
+     Feature::KvCache,
+     {Combination::Approximate,
+      "exact on block-causal models (the next block's first forward recomputes the edited one); on "
+      "bidirectional models the cache's own approximation"}},
     {Feature::SparseD,
      Feature::Batching,
      {Combination::Alone, "the engine holds one request's patterns: such requests run one at a time"}},
@@ -78,8 +94,8 @@ constexpr Entry kTable[] = {
 
 std::string_view feature_name(Feature f) {
   static constexpr std::array<std::string_view, kFeatures> names = {
-      "KV cache",  "SparseD",  "window",  "cfg", "infilling", "DES", "LLaDA2 (block-causal)",
-      "threshold", "logprobs", "batching"};
+      "KV cache",  "SparseD",  "window",  "cfg",     "infilling", "DES", "LLaDA2 (block-causal)",
+      "threshold", "logprobs", "editing", "batching"};
   return names[static_cast<size_t>(f)];
 }
 
@@ -114,6 +130,8 @@ bool uses(const GenerateOptions& o, Feature f, bool block_causal) {
       return o.threshold > 0.0f;
     case Feature::Logprobs:
       return o.logprobs;
+    case Feature::Editing:
+      return o.edit;
     case Feature::Batching:
       return false;
   }

@@ -19,9 +19,10 @@ enum class Feature : uint8_t {
   BlockCausal,  // a block-causal model (LLaDA2)
   Threshold,    // --threshold (confidence-threshold parallel decoding)
   Logprobs,     // --logprobs
+  Editing,      // --edit-mode / --edit-threshold (token editing)
   Batching,     // concurrent requests in serve (engine/batcher)
 };
-constexpr int kFeatures = 10;
+constexpr int kFeatures = 11;
 
 enum class Combination : uint8_t {
   Exact,        // the combination is exact where each part is

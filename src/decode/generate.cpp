@@ -52,8 +52,30 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   TESSERA_CHECK(o.top_k >= 0, "top-k must be >= 0 (got " + std::to_string(o.top_k) + "); 0 turns it off");
   TESSERA_CHECK(std::isfinite(o.top_p) && o.top_p > 0.0f && o.top_p <= 1.0f,
                 "top-p must be in (0, 1] (got " + num(o.top_p) + "); 1 turns it off");
+  if (o.edit) {  // token editing (decode/edit.cpp)
+    TESSERA_CHECK(
+        o.threshold > 0.0f,
+        "token editing needs a mask threshold > 0 (--threshold; LLaDA2.1's generate uses 0.95) or an "
+        "edit-mode preset");
+    TESSERA_CHECK(
+        a == Unmask::LowConfidence || a == Unmask::MaskgitPlus,
+        "token editing ranks by the candidate's probability; use alg low_confidence or maskgit_plus "
+        "(got " +
+            an + ")");
+    TESSERA_CHECK(std::isfinite(o.edit_threshold) && o.edit_threshold >= 0.0f && o.edit_threshold <= 1.0f,
+                  "edit-threshold must be in [0, 1] (got " + num(o.edit_threshold) +
+                      "); 0 edits whenever the candidate differs");
+    TESSERA_CHECK(!o.logits_eos_inf,
+                  "logits-eos-inf cannot be combined with token editing (editing suppresses the mask token)");
+    TESSERA_CHECK(o.max_post_steps >= 0,
+                  "max-post-steps must be >= 0 (got " + std::to_string(o.max_post_steps) + ")");
+  }
+  TESSERA_CHECK(std::isfinite(o.edit_penalty) && o.edit_penalty >= 0.0f,
+                "edit-penalty must be >= 0 (got " + num(o.edit_penalty) + "); 0 turns it off");
+  TESSERA_CHECK(!(o.edit_penalty > 0.0f && !o.edit),
+                "edit-penalty applies to token editing; turn editing on (edit-mode or edit-threshold)");
   TESSERA_CHECK(
-      !(is_llada(a) && (o.top_k > 0 || o.top_p < 1.0f)),
+      !(is_llada(a) && !o.edit && (o.top_k > 0 || o.top_p < 1.0f)),
       "top-k / top-p apply only to the Dream algorithms origin, maskgit_plus, topk_margin, entropy (got " +
           an + ")");
   TESSERA_CHECK(std::isfinite(o.alg_temp) && o.alg_temp >= 0.0f,
@@ -97,6 +119,13 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   TESSERA_CHECK(!(o.window_early_stop && !o.suffix.empty()),
                 "window-early-stop cannot be combined with a suffix: the suffix follows the answer, and the "
                 "early stop drops everything after its EOS");
+  TESSERA_CHECK(!(o.window && o.sparse && block_causal),
+                "SparseD inside the window is defined for bidirectional models only; on this block-causal "
+                "model use the window or SparseD");
+  TESSERA_CHECK(
+      !(o.window_early_stop && block_causal),
+      "window-early-stop needs a bidirectional model: this block-causal model stops at an EOS after "
+      "the block that decides it");
   TESSERA_CHECK(!(o.window_early_stop && o.eos_ids.empty()),
                 "window-early-stop needs an eos id to stop at; pass at least one eos id");
   TESSERA_CHECK(!(o.logits_eos_inf && o.eos_ids.empty()),

@@ -28,18 +28,34 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // min(kTopLogprobs, vocab) (token, logprob), most likely first
 };
 
+// A token rewritten by token editing (GenerateOptions::edit).
+struct TokenEdit {
+  int step;          // the executed step that rewrote it (index into order)
+  int32_t position;  // absolute canvas position
+  int32_t from, to;  // the token before and after
+  bool operator==(const TokenEdit&) const = default;
+};
+
 struct StepEvent {
   int step;                                          // 0-based index of the executed step
   std::span<const int32_t> canvas;                   // the whole canvas (prompt + generation)
-  std::span<const int32_t> newly_decided_positions;  // absolute canvas positions, ascending
+  std::span<const int32_t> newly_decided_positions;  // absolute canvas positions changed, ascending
   std::span<const TokenLogprob> logprobs;            // GenerateOptions::logprobs: per generated position
+  // Canvas positions [prompt, committed) hold final tokens: no later step changes them (the decided run
+  // from the prompt on; with token editing, only up to the current block). Positions after it are
+  // provisional: masks, and (with editing) decided tokens that may still be rewritten.
+  int committed = 0;
+  std::span<const TokenEdit> edits;  // the tokens this step rewrote (token editing), by position
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;              // generated part only (trimmed at the first EOS if stop_at_eos)
-  std::vector<std::vector<int32_t>> order;  // absolute positions decided at each executed step, ascending
-  int steps_run = 0;                        // executed steps (each one forward; two with cfg)
-  std::vector<TokenLogprob> logprobs;       // GenerateOptions::logprobs: one per token of `tokens`
+  std::vector<int32_t> tokens;  // generated part only (trimmed at the first EOS if stop_at_eos)
+  std::vector<std::vector<int32_t>>
+      order;                           // absolute positions decided (or rewritten) at each step, ascending
+  int steps_run = 0;                   // executed steps (each one forward; two with cfg)
+  std::vector<TokenLogprob> logprobs;  // GenerateOptions::logprobs: one per token of `tokens`
+  std::vector<TokenEdit> edits;        // token editing: every rewrite, in step order
+  int64_t forwards = 0;                // forwards run (editing runs some that change nothing)
 };
 
 // Plans the request, opens its engine state on `den` (RequestScope) and runs it. Throws Error for

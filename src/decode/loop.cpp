@@ -75,31 +75,52 @@ void Loop::commit_all() {
 
 void Loop::commit(size_t k) {
   chosen.clear();
-  for (size_t j = 0; j < k; ++j) {
-    const auto i = static_cast<size_t>(idx[j]);
-    const int32_t p = pos[i];
-    TESSERA_CHECK(!decided[static_cast<size_t>(p)],
-                  "generate: internal error, position " + std::to_string(p) + " decided twice");
-    decided[static_cast<size_t>(p)] = 1;
-    canvas[static_cast<size_t>(p)] = tok[i];
-    chosen.push_back(p);
-    if (o.logprobs) {
-      TokenLogprob& t = gen_lp[static_cast<size_t>(p - P)];
-      t.logprob = lp->chosen[i];
-      t.step = res.steps_run;
-      const auto top = static_cast<size_t>(lp->top);
-      t.top.clear();
-      for (size_t a = i * top; a < (i + 1) * top && lp->top_ids[a] >= 0; ++a)
-        t.top.emplace_back(lp->top_ids[a], lp->top_lp[a]);
-    }
-    decided_token(p, tok[i]);
+  step_edits.clear();
+  for (size_t j = 0; j < k; ++j) set_token(static_cast<size_t>(idx[j]), false);
+  end_step();
+}
+
+void Loop::commit_edits(std::span<const int> fill, std::span<const int> rewrite) {
+  chosen.clear();
+  step_edits.clear();
+  for (int i : fill) set_token(static_cast<size_t>(i), false);
+  for (int i : rewrite) set_token(static_cast<size_t>(i), true);
+  if (chosen.empty()) return;  // a step that changes nothing is no step (its forward is counted)
+  std::sort(step_edits.begin(), step_edits.end(),
+            [](const TokenEdit& a, const TokenEdit& b) { return a.position < b.position; });
+  res.edits.insert(res.edits.end(), step_edits.begin(), step_edits.end());
+  end_step();
+}
+
+void Loop::set_token(size_t i, bool rewrite) {
+  const int32_t p = pos[i];
+  TESSERA_CHECK(decided[static_cast<size_t>(p)] == (rewrite ? 1 : 0),
+                "generate: internal error, position " + std::to_string(p) +
+                    (rewrite ? " rewritten before it was decided" : " decided twice"));
+  if (rewrite) step_edits.push_back(TokenEdit{res.steps_run, p, canvas[static_cast<size_t>(p)], tok[i]});
+  decided[static_cast<size_t>(p)] = 1;
+  canvas[static_cast<size_t>(p)] = tok[i];
+  chosen.push_back(p);
+  if (o.logprobs) {
+    TokenLogprob& t = gen_lp[static_cast<size_t>(p - P)];
+    t.logprob = lp->chosen[i];
+    t.step = res.steps_run;
+    const auto top = static_cast<size_t>(lp->top);
+    t.top.clear();
+    for (size_t a = i * top; a < (i + 1) * top && lp->top_ids[a] >= 0; ++a)
+      t.top.emplace_back(lp->top_ids[a], lp->top_lp[a]);
   }
+  decided_token(p, tok[i]);
+}
+
+void Loop::end_step() {
   std::sort(chosen.begin(), chosen.end());
   res.order.push_back(chosen);
   ++res.steps_run;
+  advance_committed();
   if (on_step) {
     const auto shown = std::span<const int32_t>(canvas).first(static_cast<size_t>(P + G));
-    on_step(StepEvent{res.steps_run - 1, shown, res.order.back(), gen_lp});
+    on_step(StepEvent{res.steps_run - 1, shown, res.order.back(), gen_lp, committed, step_edits});
   }
   if (o.mid_block_stop) advance_prefix();
 }

@@ -13,6 +13,7 @@
 // policies.cpp chooses the parts of a request from its options: adding a policy is a new file and one
 // line there. Loop holds the state they share; each part keeps its own.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -62,6 +63,7 @@ class UnmaskPolicy {
 class AttentionPolicy {
  public:
   virtual ~AttentionPolicy() = default;
+  virtual void begin_block(Loop& L, int lo, int hi) { (void)L, (void)lo, (void)hi; }
   virtual void before_forward(Loop& L, const RowSpec& rows) = 0;
 };
 
@@ -118,6 +120,11 @@ struct Loop {
   std::vector<int32_t> canvas;
   std::vector<char> decided;  // per canvas position
   int stop = 0;               // positions >= stop are dropped (the window's early stop)
+  int block_lo = 0;           // the current block's first position (LLaDA2: on its block grid)
+  // Positions >= editable_from may still change once decided (token editing's current block): neither
+  // final nor committed.
+  int editable_from = INT32_MAX;
+  int committed = 0;  // StepEvent::committed
   // The first undecided generated position: every token before it is final. With mid_block_stop, once
   // the tokens before it hold an EOS (stop_at_eos) or a stop sequence (stop_when), no later step can
   // change the answer and the generation ends at once (`ended`), inside a block too.
@@ -135,6 +142,7 @@ struct Loop {
   std::vector<TokenLogprob> gen_lp;  // logprobs: per generated position, set when it is decided
   // The current step: its candidates (pos), their predictions (tok, conf), the chosen indices (idx).
   std::vector<int32_t> pos, tok, chosen;
+  std::vector<TokenEdit> step_edits;  // the rewrites of the current step
   std::vector<float> conf;
   std::vector<int> idx;
 
@@ -151,17 +159,25 @@ struct Loop {
   void rank(size_t k);
   // Decides pos[idx[0..k)] with their predicted tokens; records the step and emits the event.
   void commit(size_t k);
+  // Token editing: decides the undecided pos[i] of `fill` and rewrites the decided pos[i] of `rewrite`
+  // with their predicted tokens; records the step (if anything changed) and emits the event.
+  void commit_edits(std::span<const int> fill, std::span<const int> rewrite);
   // Every candidate of pos, in order (a step that decides them all).
   void commit_all();
+  // commit's parts: pos[i] takes tok[i] (rewrite: it was decided), then the step is recorded.
+  void set_token(size_t i, bool rewrite);
+  void end_step();
 
   // stop.cpp
   bool is_eos(int32_t t) const;
   // Whether the answer ends within the decided tokens [P, to): an EOS in [from, to) (stop_at_eos) or a
   // stop sequence in them (stop_when, asked only when they hold no EOS; sets `stopped`).
   bool ends_before(int from, int to);
-  // Moves prefix_end past the positions decided now; ends the generation when the final tokens before
-  // it hold an EOS or a stop sequence.
+  // Moves prefix_end past the positions decided now (not into the editable block); ends the generation
+  // when the final tokens before it hold an EOS or a stop sequence.
   void advance_prefix();
+  // The end of the committed run (StepEvent::committed).
+  void advance_committed();
   // The window's early stop: an EOS decided at p drops every position after it.
   void decided_token(int32_t p, int32_t t);
 };

@@ -21,6 +21,7 @@ constexpr std::array<std::string_view, 6> kUnmask = {"low_confidence", "random",
 constexpr std::array<std::string_view, 3> kCache = {"none", "prefix", "dual"};
 constexpr std::array<std::string_view, 3> kDes = {"off", "seq", "vote"};
 constexpr std::array<std::string_view, 2> kScope = {"block", "all"};
+constexpr std::array<std::string_view, 3> kEditMode = {"off", "quality", "speed"};
 
 }  // namespace
 
@@ -37,6 +38,41 @@ DesMode parse_des(std::string_view s) {
 DesScope parse_des_scope(std::string_view s) {
   return parse_choice<DesScope>(s, kScope, "des-scope", "block or all");
 }
+EditMode parse_edit_mode(std::string_view s) {
+  return parse_choice<EditMode>(s, kEditMode, "edit mode", "off, quality or speed");
+}
+EditPreset edit_preset(EditMode m) {
+  return m == EditMode::Quality ? EditPreset{0.7f, 0.5f, 16} : EditPreset{0.5f, 0.0f, 16};
+}
+std::string_view name(EditMode m) {
+  return kEditMode[static_cast<size_t>(m)];
+}
+void apply_edit_flags(const EditFlags& f, GenerateOptions& o) {
+  const bool values = f.edit_threshold || f.max_post || f.penalty;
+  if (f.mode == EditMode::Off) {
+    TESSERA_CHECK(!values,
+                  "edit-mode off turns token editing off; drop edit-threshold, max-post-steps and "
+                  "edit-penalty, or choose edit-mode quality or speed");
+    o.edit = false;
+    return;
+  }
+  if (f.mode) {  // a preset, then what was given
+    const EditPreset p = edit_preset(*f.mode);
+    o.edit = true;
+    o.threshold = f.threshold.value_or(p.threshold);
+    o.edit_threshold = p.edit_threshold;
+    o.max_post_steps = p.max_post_steps;
+  }
+  if (f.edit_threshold) {
+    o.edit = true;
+    o.edit_threshold = *f.edit_threshold;
+  }
+  if (f.max_post) o.max_post_steps = *f.max_post;
+  if (f.penalty) o.edit_penalty = *f.penalty;
+  TESSERA_CHECK(o.edit || !f.max_post,
+                "max-post-steps applies to token editing; turn editing on (edit-mode or edit-threshold)");
+}
+
 std::string_view name(Unmask a) {
   return kUnmask[static_cast<size_t>(a)];
 }

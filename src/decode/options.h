@@ -29,15 +29,27 @@ enum class KvCache : uint8_t { None, Prefix, Dual };
 // Which rows of a forward route inside the DES coreset: the block's (the tokens decoded in parallel)
 // or every row.
 enum class DesScope : uint8_t { Block, All };
+// LLaDA2.1's token-editing presets (specs/llada21-editing.md section 4; the model card's own numbers
+// could not be read, these are the spec's recommendation): quality = mask threshold 0.7, editing above
+// 0.5; speed = mask threshold 0.5, editing whenever the candidate differs (edit threshold 0); both at
+// most 16 post steps. Off: no editing.
+enum class EditMode : uint8_t { Off, Quality, Speed };
+struct EditPreset {
+  float threshold, edit_threshold;
+  int max_post_steps;
+};
+EditPreset edit_preset(EditMode m);  // m != Off
 
 Unmask parse_unmask(std::string_view s);
 KvCache parse_kv_cache(std::string_view s);
 DesMode parse_des(std::string_view s);
 DesScope parse_des_scope(std::string_view s);
+EditMode parse_edit_mode(std::string_view s);
 std::string_view name(Unmask a);
 std::string_view name(KvCache c);
 std::string_view name(DesMode d);
 std::string_view name(DesScope s);
+std::string_view name(EditMode m);
 
 // LLaDA's algorithms (semi-autoregressive blocks, Gumbel-max sampling) and Dream's (timesteps).
 inline bool is_llada(Unmask a) {
@@ -96,12 +108,34 @@ struct GenerateOptions {
   // Record each generated token's log-probability (GenerateResult::logprobs): the forward that decided
   // it returns them beside the tokens (SampleParams::logprobs; with cfg, from the guided logits).
   bool logprobs = false;
+  // Token editing (LLaDA2.1's draft and edit, decode/edit.cpp): each step of a block fills masks whose
+  // candidate's probability is > threshold (at least one) and, from the same forward, rewrites the
+  // block's tokens decided before the step whose candidate differs with probability > edit_threshold
+  // (0: whenever it differs). A block ends at a step without a mask that edits nothing, or after
+  // max_post_steps forwards without a mask. Editing on or off is `edit`, never the threshold's value.
+  // edit_penalty > 0: SGLang's 2-gram penalty (that much off the logit of the token before each
+  // position in its block).
+  bool edit = false;
+  float edit_threshold = 0.9f;
+  int max_post_steps = 16;
+  float edit_penalty = 0.0f;
 };
 
 // Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:
 // the options are for a block-causal model (no divisibility rules; see generate()). A combination of
 // features is checked against the table of decode/compat.h.
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
+
+// Token editing as a boundary gives it (CLI flags, serve's fields, --compare keys): a preset mode and the
+// values given explicitly, which override the preset's (threshold: the mask threshold, when given).
+// Editing is on with a quality / speed mode or an edit threshold; off with mode off, which refuses the
+// editing values beside it (Error). Without a mode, max_post and penalty only set their values.
+struct EditFlags {
+  std::optional<EditMode> mode;
+  std::optional<float> threshold, edit_threshold, penalty;
+  std::optional<int> max_post;
+};
+void apply_edit_flags(const EditFlags& f, GenerateOptions& o);
 
 // The external window of the options: window_ex, or its default for the algorithm (64 LLaDA, 128 Dream).
 int window_external(const GenerateOptions& o);

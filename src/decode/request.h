@@ -18,7 +18,7 @@ struct RequestPlan {
   int attention_block = 0;  // block-causal models: the generation's block length (0: bidirectional)
   // The largest forward: every canvas row, and at most logit_rows predicted positions (a block).
   int64_t logit_rows = 0;
-  bool host_logits = false;  // the forwards return whole logit rows (cfg guides them on the host)
+  bool host_logits = false;  // the forwards return whole logit rows (cfg, editing's penalty: guidance.cpp)
   bool logprobs = false;     // the forwards return log-probabilities beside the tokens
   int64_t kv_capacity = 0;   // rows of KV cache held for the request (0: none)
   int kv_streams = 0;        // its caches: 1, or 2 under cfg (the unconditional canvas has its own)
@@ -26,8 +26,11 @@ struct RequestPlan {
   SparseConfig sparse_config;
   bool des = false;  // DES state (or only its unique-expert counts: des_config.mode Off)
   DesConfig des_config;
-  // Whether its forwards can be packed with other requests' (no per-request attention or expert state).
-  bool shares_forwards() const { return !sparse && !des && kv_streams < 2; }
+  // Whether its forwards can be packed with other requests' (no per-request attention or expert state,
+  // no whole logit rows from a KV cache).
+  bool shares_forwards() const {
+    return !sparse && !des && kv_streams < 2 && !(host_logits && kv_capacity > 0);
+  }
 };
 
 // The plan of a generation of `o` after a prompt of prompt_len tokens (o validated), for a

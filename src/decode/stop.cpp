@@ -18,9 +18,15 @@ bool Loop::ends_before(int from, int to) {
 }
 
 void Loop::advance_prefix() {
-  const int from = prefix_end, end = P + G;
+  const int from = prefix_end, end = std::min(P + G, editable_from);
   while (prefix_end < end && decided[static_cast<size_t>(prefix_end)]) ++prefix_end;
   if (prefix_end != from) ended = ends_before(from, prefix_end);
+}
+
+void Loop::advance_committed() {
+  const int end = std::min(P + G, editable_from);
+  committed = std::max(committed, P);
+  while (committed < end && decided[static_cast<size_t>(committed)]) ++committed;
 }
 
 void Loop::decided_token(int32_t p, int32_t t) {
@@ -30,6 +36,7 @@ void Loop::decided_token(int32_t p, int32_t t) {
 GenerateResult finish(Loop& L) {
   const GenerateOptions& o = L.o;
   GenerateResult res = std::move(L.res);
+  res.forwards = L.forwards;
   // Window early stop: the positions after the stopping EOS were never generated; they read as it.
   if (o.window && L.stop < static_cast<int>(L.canvas.size())) {
     const int32_t eos = L.canvas[static_cast<size_t>(L.stop - 1)];

@@ -109,6 +109,8 @@ class ThresholdSteps final : public TransferSchedule {
       while (k < L.idx.size() && accept(L.conf[static_cast<size_t>(L.idx[k])])) ++k;
       if (step < min_sched_.size())
         k = std::max(k, std::min(L.idx.size(), static_cast<size_t>(min_sched_[step])));
+      else if (!min_sched_.empty())  // LLaDA2 past its `steps` (a window held the block back): all of them
+        k = L.idx.size();
       L.commit(k);
       if (L.ended) return;
     }
@@ -121,7 +123,9 @@ class ThresholdSteps final : public TransferSchedule {
 };
 
 void begin_block(Loop& L, int lo, int hi) {
+  L.block_lo = lo;
   L.parts.rows->begin_block(L, lo, hi);
+  if (L.parts.attention) L.parts.attention->begin_block(L, lo, hi);
   if (L.parts.experts) L.parts.experts->begin_block(L, lo, hi);
 }
 

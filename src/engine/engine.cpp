@@ -476,15 +476,21 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const Cached
 
 void Engine::sparse_begin(int64_t canvas_len, const SparseConfig& c) {
   const ModelConfig& cfg = model_->config();
-  const bool bidirectional = attention_block() == 0 && model_->options().mask == MaskKind::None;
-  const size_t bytes = SparseState::check(cfg, bidirectional, canvas_len, c);
-  // A cached step reads the pattern by position, which only the CPU kernel does: refused before work.
+  const bool causal = model_->options().mask == MaskKind::Causal;
+  const size_t bytes = SparseState::check(cfg, causal, canvas_len, c);
+  // A cached step reads the pattern by position, which only the CPU kernel does (so does a block-causal
+  // model's selection): refused before work.
+  TESSERA_CHECK(attention_block() == 0 || backend_->device() == Device::CPU,
+                "sparse attention on a block-causal model runs on the CPU backend only; turn sparse off on " +
+                    backend_->name());
   TESSERA_CHECK(
       !kv_->is_open(0) || backend_->device() == Device::CPU,
-      "sparse attention with a KV cache runs on the CPU backend only; use cache none on " + backend_->name());
+      "sparse attention with a KV cache (or the window's phase cache) runs on the CPU backend only; use "
+      "cache none and window-refresh 0 on " +
+          backend_->name());
   if (bytes > sparse_.bytes())
     grow_held(sparse_.buffer(), bytes, SparseState::describe(canvas_len, c, bytes));
-  sparse_.begin(canvas_len, c, bytes, cfg.n_layers);
+  sparse_.begin(canvas_len, c, bytes, cfg.n_layers, attention_block());
 }
 
 void Engine::sparse_phase(SparsePhase p) {

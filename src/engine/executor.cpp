@@ -147,6 +147,11 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       if (c.sparse != nullptr && c.sparse->select) {
         SparseSelectParams sp = c.sparse->p;
         sp.scale = op.p.scale;
+        if (sp.attn_block > 0) {  // block-causal: pattern rows by position, over the canvas's strides
+          sp.q_pos = ap.q_pos;
+          sp.n_qb = c.sparse->q_blocks;
+          sp.n_kb = c.sparse->k_blocks;
+        }
         b.sparse_select(in(0), in(1), op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, sp, pattern);
       }
       break;

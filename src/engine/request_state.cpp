@@ -14,12 +14,10 @@ void HeldBuffer::free(Backend& backend) {
   bytes = 0;
 }
 
-size_t SparseState::check(const ModelConfig& cfg, bool bidirectional, int64_t canvas_len,
-                          const SparseConfig& c) {
-  TESSERA_CHECK(
-      bidirectional,
-      "sparse attention needs a bidirectional model (block-causal models grow their canvas block by "
-      "block, so one pattern cannot serve the request)");
+size_t SparseState::check(const ModelConfig& cfg, bool causal, int64_t canvas_len, const SparseConfig& c) {
+  TESSERA_CHECK(!causal,
+                "sparse attention needs a bidirectional or block-causal model (a causal model's rows see "
+                "only the keys before them)");
   TESSERA_CHECK(c.block > 0, "sparse block must be > 0 (got " + std::to_string(c.block) + ")");
   TESSERA_CHECK(std::isfinite(c.rho) && c.rho >= 0.0f && c.rho <= 1.0f,
                 "sparse rho must be in [0, 1] (got " + std::to_string(c.rho) + ")");
@@ -38,9 +36,11 @@ std::string SparseState::describe(int64_t canvas_len, const SparseConfig& c, siz
          "; a larger block needs fewer)";
 }
 
-void SparseState::begin(int64_t canvas_len, const SparseConfig& c, size_t bytes, int64_t n_layers) {
+void SparseState::begin(int64_t canvas_len, const SparseConfig& c, size_t bytes, int64_t n_layers,
+                        int attn_block) {
   canvas_ = canvas_len;
   exec_ = SparseExec{};
+  exec_.p.attn_block = attn_block;
   exec_.patterns = static_cast<uint8_t*>(buf_.data);
   exec_.layer_bytes = bytes / static_cast<size_t>(n_layers);
   exec_.p.block = c.block;
@@ -48,6 +48,7 @@ void SparseState::begin(int64_t canvas_len, const SparseConfig& c, size_t bytes,
   exec_.p.n_prompt_keys = c.prompt_len;
   on_ = true;
   ready_ = false;
+  selected_ = selecting_ = 0;
   phase_ = SparsePhase::Dense;
 }
 
@@ -61,21 +62,42 @@ void SparseState::set_phase(SparsePhase p) {
 const SparseExec* SparseState::step(const graph::StepShape& shape, bool kv_cache) {
   if (!on_ || phase_ == SparsePhase::Dense) return nullptr;
   exec_.select = phase_ == SparsePhase::Select;
-  // A Select forward computes every row of the canvas (uncached, or a KV-cache refresh); a Sparse one
-  // any of its rows against all its keys (a KV-cache step reads the pattern by position).
-  TESSERA_CHECK(shape.n_seqs == 1 && shape.n_kv == canvas_ && (!exec_.select || shape.n_query == canvas_),
+  // A Select forward computes every row of its view (uncached, a KV-cache refresh, a window's refresh);
+  // a Sparse one any of its rows against all its keys, over a view no longer than the selected one.
+  const int64_t n = shape.n_kv;
+  const bool block_causal = exec_.p.attn_block > 0;
+  if (block_causal) {  // rows by position at the canvas's strides, selecting or reading
+    TESSERA_CHECK(shape.n_seqs == 1 && n <= canvas_,
+                  "sparse attention: the patterns are for one canvas of " + std::to_string(canvas_) +
+                      " positions; this forward has " + std::to_string(shape.n_seqs) + " sequence(s) of " +
+                      std::to_string(n) + " key rows");
+    if (exec_.select) selecting_ = n;
+    exec_.q_blocks = exec_.k_blocks = (canvas_ + exec_.p.block - 1) / exec_.p.block;
+    return &exec_;
+  }
+  TESSERA_CHECK(shape.n_seqs == 1 && n <= canvas_ && (exec_.select ? shape.n_query == n : n <= selected_),
                 "sparse attention: the patterns are for one canvas of " + std::to_string(canvas_) +
-                    " positions, selected from a forward over all of it; this forward has " +
-                    std::to_string(shape.n_seqs) + " sequence(s) of " + std::to_string(shape.n_query) +
-                    " query and " + std::to_string(shape.n_kv) + " key rows");
-  const int64_t blocks = (canvas_ + exec_.p.block - 1) / exec_.p.block;
-  exec_.q_blocks = kv_cache && !exec_.select ? blocks : 0;
+                    " positions, selected from a forward over all rows of a prefix of it (the last over " +
+                    std::to_string(selected_) + "); this forward has " + std::to_string(shape.n_seqs) +
+                    " sequence(s) of " + std::to_string(shape.n_query) + " query and " + std::to_string(n) +
+                    " key rows");
+  if (exec_.select) {
+    selecting_ = n;
+    exec_.q_blocks = exec_.k_blocks = 0;
+    return &exec_;
+  }
+  // Rows read the pattern by position unless the forward computes exactly the selected view.
+  const bool by_position = kv_cache || n != selected_;
+  exec_.q_blocks = by_position ? (selected_ + exec_.p.block - 1) / exec_.p.block : 0;
   exec_.k_blocks = exec_.q_blocks;
   return &exec_;
 }
 
 void SparseState::step_done() {
-  if (on_ && phase_ != SparsePhase::Dense && exec_.select) ready_ = true;
+  if (on_ && phase_ != SparsePhase::Dense && exec_.select) {
+    ready_ = true;
+    selected_ = selecting_;
+  }
 }
 
 std::vector<uint8_t> SparseState::patterns(Backend& backend, int64_t n_layers) const {

@@ -43,12 +43,17 @@ struct MoeStats {
 
 // SparseD (--sparse): one pattern byte per (layer, head, query block, key block) of the canvas of one
 // request. The buffer is kept across requests and grown (by the Engine, under its memory budget) when a
-// request needs more; ready() once a Select forward of this request has written the patterns.
+// request needs more; ready() once a Select forward of this request has written the patterns. A Select
+// forward computes every row of its view, a prefix canvas[0, n) of the request's canvas (the whole canvas,
+// or Window-Diffusion's window); the pattern then has that view's blocks, and a Sparse forward over a
+// view no longer than it reads the pattern rows of its positions (or of its rows, when it computes
+// exactly the selected view). On a block-causal model every forward selects or reads the pattern rows of
+// the positions it computes, at the whole canvas's strides.
 class SparseState {
  public:
-  // Checks a request's parameters on a model of config `cfg` (bidirectional: its attention has no
-  // block-causal mask) and returns the pattern bytes it needs.
-  static size_t check(const ModelConfig& cfg, bool bidirectional, int64_t canvas_len, const SparseConfig& c);
+  // Checks a request's parameters on a model of config `cfg` (causal: its attention has a causal mask)
+  // and returns the pattern bytes it needs.
+  static size_t check(const ModelConfig& cfg, bool causal, int64_t canvas_len, const SparseConfig& c);
   // What the patterns of a request are, for the budget error when they do not fit.
   static std::string describe(int64_t canvas_len, const SparseConfig& c, size_t bytes);
 
@@ -56,12 +61,15 @@ class SparseState {
   size_t bytes() const { return buf_.bytes; }
   bool on() const { return on_; }
   int64_t block() const { return exec_.p.block; }
-  // Starts a request over the buffer (at least `bytes` bytes: check()), in the Dense phase.
-  void begin(int64_t canvas_len, const SparseConfig& c, size_t bytes, int64_t n_layers);
+  // Starts a request over the buffer (at least `bytes` bytes: check()), in the Dense phase. attn_block > 0:
+  // a block-causal model (LLaDA2), whose forwards select and read the pattern rows of the positions they
+  // compute, over the whole canvas's strides (its blocks select at different forwards).
+  void begin(int64_t canvas_len, const SparseConfig& c, size_t bytes, int64_t n_layers, int attn_block);
   void set_phase(SparsePhase p);
   void end() { on_ = false; }
   // What a forward of `shape` runs with: nullptr in the Dense phase or outside a request; throws Error
-  // unless the forward is one uncached sequence over the request's canvas.
+  // unless the forward is one sequence over a prefix of the request's canvas (a Select forward: all of
+  // that prefix's rows; a Sparse one: a prefix no longer than the selected one).
   const SparseExec* step(const graph::StepShape& shape, bool kv_cache);
   // After that forward: a Select forward has written the patterns.
   void step_done();
@@ -74,6 +82,7 @@ class SparseState {
  private:
   HeldBuffer buf_;
   int64_t canvas_ = 0;
+  int64_t selected_ = 0, selecting_ = 0;  // the view (key rows) of the last Select forward, of this one
   bool on_ = false, ready_ = false;
   SparsePhase phase_ = SparsePhase::Dense;
   SparseExec exec_;

@@ -51,6 +51,15 @@ GenerateOptions windowed(GenerateOptions o, int refresh) {
   return o;
 }
 
+// SparseD with tiles of 4 positions, rho 0.3, floor(steps * 0.2) exact forwards.
+GenerateOptions sparsed(GenerateOptions o) {
+  o.sparse = true;
+  o.sparse_block = 4;
+  o.sparse_rho = 0.3f;
+  o.sparse_skip = 0.2f;
+  return o;
+}
+
 using Run = test::ReferenceRun;
 std::vector<Run> reference_runs(const std::filesystem::path& dir, const GenerateOptions& o) {
   return test::reference_runs(dir, prompts(), o);
@@ -172,11 +181,7 @@ TEST(ReferenceCombine, WindowEarlyStopRefusesASuffix) {
 // 4, rho 0.3), the other 9 attend to their tiles only.
 void check_sparse_suffix(const std::string& family, const std::string& alg) {
   TESSERA_TINY_OR_SKIP(dir, family, "--seed 11");
-  GenerateOptions sparse = options(alg);
-  sparse.sparse = true;
-  sparse.sparse_block = 4;
-  sparse.sparse_rho = 0.3f;
-  sparse.sparse_skip = 0.2f;
+  GenerateOptions sparse = sparsed(options(alg));
   GenerateOptions infill = options(alg), both = sparse;
   infill.suffix = both.suffix = kSuffix;
   check_combination(dir, both, family + " " + alg + " sparse + suffix",
@@ -188,6 +193,50 @@ TEST(ReferenceCombine, LladaSparseDWithSuffix) {
 }
 TEST(ReferenceCombine, DreamEntropySparseDWithSuffix) {
   check_sparse_suffix("dream", "entropy");
+}
+
+// 7. SparseD inside Window-Diffusion: after floor(12 * 0.2) = 2 forwards, a forward that computes every
+// row of its view (a phase's refresh; with refresh 0 every forward) selects the pattern over the window
+// when the window has moved since the last selection; the other forwards read it by position.
+void check_sparse_window(const std::string& family, const std::string& alg) {
+  TESSERA_TINY_OR_SKIP(dir, family, "--seed 11");
+  for (int refresh : {0, 3}) {
+    const GenerateOptions window = windowed(options(alg), refresh);
+    check_combination(dir, sparsed(window),
+                      family + " " + alg + " sparse + window, refresh " + std::to_string(refresh),
+                      {{"no sparse", window}, {"no window", sparsed(options(alg))}});
+  }
+  GenerateOptions infill = windowed(options(alg), 3);
+  infill.suffix = kSuffix;
+  check_combination(dir, sparsed(infill), family + " " + alg + " sparse + window + suffix, refresh 3",
+                    {{"no sparse", infill}});
+}
+
+TEST(ReferenceCombine, LladaSparseDInsideTheWindow) {
+  check_sparse_window("llada", "low_confidence");
+}
+TEST(ReferenceCombine, DreamEntropySparseDInsideTheWindow) {
+  check_sparse_window("dream", "entropy");
+}
+
+// 8. SparseD with cfg: both canvases run in the same phase; the pattern is selected from the conditional
+// canvas's forward. Plain and inside the window (refresh 3: a phase cache per canvas).
+void check_sparse_cfg(const std::string& family) {
+  TESSERA_TINY_OR_SKIP(dir, family, "--seed 11");
+  GenerateOptions cfg = options("low_confidence");
+  cfg.cfg_scale = 1.0f;
+  check_combination(dir, sparsed(cfg), family + " sparse + cfg",
+                    {{"no sparse", cfg}, {"no cfg", sparsed(options("low_confidence"))}});
+  const GenerateOptions window = windowed(cfg, 3);
+  check_combination(dir, sparsed(window), family + " sparse + cfg + window, refresh 3",
+                    {{"no sparse", window}});
+}
+
+TEST(ReferenceCombine, LladaSparseDWithCfg) {
+  check_sparse_cfg("llada");
+}
+TEST(ReferenceCombine, DreamModelSparseDWithCfg) {
+  check_sparse_cfg("dream");
 }
 
 // 6. DES on tiny LLaDA-MoE (16 experts, top 4): the rows that vote are the block's positions, under the

@@ -1,5 +1,6 @@
 // Combined features in tessera serve's batcher (issue #27): concurrent /v1/completions requests that each
-// combine features (cfg with a KV cache, the window with cfg or a suffix, SparseD with a suffix, ...),
+// combine features (cfg with a KV cache, the window with cfg or a suffix, SparseD with a suffix, inside
+// the window or with cfg, token editing with its penalty, a cache or cfg, ...),
 // beside plain and threshold ones, are answered exactly as each is when it is sent alone (greedy, 16
 // tokens, the bundled tiny model, --batch 8). Requests that cannot share forwards (cfg with a cache,
 // SparseD) run alone in the batcher; the others are packed.
@@ -57,6 +58,15 @@ TEST(ServeCombine, ConcurrentCombinationsAnswerAsAlone) {
       {{"window", true}, {"suffix", suffix}, {"window_ex", 8}, {"window_in", 4}, {"window_refresh", 3}},
       {{"sparse", true}, {"suffix", suffix}, {"sparse_block", 8}, {"sparse_rho", 0.3}},  // SparseD + suffix
       {{"window", true}, {"cfg", 1.0}, {"suffix", suffix}, {"window_ex", 8}, {"window_in", 4}},
+      {{"sparse", true}, {"window", true}, {"sparse_block", 8}, {"window_ex", 8}, {"window_in", 4}},
+      {{"sparse", true}, {"cfg", 1.0}, {"sparse_block", 8}},  // SparseD + cfg
+      {{"edit_mode", "speed"}, {"block_length", 8}},          // token editing
+      {{"edit_threshold", 0.3},
+       {"threshold", 0.5},
+       {"edit_penalty", 3.0},
+       {"cache", "dual"},
+       {"block_length", 8}},
+      {{"edit_mode", "quality"}, {"cfg", 1.0}, {"block_length", 8}},  // editing + cfg
   };
   std::vector<json> reqs;
   for (size_t i = 0; i < extra.size(); ++i) {

@@ -244,7 +244,6 @@ TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
       {R"({"prompt": "x", "seed": -1})", "'seed' must be >= 0"},
       {R"({"prompt": "x", "sparse": 1})", "'sparse' must be true or false"},
       {R"({"prompt": "x", "sparse_rho": 2})", "sparse-rho must be in [0, 1]"},
-      {R"({"prompt": "x", "sparse": true, "cfg": 1.0})", "cannot be combined with classifier-free guidance"},
       {R"({"prompt": "x", "des": "vote"})", "expert sharing needs a mixture-of-experts model"},
       {R"({"prompt": "x", "des": "some"})", "unknown expert sharing 'some'"},
       {R"({"prompt": "x", "des_k": 2, "des_beta": 0.3})", "choose different methods"},

@@ -148,13 +148,22 @@ TEST(SparseD, MisuseFailsClearly) {
   const auto longer = random_canvas(48, e->vocab_size(), 3, e->mask_token(), 0.5);
   expect_error(
       [&] { e->logits(longer, pos, out); },
-      "the patterns are for one canvas of 40 positions, selected from a forward over all of it; this "
-      "forward has 1 sequence(s) of 48");
+      "the patterns are for one canvas of 40 positions, selected from a forward over all rows of a prefix "
+      "of it (the last over 0); this forward has 1 sequence(s) of 48");
+  // A prefix of the canvas (Window-Diffusion's view) selects over its rows; a Sparse forward may not
+  // read past the selected prefix.
+  const std::vector<int32_t> prefix(canvas.begin(), canvas.begin() + 24);
+  e->logits(prefix, pos, out);
+  e->sparse_phase(SparsePhase::Sparse);
+  e->logits(std::span<const int32_t>(prefix).first(20), pos, out);  // by position, over the 24 selected
+  expect_error([&] { e->logits(canvas, pos, out); },
+               "(the last over 24); this forward has 1 sequence(s) of 40");
+  e->sparse_phase(SparsePhase::Select);
   // With a KV cache the selection needs a refresh of the whole canvas; later cached steps read the
   // pattern by position.
   e->kv_cache_reset(40);
   e->logits_cached(canvas, 0, 40, pos, out);
-  expect_error([&] { e->logits_cached(canvas, 0, 20, pos, out); }, "selected from a forward over all of it");
+  expect_error([&] { e->logits_cached(canvas, 0, 20, pos, out); }, "selected from a forward over all rows");
   e->sparse_phase(SparsePhase::Sparse);
   e->logits_cached(canvas, 8, 24, pos, out);
   e->sparse_end();
@@ -174,7 +183,10 @@ TEST(SparseD, MisuseFailsClearly) {
       "plus the sparse attention patterns of a 400-position canvas");
   TESSERA_TINY_OR_SKIP(dir2, "llada2", "--seed 7");
   auto l2 = Engine::load(dir2);
-  expect_error([&] { l2->sparse_begin(40, SparseConfig{}); }, "sparse attention needs a bidirectional model");
+  // A block-causal model takes patterns (read by position; tests/golden/llada2_combine_test.cpp).
+  l2->set_attention_block(8);
+  l2->sparse_begin(40, SparseConfig{4, 0.5f, 10});
+  l2->sparse_end();
 }
 
 // tessera plan counts the patterns (quadratic in the context) in the budget and in L_max.

@@ -30,5 +30,17 @@ TEST(Stories260K, MatchesTheNumpyReference) {
   std::printf("stories260K: relative error %.2e against the numpy reference\n", err);
 }
 
+// A causal model's rows see only the keys before them: SparseD's head-specific patterns over the whole
+// canvas do not apply, and it is refused before any forward.
+TEST(Stories260K, SparseAttentionIsRefusedOnACausalModel) {
+  TESSERA_SKIP_WITHOUT_SHARED("models/stories260K");
+  auto e = Engine::load(test::stories_converted());
+  test::expect_error(
+      [&] {
+        e->sparse_begin(40, SparseConfig{8, 0.5f, 10});
+      },
+      "sparse attention needs a bidirectional or block-causal model");
+}
+
 }  // namespace
 }  // namespace tessera

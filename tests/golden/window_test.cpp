@@ -147,7 +147,13 @@ TEST(Window, CliFlagsAndErrors) {
   test::expect_command_error(base + "--window --cache dual 2>&1",
                              "Window-Diffusion keeps its own phase cache");
   test::expect_command_error(base + "--window-in 80 2>&1", "window-in (80) must not exceed window-ex (64)");
-  test::expect_command_error(base + "--window --sparse 2>&1", "cannot be combined with sparse attention");
+  // SparseD inside the window: a pattern is held and --json says so.
+  ASSERT_EQ(test::run_command(base + "--json --window --sparse --sparse-block 8 2>/dev/null", &out), 0)
+      << out;
+  const auto ws = nlohmann::json::parse(out);
+  EXPECT_EQ(ws["sparse"], true);
+  EXPECT_GT(ws["sparse_pattern_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(ws["window"]["external"], 64);
 }
 
 }  // namespace

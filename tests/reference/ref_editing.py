@@ -29,6 +29,9 @@ Resolved details (the spec leaves them implicit):
     lower position first (top_positions). The official code's topk order on ties is unspecified.
   - Editing on/off is separate from edit_threshold: edit_enabled False means no T2T at all; with
     editing on, edit_threshold 0.0 edits whenever the candidate differs (official / SGLang semantics).
+  - The mask token is never a candidate: its logit is -inf before the argmax and the softmax (a
+    candidate equal to the mask would leave a position masked, and with editing could re-mask a decided
+    one, so a deterministic step could repeat forever; trained models never predict it).
   - A prompt holding the mask token is refused (the official loop would fill it; tessera never
     receives one).
 """
@@ -109,6 +112,7 @@ def _run_block(x, lo, hi, P, mask_id, block_logits, threshold, edit_threshold, e
         L = block_logits()
         out["forwards"] += 1
         L = penalised_logits(L, old, penalty)
+        L[:, mask_id] = -np.inf  # the mask token is never a candidate
         cand = L.argmax(axis=-1)  # lowest token id on ties
         conf = softmax64(L)[np.arange(len(cand)), cand]
         m2t, t2t = edit_step(old, protect, cand, conf, mask_id, threshold, edit_threshold, edit_enabled,

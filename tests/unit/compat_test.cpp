@@ -44,6 +44,10 @@ void use(GenerateOptions& o, Feature f, bool& block_causal) {
     case Feature::Logprobs:
       o.logprobs = true;
       break;
+    case Feature::Editing:
+      o.edit = true;
+      o.threshold = 0.5f;
+      break;
     case Feature::Batching:
       break;
   }

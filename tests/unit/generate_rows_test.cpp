@@ -144,8 +144,16 @@ TEST(Generate, SparseAttentionPhases) {
                                        P::Sparse, P::Sparse}));
   EXPECT_EQ(dc.log[4], "c0-11/11");  // the refresh that selects
   o.cache = KvCache::None;
-  refused([](auto& b) { b.cfg_scale = 1.0f; }, 0, "cannot be combined with classifier-free guidance");
-  refused([](auto&) {}, 4, "sparse attention needs a bidirectional model");
+  // cfg: the unconditional canvas (prompt masked) runs first in every step, so that a Select step's
+  // pattern is the conditional canvas's.
+  FakeDenoiser g(peaked([](int p) { return p % 5; }, [](int p) { return 1.0f + 0.1f * p; }));
+  g.sparse = true;
+  GenerateOptions gc = o;
+  gc.cfg_scale = 1.0f;
+  EXPECT_EQ(generate(g, kPrompt, gc).steps_run, 8);
+  ASSERT_EQ(g.logit_canvases.size(), 16u);
+  for (size_t i = 0; i < 16; ++i)
+    EXPECT_EQ(g.logit_canvases[i][0] == kMask, i % 2 == 0) << "logits call " << i;
   refused([](auto& b) { b.sparse_rho = 1.5f; }, 0, "sparse-rho must be in [0, 1] (got 1.5)");
   refused([](auto& b) { b.sparse_skip = 1.0f; }, 0, "sparse-skip must be in [0, 1) (got 1)");
   refused([](auto& b) { b.sparse_block = 0; }, 0, "sparse-block must be > 0 (got 0)");
@@ -211,6 +219,53 @@ TEST(Generate, WindowPhasesComputeTheExpectedRows) {
       "d9-12", "c0-15/15", "d10-13", "r9,10,11,12/15", "d11-14", "r9,10,11,12,13/15",
       "d12-15", "c0-15/15", "d13-15", "r12,13,14/15", "d14-15", "r12,13,14/15"}));
   // clang-format on
+
+  // SparseD inside the window: floor(12 * 0.2) = 2 exact forwards; then a forward that computes its whole
+  // view (a phase's refresh) selects when the window has moved since the last selection, and every
+  // other forward reads the pattern.
+  using enum SparsePhase;
+  o.des = DesMode::Off;
+  o.sparse = true;
+  o.sparse_skip = 0.2f;
+  FakeDenoiser sp(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  sp.cached = sp.sparse = true;
+  generate(sp, kPrompt, o);
+  // The third forward is not a refresh: the fourth (view 12) selects, the seventh (view 15) again, the
+  // tenth (view 15 still) does not.
+  EXPECT_EQ(sp.phases, (std::vector<SparsePhase>{Dense, Dense, Dense, Select, Sparse, Sparse, Select, Sparse,
+                                                 Sparse, Sparse, Sparse, Sparse}));
+  // Without the phase cache every forward computes its whole view: the window moves at every step until
+  // it reaches the canvas end (views 9, 10, .., 15, then 15).
+  o.window_refresh = 0;
+  FakeDenoiser sn(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+  sn.sparse = true;
+  generate(sn, kPrompt, o);
+  EXPECT_EQ(sn.phases, (std::vector<SparsePhase>{Dense, Dense, Select, Select, Select, Select, Select, Sparse,
+                                                 Sparse, Sparse, Sparse, Sparse}));
+}
+
+// Window-Diffusion on a block-causal model (LLaDA2), worked out by hand: prompt 3, 8 generated
+// positions on a grid of blocks of 4 (canvas 12), an external window of 3, active sets of 2, phases of 2
+// forwards, one decision per step (threshold 0.99 is never reached), left to right. Each block starts a
+// phase; forwards see at most the current block; a refresh recomputes from the previous block's start at
+// the block's first refresh (its rows were cached before it was final), from the block's start after.
+TEST(Generate, WindowOnABlockCausalModelKeepsItsBlockGrid) {
+  auto run = [](int refresh, bool cached) {
+    FakeDenoiser d(peaked([](int p) { return p % 5; }, [](int p) { return 5.0f - 0.1f * p; }));
+    d.block = 4;
+    d.cached = cached;
+    GenerateOptions o = window_options(8, 3, 2, refresh, 4);
+    o.block_length = 4;
+    o.threshold = 0.99f;
+    const GenerateResult r = generate(d, kPrompt, o);
+    EXPECT_EQ(r.steps_run, 9);
+    for (size_t i = 0; i < r.order.size(); ++i) EXPECT_EQ(r.order[i], (std::vector<int32_t>{int32_t(3 + i)}));
+    return d.log;
+  };
+  EXPECT_EQ(run(2, true), (std::vector<std::string>{"c0-4/4", "c0-7/7", "r4,5,6/7", "c4-8/8", "r6,7/8",
+                                                    "c4-11/11", "r8,9,10/11", "c8-12/12", "r10,11/12"}));
+  EXPECT_EQ(run(0, false),
+            (std::vector<std::string>{"p/4", "p/7", "p/8", "p/8", "p/8", "p/11", "p/12", "p/12", "p/12"}));
 }
 
 // Windows that hold the whole generation decide exactly as the plain loops (refresh 0: no cache;
@@ -304,7 +359,12 @@ TEST(Generate, WindowRefusals) {
     return o;
   };
   expect_error(with([](auto& o) { o.cache = KvCache::Dual; }), "Window-Diffusion keeps its own phase cache");
-  expect_error(with([](auto& o) { o.sparse = true; }), "Window-Diffusion cannot be combined with sparse");
+  // SparseD inside the window is asked of the denoiser, which this one lacks (FakeDenoiser.sparse off).
+  expect_error(with([](auto& o) {
+                 o.sparse = true;
+                 o.window_refresh = 0;
+               }),
+               "this denoiser has no sparse attention");
   expect_error(with([](auto& o) { o.cfg_scale = 1.0f; }), "this denoiser has no KV cache");
   expect_error(with([](auto& o) { o.window_in = 0; }), "window-in must be >= 1 (got 0)");
   expect_error(with([](auto& o) { o.window_in = 65; }), "window-in (65) must not exceed window-ex (64)");

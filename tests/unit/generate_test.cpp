@@ -404,8 +404,9 @@ TEST(Generate, CfgCombinesOnTheHost) {
   GenerateResult cfg = generate(d2, kPrompt, o);
   EXPECT_EQ(cfg.tokens, (std::vector<int32_t>{1}));
   ASSERT_EQ(d2.logit_canvases.size(), 2u);
-  EXPECT_EQ(d2.logit_canvases[0], (std::vector<int32_t>{1, 2, 3, kMask}));
-  EXPECT_EQ(d2.logit_canvases[1], (std::vector<int32_t>{kMask, kMask, kMask, kMask}));
+  // The unconditional canvas first (SparseD's Select step then keeps the conditional pattern).
+  EXPECT_EQ(d2.logit_canvases[1], (std::vector<int32_t>{1, 2, 3, kMask}));
+  EXPECT_EQ(d2.logit_canvases[0], (std::vector<int32_t>{kMask, kMask, kMask, kMask}));
   EXPECT_TRUE(d2.calls.empty());
 }
 
@@ -452,8 +453,8 @@ TEST(Generate, SuffixFollowsTheGenerationInEveryForward) {
   o.cfg_scale = 1.0f;
   generate(d, kPrompt, o);
   ASSERT_EQ(d.logit_canvases.size(), 2u);
-  EXPECT_EQ(d.logit_canvases[0], (std::vector<int32_t>{1, 2, 3, kMask, 4, 5}));
-  EXPECT_EQ(d.logit_canvases[1], (std::vector<int32_t>(6, kMask)));
+  EXPECT_EQ(d.logit_canvases[1], (std::vector<int32_t>{1, 2, 3, kMask, 4, 5}));
+  EXPECT_EQ(d.logit_canvases[0], (std::vector<int32_t>(6, kMask)));
   EXPECT_EQ(canvas_length(3, o, false), 6);
 }
 

@@ -510,9 +510,72 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
   }
 }
 
+namespace {
+
+// The n_keep best key blocks of [a, b) by importance (ties to the lower block) set to 1 in row.
+void keep_best(const double* imp, int64_t a, int64_t b, int64_t n_keep, std::vector<int64_t>& order,
+               uint8_t* row) {
+  const auto first = order.begin(), mid = first + n_keep, last = first + (b - a);
+  for (int64_t i = a; i < b; ++i) order[static_cast<size_t>(i - a)] = i;
+  std::partial_sort(first, mid, last, [&](int64_t x, int64_t y) {
+    const double ix = imp[x], iy = imp[y];
+    return ix > iy || (ix == iy && x < y);
+  });
+  for (auto it = first; it != mid; ++it) row[*it] = 1;
+}
+
+// Block-causal selection (SparseSelectParams::attn_block): per head and query block present in the rows,
+// the importance of its rows over the keys each sees (a run of rows of one attention block at a time,
+// so the mask is a shorter key prefix), written into the pattern row of its position's block.
+void select_block_causal(const TileCtx& c, const SparseSelectParams& p, int64_t Mq, int64_t Mk, int n_heads,
+                         int group, uint8_t* mask) {
+  const int64_t B = p.block, AB = p.attn_block, n_kb = (Mk + B - 1) / B;
+  const int64_t g = p.n_prompt_keys / B;
+  const int64_t keep_pre = sparse_keep(g, p.rho), keep_gen = sparse_keep(n_kb - g, p.rho);
+  std::vector<int64_t> starts;  // first row of each query block present
+  for (int64_t r = 0; r < Mq; ++r) {
+    TESSERA_CHECK(r == 0 || p.q_pos[r] > p.q_pos[r - 1], "sparse_select: query positions must ascend");
+    TESSERA_CHECK(p.q_pos[r] / B < p.n_qb, "sparse_select: a query position lies outside the pattern");
+    if (r == 0 || p.q_pos[r] / B != p.q_pos[r - 1] / B) starts.push_back(r);
+  }
+  starts.push_back(Mq);
+  const auto n_groups = static_cast<int64_t>(starts.size()) - 1;
+#pragma omp parallel
+  {
+    std::vector<double> imp(static_cast<size_t>(n_kb));
+    std::vector<int64_t> order(static_cast<size_t>(n_kb));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int h = 0; h < n_heads; ++h) {
+      for (int64_t t = 0; t < n_groups; ++t) {
+        const int64_t r0 = starts[static_cast<size_t>(t)], r1 = starts[static_cast<size_t>(t) + 1];
+        std::fill(imp.begin(), imp.end(), 0.0);
+        for (int64_t a = r0; a < r1;) {  // rows of one attention block: keys [0, its end)
+          const int64_t ab = p.q_pos[a] / AB;
+          int64_t e = a + 1;
+          while (e < r1 && p.q_pos[e] / AB == ab) ++e;
+          const int64_t keys = std::min(Mk, (ab + 1) * AB);
+          block_importance(c, a, e, keys, h, h / group, e - a, n_kb, imp.data());
+          a = e;
+        }
+        uint8_t* row = mask + (h * p.n_qb + p.q_pos[r0] / B) * p.n_kb;
+        std::fill(row, row + p.n_kb, uint8_t{0});
+        keep_best(imp.data(), 0, g, keep_pre, order, row);
+        keep_best(imp.data(), g, n_kb, keep_gen, order, row);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
                    const SparseSelectParams& p, uint8_t* mask) {
   check_sparse_select(q, k, n_heads, n_kv_heads, head_dim, p);
+  if (p.attn_block > 0) {
+    const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
+    select_block_causal(c, p, q.rows(), k.rows(), n_heads, n_heads / n_kv_heads, mask);
+    return;
+  }
   const int64_t B = p.block, Mq = q.rows(), Mk = k.rows();
   const int64_t n_qb = (Mq + B - 1) / B, n_kb = (Mk + B - 1) / B;
   const int64_t g = p.n_prompt_keys / B;
