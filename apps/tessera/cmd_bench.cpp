@@ -56,6 +56,7 @@ struct Row {
   std::string label;
   double seconds = 0;
   int steps = 0;
+  int64_t forwards = 0;  // token editing runs forwards that change nothing (no step)
   double query_rows = 0, key_rows = 0;
   size_t activation_peak = 0, kv_cache = 0;
   size_t weights = 0;  // the engine's weight bytes (quantized GGUF weights count as stored)
@@ -108,6 +109,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
+    r.forwards = res.forwards;
     r.query_rows = rows;
     r.key_rows = keys;
     r.activation_peak = peak;
@@ -269,16 +271,19 @@ int run_bench(const BenchArgs& a) {
        (base.temperature > 0 ? ", temperature " + std::to_string(base.temperature).substr(0, 4) : ""))
           .c_str(),
       std::string(name(base.cache)).c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
-              "speed-up", "steps", "query rows", "key rows", "weights", "act. peak", "KV cache", "agreement");
+  std::printf("%-28s %9s %9s %8s %6s %8s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
+              "speed-up", "steps", "fwd/tok", "query rows", "key rows", "weights", "act. peak", "KV cache",
+              "agreement");
   if (moe) std::printf(" %8s", "experts");
   if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
   std::printf("\n");
   const Row& r0 = rows.front();
   for (const Row& r : rows) {
     const double tps = static_cast<double>(r.tokens.size()) / r.seconds;
-    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(), r.seconds,
-                tps, r0.seconds / r.seconds, r.steps, r.query_rows, r.key_rows,
+    const double fpt =
+        r.tokens.empty() ? 0.0 : static_cast<double>(r.forwards) / static_cast<double>(r.tokens.size());
+    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %8.3f %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(),
+                r.seconds, tps, r0.seconds / r.seconds, r.steps, fpt, r.query_rows, r.key_rows,
                 human_bytes(static_cast<double>(r.weights)).c_str(),
                 human_bytes(static_cast<double>(r.activation_peak)).c_str(),
                 human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
@@ -298,6 +303,8 @@ int run_bench(const BenchArgs& a) {
                            {"tokens_per_second", tps},
                            {"speedup", r0.seconds / r.seconds},
                            {"steps", r.steps},
+                           {"forwards", r.forwards},
+                           {"forwards_per_token", fpt},
                            {"query_rows", r.query_rows},
                            {"key_rows", r.key_rows},
                            {"weight_bytes", r.weights},

@@ -3,7 +3,8 @@
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
 // des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, suffix,
-// logprobs, precision, dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path.
+// logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, precision, dequantize, device, k-ffn,
+// k-logits, memory-budget) measured against the exact path.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -37,7 +38,8 @@ struct EvalArgs {
 
 json side_json(const eval::GenSide& s) {
   json j = {{"agreement", s.agreement}, {"nll", s.nll},       {"reference_match", s.reference_match},
-            {"seconds", s.seconds},     {"tokens", s.tokens}, {"steps", s.steps}};
+            {"seconds", s.seconds},     {"tokens", s.tokens}, {"steps", s.steps},
+            {"forwards", s.forwards}};
   if (s.experts > 0) {
     j["experts_per_moe_layer"] = s.experts;
     j["block_experts_per_moe_layer"] = s.experts_block;
@@ -114,13 +116,13 @@ int run_eval(const EvalArgs& a) {
                          : "",
         std::string(name(base.alg)).c_str(), base.steps, base.block_length, a.precision.c_str());
     const bool moe = exact->supports_expert_sharing();
-    std::printf("%-28s %10s %10s %10s %10s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
-                "tokens/s", "steps", moe ? "  experts (block)" : "");
+    std::printf("%-28s %10s %10s %10s %10s %8s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
+                "tokens/s", "steps", "forwards", moe ? "  experts (block)" : "");
     json gens = json::array();
     auto print_row = [moe](const std::string& label, const eval::GenSide& s) {
-      std::printf("%-28s %10.4f %10.4f %10.4f %10.1f %8lld", label.c_str(), s.agreement, s.nll,
+      std::printf("%-28s %10.4f %10.4f %10.4f %10.1f %8lld %8lld", label.c_str(), s.agreement, s.nll,
                   s.reference_match, s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0,
-                  static_cast<long long>(s.steps));
+                  static_cast<long long>(s.steps), static_cast<long long>(s.forwards));
       if (moe) std::printf("  %7.2f (%5.2f)", s.experts, s.experts_block);
       std::printf("\n");
     };

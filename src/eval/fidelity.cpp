@@ -181,6 +181,7 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
       check_request_budget(e, request.plan());
       GenerateResult r = generate(request, c.prompt, g);
       o.steps += r.steps_run;
+      o.forwards += r.forwards;
       if (g.moe_stats) o.moe += e.moe_stats();
       o.tokens.push_back(std::move(r.tokens));
     }
@@ -196,6 +197,7 @@ GenSide score(Engine& exact, const Generations& out, const Generations& exact_ou
   GenSide s;
   s.seconds = out.seconds;
   s.steps = out.steps;
+  s.forwards = out.forwards;
   s.experts = out.moe.mean(out.moe.unique);
   s.experts_block = out.moe.mean(out.moe.unique_voting);
   int64_t agree = 0, match = 0, total = 0, nll_n = 0;

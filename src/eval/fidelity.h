@@ -56,7 +56,7 @@ struct GenSide {
   double nll = 0;              // mean pseudo-NLL of the generated tokens under the exact model
   double reference_match = 0;  // fraction equal to the held-out continuation
   double seconds = 0;
-  int64_t tokens = 0, steps = 0;
+  int64_t tokens = 0, steps = 0, forwards = 0;  // forwards: token editing runs some that change nothing
   double experts = 0, experts_block = 0;  // MoE models: mean unique experts per (MoE layer, forward), of
                                           // all rows and of the block's rows
 };
@@ -64,7 +64,7 @@ struct GenSide {
 struct Generations {
   std::vector<Seq> tokens;
   double seconds = 0;
-  int64_t steps = 0;
+  int64_t steps = 0, forwards = 0;
   MoeStats moe;  // summed over the generations (MoE models; generate_all counts them)
 };
 // use_suffix: every case's suffix follows its generation (infilling); false: continuation only.

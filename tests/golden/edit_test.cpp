@@ -136,6 +136,36 @@ TEST(Edit, Llada2MatchesTheReferenceLoop) {
   EXPECT_GT(edits, 20u) << "editing was hardly exercised";
 }
 
+// Temperature > 0 (the reference models greedy decoding only): a draw from the tempered, top-k / top-p
+// filtered distribution, its probability the confidence. The same seed gives the same generation, with and
+// without the cache; another seed another one; the filters are taken with a LLaDA algorithm.
+TEST(Edit, SamplingAtATemperature) {
+  TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const auto prompt = test::random_canvas(11, e->vocab_size() - 8, 5, 0, 0.0);
+  GenerateOptions o;
+  o.gen_length = 30;
+  o.block_length = o.steps = 8;
+  o.edit = true;
+  o.threshold = 0.05f;
+  o.edit_threshold = 0.04f;
+  o.temperature = 0.8f;
+  o.top_k = 40;
+  o.top_p = 0.95f;
+  o.seed = 3;
+  const GenerateResult a = generate(*e, prompt, o);
+  EXPECT_EQ(generate(*e, prompt, o).tokens, a.tokens);
+  GenerateOptions cached = o;
+  cached.cache = KvCache::Prefix;
+  const GenerateResult c = generate(*e, prompt, cached);
+  EXPECT_EQ(c.tokens, a.tokens);
+  EXPECT_EQ(c.order, a.order);
+  EXPECT_EQ(c.edits, a.edits);
+  o.seed = 4;
+  EXPECT_NE(generate(*e, prompt, o).tokens, a.tokens);
+  for (int32_t t : a.tokens) EXPECT_NE(t, e->mask_token());
+}
+
 TEST(Edit, BidirectionalModelsEditTheirBlocks) {
   for (const char* family : {"llada", "dream"}) {
     TESSERA_TINY_OR_SKIP(dir, family, "--seed 11");

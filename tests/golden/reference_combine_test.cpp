@@ -2,7 +2,8 @@
 // (reference.py generate, written from algorithms.md and the combination semantics, not from the C++):
 // classifier-free guidance plain, with the prefix / dual KV caches (each canvas its own cache) and with
 // Window-Diffusion (both canvases see the window; with refresh each keeps its own phase cache);
-// Window-Diffusion and SparseD with an infilling suffix; DES with the window and with cfg. On tiny
+// Window-Diffusion and SparseD with an infilling suffix; SparseD inside the window and with cfg; DES
+// with the window, with cfg and with SparseD inside the window or with cfg. On tiny
 // checkpoints in f32 at temperature 0, tessera decides the same tokens at the same steps as the
 // reference, for LLaDA low_confidence and, where the algorithm allows (cfg does not), Dream entropy, over
 // 3 blocks and two prompts. Each combination also changes the reference's own generation compared with
@@ -262,6 +263,19 @@ TEST(ReferenceCombine, DesWithTheWindow) {
                           {{"no window", with_des(options(alg), mode)}, {"no DES", window}});
       }
     }
+  }
+}
+
+TEST(ReferenceCombine, DesWithSparseDInsideTheWindowAndWithCfg) {
+  TESSERA_TINY_OR_SKIP(dir, "llada_moe", kMoe);
+  for (DesMode mode : {DesMode::Vote, DesMode::Seq}) {
+    const std::string des = "DES " + std::string(name(mode));
+    const GenerateOptions window = sparsed(windowed(options("low_confidence"), 3));
+    check_combination(dir, with_des(window, mode), des + " + sparse + window, refresh 3",
+                      {{"no DES", window}});
+    GenerateOptions cfg = sparsed(options("low_confidence"));
+    cfg.cfg_scale = 1.0f;
+    check_combination(dir, with_des(cfg, mode), des + " + sparse + cfg", {{"no DES", cfg}});
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "backend/backend.h"
 #include "backend/cpu/simd.h"
@@ -534,6 +535,99 @@ TEST(CpuSparseSelect, MatchesReferenceAndKeepsTheRightCount) {
             << "row " << r << " block " << kb;
     }
     EXPECT_GT(clear, c.hq * ref.n_qb / 2);  // ties are rare: most rows are compared
+  }
+}
+
+// The block-causal selection (SparseSelectParams::attn_block; LLaDA2): query rows at positions q_pos
+// (a KV-cache step: rows from the middle of a block on) against keys [0, mk); each row sees the keys before
+// the end of its attention block; the pattern rows of the query blocks present are written at the whole
+// canvas's strides, the others left alone. Against a double reference written here: the masked softmax
+// summed per (query block, key block), the best sparse_keep of each key set (ties to the lower block).
+TEST(CpuSparseSelect, BlockCausalSelectionByPosition) {
+  auto be = make_cpu_backend();
+  struct Case {
+    int hq, hkv, d, block, attn_block;
+    int64_t first, mk, prompt, canvas;
+    float rho;
+  };
+  for (const Case& c :
+       {Case{4, 2, 32, 4, 8, 11, 24, 11, 48, 0.3f}, Case{2, 1, 16, 16, 8, 8, 40, 5, 48, 0.4f},
+        Case{2, 2, 32, 8, 8, 0, 16, 3, 32, 0.0f}, Case{4, 4, 16, 6, 16, 20, 48, 20, 64, 0.5f}}) {
+    SCOPED_TRACE("block " + std::to_string(c.block) + " attn " + std::to_string(c.attn_block) + " first " +
+                 std::to_string(c.first));
+    const int64_t mq = c.mk - c.first, n_qb = (c.canvas + c.block - 1) / c.block, n_kb = n_qb;
+    auto q = random_floats(static_cast<size_t>(mq * c.hq * c.d), 21, 2.0f);
+    auto k = random_floats(static_cast<size_t>(c.mk * c.hkv * c.d), 22, 2.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(mq));
+    for (int64_t i = 0; i < mq; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.first + i);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    SparseSelectParams p;
+    p.scale = scale;
+    p.block = c.block;
+    p.rho = c.rho;
+    p.n_prompt_keys = c.prompt;
+    p.attn_block = c.attn_block;
+    p.q_pos = pos.data();
+    p.n_qb = n_qb;
+    p.n_kb = n_kb;
+    std::vector<uint8_t> got(static_cast<size_t>(c.hq * n_qb * n_kb), 7);
+    be->sparse_select(Tensor(q.data(), DType::F32, {mq, c.hq * c.d}),
+                      Tensor(k.data(), DType::F32, {c.mk, c.hkv * c.d}), c.hq, c.hkv, c.d, p, got.data());
+    const int64_t view_kb = (c.mk + c.block - 1) / c.block, g = c.prompt / c.block;
+    int compared = 0;
+    for (int h = 0; h < c.hq; ++h) {
+      for (int64_t qb = 0; qb < n_qb; ++qb) {
+        const uint8_t* row = got.data() + (h * n_qb + qb) * n_kb;
+        std::vector<double> imp(static_cast<size_t>(view_kb), 0.0);
+        bool present = false;
+        for (int64_t i = 0; i < mq; ++i) {
+          if (pos[static_cast<size_t>(i)] / c.block != qb) continue;
+          present = true;
+          const int64_t keys =
+              std::min<int64_t>(c.mk, (pos[static_cast<size_t>(i)] / c.attn_block + 1) * c.attn_block);
+          std::vector<double> sc(static_cast<size_t>(keys));
+          double mx = -INFINITY, sum = 0.0;
+          for (int64_t j = 0; j < keys; ++j) {
+            double dot = 0.0;
+            for (int t = 0; t < c.d; ++t)
+              dot += static_cast<double>(q[static_cast<size_t>((i * c.hq + h) * c.d + t)]) *
+                     k[static_cast<size_t>((j * c.hkv + h / (c.hq / c.hkv)) * c.d + t)];
+            sc[static_cast<size_t>(j)] = dot * scale;
+            mx = std::max(mx, sc[static_cast<size_t>(j)]);
+          }
+          for (double v : sc) sum += std::exp(v - mx);
+          for (int64_t j = 0; j < keys; ++j)
+            imp[static_cast<size_t>(j / c.block)] += std::exp(sc[static_cast<size_t>(j)] - mx) / sum;
+        }
+        if (!present) {  // not this call's: untouched
+          for (int64_t kb = 0; kb < n_kb; ++kb) ASSERT_EQ(row[kb], 7) << "query block " << qb;
+          continue;
+        }
+        for (int64_t kb = view_kb; kb < n_kb; ++kb) EXPECT_EQ(row[kb], 0) << "a key block past the keys";
+        bool clear = true;
+        std::vector<uint8_t> want(static_cast<size_t>(view_kb), 0);
+        for (auto [a, b] : {std::pair<int64_t, int64_t>{0, g}, {g, view_kb}}) {
+          const int64_t keep = sparse_keep(b - a, c.rho);
+          std::vector<int64_t> order(static_cast<size_t>(b - a));
+          std::iota(order.begin(), order.end(), a);
+          std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+            return imp[static_cast<size_t>(x)] > imp[static_cast<size_t>(y)];
+          });
+          for (int64_t i = 0; i < keep; ++i) want[static_cast<size_t>(order[static_cast<size_t>(i)])] = 1;
+          if (keep > 0 && keep < b - a &&
+              imp[static_cast<size_t>(order[static_cast<size_t>(keep - 1)])] -
+                      imp[static_cast<size_t>(order[static_cast<size_t>(keep)])] <=
+                  1e-4 * imp[static_cast<size_t>(order[static_cast<size_t>(keep - 1)])])
+            clear = false;
+        }
+        if (!clear) continue;
+        ++compared;
+        for (int64_t kb = 0; kb < view_kb; ++kb)
+          EXPECT_EQ(row[kb], want[static_cast<size_t>(kb)])
+              << "head " << h << " query block " << qb << " key block " << kb;
+      }
+    }
+    EXPECT_GT(compared, 0);
   }
 }
 

@@ -368,12 +368,12 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
 }
 
 // Importance of every key block for query rows [r0, r1) of head hq (kv head hk), added into imp: for
-// the query block of B rows that row r belongs to (counted from r0), imp[((r - r0) / B) * n_kb + key
-// block] gets the sum over its rows of softmax_j(scores) summed over the keys of each key block. Two
-// passes over the keys (row max and sum, then the probabilities), so only one key tile of scores exists
-// at a time; up to kBQ rows (several query blocks) share each transposed K tile.
+// the query block of q_block rows that row r belongs to (counted from r0), imp[((r - r0) / q_block) *
+// n_kb + key / block] gets the sum over its rows of softmax_j(scores) summed over the keys of each key
+// block. Two passes over the keys (row max and sum, then the probabilities), so only one key tile of
+// scores exists at a time; up to kBQ rows (several query blocks) share each transposed K tile.
 void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
-                      int64_t block, int64_t n_kb, double* imp) {
+                      int64_t q_block, int64_t block, int64_t n_kb, double* imp) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int d = c.d;
   const KeyRows rows{0, n_keys, nullptr};
@@ -408,8 +408,8 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
           continue;
         }
         for (int i0 = 0; i0 < nq;) {  // the rows of one query block at a time
-          const int64_t qblock = (a + i0 - r0) / block;
-          const int i1 = static_cast<int>(std::min<int64_t>(nq, r0 + (qblock + 1) * block - a));
+          const int64_t qblock = (a + i0 - r0) / q_block;
+          const int i1 = static_cast<int>(std::min<int64_t>(nq, r0 + (qblock + 1) * q_block - a));
           std::fill(col, col + nkv * kW, 0.0f);
           for (int i = i0; i < i1; ++i) {
             const float* si = s + i * kBK;
@@ -554,7 +554,7 @@ void select_block_causal(const TileCtx& c, const SparseSelectParams& p, int64_t 
           int64_t e = a + 1;
           while (e < r1 && p.q_pos[e] / AB == ab) ++e;
           const int64_t keys = std::min(Mk, (ab + 1) * AB);
-          block_importance(c, a, e, keys, h, h / group, e - a, n_kb, imp.data());
+          block_importance(c, a, e, keys, h, h / group, e - a, B, n_kb, imp.data());
           a = e;
         }
         uint8_t* row = mask + (h * p.n_qb + p.q_pos[r0] / B) * p.n_kb;
@@ -594,7 +594,7 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
       for (int64_t t = 0; t < n_tiles; ++t) {
         const int64_t qb0 = t * per_tile, qb1 = std::min(n_qb, qb0 + per_tile);
         std::fill(imp.begin(), imp.end(), 0.0);
-        block_importance(c, qb0 * B, std::min(qb1 * B, Mq), Mk, h, h / group, B, n_kb, imp.data());
+        block_importance(c, qb0 * B, std::min(qb1 * B, Mq), Mk, h, h / group, B, B, n_kb, imp.data());
         for (int64_t qb = qb0; qb < qb1; ++qb) {
           const double* bimp = imp.data() + (qb - qb0) * n_kb;
           uint8_t* row = mask + (h * n_qb + qb) * n_kb;
