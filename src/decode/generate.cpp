@@ -120,8 +120,9 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
                 "window-early-stop cannot be combined with a suffix: the suffix follows the answer, and the "
                 "early stop drops everything after its EOS");
   TESSERA_CHECK(!(o.window && o.sparse && block_causal),
-                "SparseD inside the window is defined for bidirectional models only; on this block-causal "
-                "model use the window or SparseD");
+                "SparseD inside the window is defined for bidirectional models only: on a block-causal model "
+                "SparseD selects each block's pattern from a forward over all its rows, which the window's "
+                "forwards do not compute; use the window or SparseD");
   TESSERA_CHECK(
       !(o.window_early_stop && block_causal),
       "window-early-stop needs a bidirectional model: this block-causal model stops at an EOS after "
