@@ -289,6 +289,14 @@ std::shared_ptr<const GgufFile> GgufFile::open(const fs::path& path) {
     if (t.offset > r.size() || bytes > r.size() - data_start || data_start + t.offset > r.size() - bytes)
       r.bad("tensor '" + t.name + "' (" + std::to_string(bytes) + " bytes at data offset " +
             std::to_string(t.offset) + ") runs past the end of the file");
+    // The values are read in place (mapped memory): each must sit at a multiple of its type's alignment
+    // (f32 4, f16 / bf16 2, blocks of an even size 2), which a general.alignment below it need not give.
+    const uint64_t natural = ti->block == 1 ? ti->block_bytes : ti->block_bytes % 2 == 0 ? 2 : 1;
+    if ((data_start + t.offset) % natural != 0)
+      r.bad("tensor '" + t.name + "' of type " + ti->name + " starts at byte " +
+            std::to_string(data_start + t.offset) + " of the file, not a multiple of " +
+            std::to_string(natural) + " (general.alignment " + std::to_string(alignment) +
+            "): its values cannot be read in place");
     GgufTensor gt;
     gt.name = t.name;
     gt.ne = t.ne;

@@ -36,6 +36,8 @@ const std::map<std::string, std::string> kMessages = {
     {"model/regress-tokenizer-float-vocab-id.hf", "is not an integer in [0, 2^30]"},
     {"model/regress-tokenizer-larger-than-model.hf", "the tokenizer does not belong to this model"},
     {"model/regress-gguf-control-bytes-in-key.gguf", "\\x"},
+    {"model/regress-gguf-misaligned-tensor.gguf",
+     "tensor 'token_embd.weight' of type bf16 starts at byte 6299 of the file, not a multiple of 2"},
     {"llama2c/regress-odd-head-size", "with an even head size"},
 };
 

@@ -250,6 +250,10 @@ TEST(Gguf, MalformedFilesNameTheFault) {
   expect(write("dup.gguf", {}, {f32_tensor("w", {4}, 1), f32_tensor("w", {4}, 2)}),
          "tensor 'w' appears twice");
   expect(write("align.gguf", {{"general.alignment", num(GgufValue::U32, 24)}}, {}), "not a power of two");
+  // general.alignment 1 lets the data section start at byte 90 (the end of this header): an f32 tensor
+  // there cannot be read in place (found by the model fuzzer as a misaligned bf16 load).
+  expect(write("align1.gguf", {{"general.alignment", num(GgufValue::U32, 1)}}, {f32_tensor("w", {4}, 1)}),
+         "tensor 'w' of type f32 starts at byte 90 of the file, not a multiple of 4 (general.alignment 1)");
   expect(write("bool.gguf", {{"b", num(GgufValue::Bool, 2)}}, {}), "is a bool of value 2");
   EXPECT_FALSE(is_gguf_file(test::temp_dir("gguf_dir")));
   EXPECT_TRUE(is_gguf_file(good));
