@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -105,7 +107,17 @@ void Checkpoint::add_file(const fs::path& p) {
       fail(fname + ": tensor '" + st.name + "' ends at byte " + std::to_string(e) +
            " but the file holds only " + std::to_string(data_size) + " data bytes (truncated?)");
     }
-    st.data = mf->data() + data_start + b;
+    const char* at = mf->data() + data_start + b;
+    if (reinterpret_cast<uintptr_t>(at) % dtype_size(st.dtype) != 0) {
+      // The format aligns nothing: a tensor that does not start at a multiple of its element size (a
+      // bf16 tensor of odd length before it, a header not padded) is copied to aligned memory, since
+      // its values are read in place otherwise.
+      auto copy = std::make_shared<std::vector<uint64_t>>((want + 7) / 8);
+      std::memcpy(copy->data(), at, want);
+      at = reinterpret_cast<const char*>(copy->data());
+      owners_.push_back(std::move(copy));
+    }
+    st.data = at;
     st.bytes = want;
     if (tensors_.count(st.name)) fail(fname + ": tensor '" + st.name + "' appears in two files");
     tensors_.emplace(st.name, std::move(st));
