@@ -141,19 +141,6 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
                  {"penalty", g.edit_penalty},
                  {"edits", edits}};
   }
-  if (g.edit) {  // token editing: its settings and every rewrite
-    nlohmann::json edits = nlohmann::json::array();
-    for (const TokenEdit& e : o.result.edits)
-      edits.push_back({{"step", e.step},
-                       {"position", e.position - static_cast<int32_t>(prompt_tokens)},
-                       {"old", e.from},
-                       {"new", e.to}});
-    j["edit"] = {{"threshold", g.threshold},
-                 {"edit_threshold", g.edit_threshold},
-                 {"max_post_steps", g.max_post_steps},
-                 {"penalty", g.edit_penalty},
-                 {"edits", edits}};
-  }
   const MoeStats& m = s.engine().moe_stats();
   if (m.layer_forwards > 0) {  // means over every (MoE layer, forward)
     j["moe"] = {{"n_experts", s.config().moe.n_experts}, {"top_k", s.config().moe.top_k},

@@ -599,17 +599,8 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
           const double* bimp = imp.data() + (qb - qb0) * n_kb;
           uint8_t* row = mask + (h * n_qb + qb) * n_kb;
           std::fill(row, row + n_kb, uint8_t{0});
-          auto keep = [&](int64_t a, int64_t b, int64_t n_keep) {  // the n_keep best blocks of [a, b)
-            const auto first = order.begin(), mid = first + n_keep, last = first + (b - a);
-            for (int64_t i = a; i < b; ++i) order[static_cast<size_t>(i - a)] = i;
-            std::partial_sort(first, mid, last, [&](int64_t x, int64_t y) {
-              const double ix = bimp[x], iy = bimp[y];
-              return ix > iy || (ix == iy && x < y);
-            });
-            for (auto it = first; it != mid; ++it) row[*it] = 1;
-          };
-          keep(0, g, keep_pre);
-          keep(g, n_kb, keep_gen);
+          keep_best(bimp, 0, g, keep_pre, order, row);
+          keep_best(bimp, g, n_kb, keep_gen, order, row);
         }
       }
     }
