@@ -25,7 +25,7 @@ void init_canvas(Loop& L, std::span<const int32_t> prompt) {
   std::fill(L.decided.begin(), L.decided.begin() + L.P, 1);
   std::fill(L.decided.end() - static_cast<std::ptrdiff_t>(o.suffix.size()), L.decided.end(), 1);
   L.stop = static_cast<int>(L.canvas.size());
-  L.prefix_end = L.P;
+  L.committed = L.P;
 
   const UnmaskPolicy& u = *L.parts.unmask;
   L.base.conf = u.confidence();

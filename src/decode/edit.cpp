@@ -66,7 +66,6 @@ class DraftAndEdit final : public TransferSchedule {
     // The block is final now: the stop conditions may look at it.
     L.editable_from = INT32_MAX;
     L.advance_committed();
-    if (L.o.mid_block_stop && !L.ended) L.advance_prefix();
   }
 
  private:

@@ -122,7 +122,6 @@ void Loop::end_step() {
     const auto shown = std::span<const int32_t>(canvas).first(static_cast<size_t>(P + G));
     on_step(StepEvent{res.steps_run - 1, shown, res.order.back(), gen_lp, committed, step_edits});
   }
-  if (o.mid_block_stop) advance_prefix();
 }
 
 }  // namespace tessera::decode

@@ -124,11 +124,11 @@ struct Loop {
   // Positions >= editable_from may still change once decided (token editing's current block): neither
   // final nor committed.
   int editable_from = INT32_MAX;
-  int committed = 0;  // StepEvent::committed
-  // The first undecided generated position: every token before it is final. With mid_block_stop, once
-  // the tokens before it hold an EOS (stop_at_eos) or a stop sequence (stop_when), no later step can
-  // change the answer and the generation ends at once (`ended`), inside a block too.
-  int prefix_end = 0;
+  // The first generated position that is undecided or editable (StepEvent::committed): every token before
+  // it is final. With mid_block_stop, once the tokens before it hold an EOS (stop_at_eos) or a stop
+  // sequence (stop_when), no later step can change the answer and the generation ends at once (`ended`),
+  // inside a block too.
+  int committed = 0;
   bool ended = false;
   bool stopped = false;  // stop_when ended the generation: the later blocks are undecided
   int64_t forwards = 0;  // forwards run so far
@@ -173,10 +173,8 @@ struct Loop {
   // Whether the answer ends within the decided tokens [P, to): an EOS in [from, to) (stop_at_eos) or a
   // stop sequence in them (stop_when, asked only when they hold no EOS; sets `stopped`).
   bool ends_before(int from, int to);
-  // Moves prefix_end past the positions decided now (not into the editable block); ends the generation
-  // when the final tokens before it hold an EOS or a stop sequence.
-  void advance_prefix();
-  // The end of the committed run (StepEvent::committed).
+  // Moves `committed` past the positions decided now (not into the editable block); with mid_block_stop,
+  // ends the generation when the final tokens before it hold an EOS or a stop sequence.
   void advance_committed();
   // The window's early stop: an EOS decided at p drops every position after it.
   void decided_token(int32_t p, int32_t t);

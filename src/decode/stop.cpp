@@ -17,16 +17,10 @@ bool Loop::ends_before(int from, int to) {
   return stopped;
 }
 
-void Loop::advance_prefix() {
-  const int from = prefix_end, end = std::min(P + G, editable_from);
-  while (prefix_end < end && decided[static_cast<size_t>(prefix_end)]) ++prefix_end;
-  if (prefix_end != from) ended = ends_before(from, prefix_end);
-}
-
 void Loop::advance_committed() {
-  const int end = std::min(P + G, editable_from);
-  committed = std::max(committed, P);
+  const int from = committed, end = std::min(P + G, editable_from);
   while (committed < end && decided[static_cast<size_t>(committed)]) ++committed;
+  if (o.mid_block_stop && !ended && committed != from) ended = ends_before(from, committed);
 }
 
 void Loop::decided_token(int32_t p, int32_t t) {
