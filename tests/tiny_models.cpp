@@ -212,30 +212,48 @@ void expect_row_list_steps_match_reference(const EngineOptions& opt, double tol)
   }
 }
 
+nlohmann::json reference_generate_json(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
+                                       const std::string& flags) {
+  return run_reference(python() + " " + (source_dir() / "tests/reference/reference.py").string() +
+                       " generate --model " + model.string() + " --prompt " + join_ids(prompt) + " " + flags);
+}
+
+nlohmann::json run_reference(const std::string& cmd) {
+  std::string out;
+  // The JSON is the last line (stderr, e.g. a numpy warning, may come before it).
+  const bool ran = run_command(cmd, &out) == 0;
+  const size_t end = out.find_last_not_of('\n');
+  const size_t begin = end == std::string::npos ? 0 : out.rfind('\n', end);
+  auto j = nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1), nullptr, false);
+  if (!ran || j.is_discarded() || !j.contains("tokens") || !j.contains("order")) {
+    ADD_FAILURE() << "reference failed: " << cmd << "\n" << out;
+    return nullptr;
+  }
+  return j;
+}
+
 ReferenceGeneration reference_generate(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
                                        const GenerateOptions& o, bool logprobs) {
-  std::string cmd = python() + " " + (source_dir() / "tests/reference/reference.py").string() +
-                    " generate --model " + model.string() + " --prompt " + join_ids(prompt) +
-                    " --gen-length " + std::to_string(o.gen_length) + " --steps " + std::to_string(o.steps) +
-                    " --block-length " + std::to_string(o.block_length) + " --alg " +
-                    std::string(name(o.alg));
-  if (o.cache != KvCache::None) cmd += " --cache " + std::string(name(o.cache));
-  if (!o.suffix.empty()) cmd += " --suffix " + join_ids(o.suffix);
+  std::string flags = "--gen-length " + std::to_string(o.gen_length) + " --steps " + std::to_string(o.steps) +
+                      " --block-length " + std::to_string(o.block_length) + " --alg " +
+                      std::string(name(o.alg));
+  if (o.cache != KvCache::None) flags += " --cache " + std::string(name(o.cache));
+  if (!o.suffix.empty()) flags += " --suffix " + join_ids(o.suffix);
   if (o.sparse) {
-    cmd += " --sparse --sparse-block " + std::to_string(o.sparse_block) + " --sparse-rho " +
-           std::to_string(o.sparse_rho) + " --sparse-skip " + std::to_string(o.sparse_skip);
+    flags += " --sparse --sparse-block " + std::to_string(o.sparse_block) + " --sparse-rho " +
+             std::to_string(o.sparse_rho) + " --sparse-skip " + std::to_string(o.sparse_skip);
   }
   if (o.window) {
-    cmd += " --window " + std::to_string(window_external(o)) + "," + std::to_string(o.window_in) + "," +
-           std::to_string(o.window_refresh);
+    flags += " --window " + std::to_string(window_external(o)) + "," + std::to_string(o.window_in) + "," +
+             std::to_string(o.window_refresh);
   }
-  if (o.window && o.window_early_stop) cmd += " --early-eos " + join_ids(o.eos_ids);
-  if (o.cfg_scale > 0.0f) cmd += " --cfg " + std::to_string(o.cfg_scale);
+  if (o.window && o.window_early_stop) flags += " --early-eos " + join_ids(o.eos_ids);
+  if (o.cfg_scale > 0.0f) flags += " --cfg " + std::to_string(o.cfg_scale);
   if (o.des != DesMode::Off) {
-    cmd += " --des " + std::string(name(o.des)) + " --des-k " + std::to_string(o.des_k) + " --des-beta " +
-           std::to_string(o.des_beta) + " --des-scope " + std::string(name(o.des_scope));
+    flags += " --des " + std::string(name(o.des)) + " --des-k " + std::to_string(o.des_k) + " --des-beta " +
+             std::to_string(o.des_beta) + " --des-scope " + std::string(name(o.des_scope));
   }
-  if (logprobs) cmd += " --logprobs";
+  if (logprobs) flags += " --logprobs";
   ReferenceGeneration r;
   // What the reference does not model would be ignored silently: refuse it.
   if (o.threshold > 0.0f || o.temperature > 0.0f || o.top_k > 0 || o.top_p < 1.0f || o.alg_temp > 0.0f ||
@@ -245,17 +263,8 @@ ReferenceGeneration reference_generate(const std::filesystem::path& model, const
                      "temperature, top-k / top-p, alg-temp, another eps or an EOS / stop-sequence stop";
     return r;
   }
-  std::string out;
-  // The JSON is the last line (stderr, e.g. a numpy warning, may come before it).
-  const bool ran = run_command(cmd, &out) == 0;
-  const size_t end = out.find_last_not_of('\n');
-  const size_t begin = end == std::string::npos ? 0 : out.rfind('\n', end);
-  const auto j =
-      nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1), nullptr, false);
-  if (!ran || j.is_discarded() || !j.contains("tokens")) {
-    ADD_FAILURE() << "reference failed: " << cmd << "\n" << out;
-    return r;
-  }
+  const nlohmann::json j = reference_generate_json(model, prompt, flags);
+  if (j.is_null()) return r;
   r.canvas = j["tokens"].get<std::vector<int32_t>>();
   for (const auto& s : j["order"]) r.order.push_back(s.get<std::vector<int32_t>>());
   if (logprobs) {

@@ -2,6 +2,7 @@
 // per test process, and the numpy reference forward of tests/reference/reference.py.
 #pragma once
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ void expect_row_list_steps_match_reference(const EngineOptions& opt, double tol)
 // (prompt + generation + suffix); order: the positions decided by each step that ran a forward;
 // logprobs: per generated position (NaN where the reference decided none). Empty canvas (and a test
 // failure) when reference.py fails.
+// Runs a reference generation command and returns its JSON result (the last line of its output, with
+// "tokens" and "order"); null, and a test failure, when it fails.
+nlohmann::json run_reference(const std::string& cmd);
+// run_reference of `reference.py generate --model MODEL --prompt PROMPT FLAGS`.
+nlohmann::json reference_generate_json(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
+                                       const std::string& flags);
 struct ReferenceGeneration {
   std::vector<int32_t> canvas;
   std::vector<std::vector<int32_t>> order;

@@ -30,19 +30,14 @@ struct Run {
 
 Run reference(const std::filesystem::path& dir, const std::vector<int32_t>& prompt,
               const GenerateOptions& o) {
-  std::string cmd = test::python() + " " + (test::source_dir() / "tests/reference/reference.py").string() +
-                    " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
-                    " --gen-length " + std::to_string(o.gen_length) + " --block-length " +
-                    std::to_string(o.block_length) + " --edit --threshold " + std::to_string(o.threshold) +
-                    " --edit-threshold " + std::to_string(o.edit_threshold) + " --max-post-steps " +
-                    std::to_string(o.max_post_steps) + " --edit-penalty " + std::to_string(o.edit_penalty);
-  std::string out;
+  const nlohmann::json j = test::reference_generate_json(
+      dir, prompt,
+      "--gen-length " + std::to_string(o.gen_length) + " --block-length " + std::to_string(o.block_length) +
+          " --edit --threshold " + std::to_string(o.threshold) + " --edit-threshold " +
+          std::to_string(o.edit_threshold) + " --max-post-steps " + std::to_string(o.max_post_steps) +
+          " --edit-penalty " + std::to_string(o.edit_penalty));
   Run r;
-  if (test::run_command(cmd, &out) != 0) {
-    ADD_FAILURE() << cmd << "\n" << out;
-    return r;
-  }
-  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  if (j.is_null()) return r;
   for (size_t i = prompt.size(); i < prompt.size() + static_cast<size_t>(o.gen_length); ++i) {
     const auto t = j["tokens"][i].get<int32_t>();
     if (!o.eos_ids.empty() && t == o.eos_ids[0]) break;

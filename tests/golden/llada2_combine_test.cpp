@@ -31,25 +31,19 @@ struct Run {
 // flags of `o`, its tokens trimmed at the first EOS as tessera's are.
 Run reference(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, const GenerateOptions& o,
               int32_t eos) {
-  std::string cmd = test::python() + " " + (test::source_dir() / "tests/reference/reference.py").string() +
-                    " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
-                    " --gen-length " + std::to_string(o.gen_length) + " --steps " + std::to_string(o.steps) +
-                    " --block-length " + std::to_string(o.block_length) + " --threshold " +
-                    std::to_string(o.threshold);
+  std::string flags = "--gen-length " + std::to_string(o.gen_length) + " --steps " + std::to_string(o.steps) +
+                      " --block-length " + std::to_string(o.block_length) + " --threshold " +
+                      std::to_string(o.threshold);
   if (o.window)
-    cmd += " --window " + std::to_string(o.window_ex) + "," + std::to_string(o.window_in) + "," +
-           std::to_string(o.window_refresh);
+    flags += " --window " + std::to_string(o.window_ex) + "," + std::to_string(o.window_in) + "," +
+             std::to_string(o.window_refresh);
   if (o.sparse)
-    cmd += " --sparse --sparse-block " + std::to_string(o.sparse_block) + " --sparse-rho " +
-           std::to_string(o.sparse_rho) + " --sparse-skip " + std::to_string(o.sparse_skip);
-  if (o.cache != KvCache::None) cmd += " --cache prefix";
-  std::string out;
+    flags += " --sparse --sparse-block " + std::to_string(o.sparse_block) + " --sparse-rho " +
+             std::to_string(o.sparse_rho) + " --sparse-skip " + std::to_string(o.sparse_skip);
+  if (o.cache != KvCache::None) flags += " --cache prefix";
+  const nlohmann::json j = test::reference_generate_json(dir, prompt, flags);
   Run r;
-  if (test::run_command(cmd, &out) != 0) {
-    ADD_FAILURE() << cmd << "\n" << out;
-    return r;
-  }
-  const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+  if (j.is_null()) return r;
   for (size_t i = prompt.size(); i < j["tokens"].size(); ++i) {
     const auto t = j["tokens"][i].get<int32_t>();
     if (t == eos) break;

@@ -169,16 +169,8 @@ Run reference_sparse_cache(const std::filesystem::path& dir, const std::vector<i
                           " --alg " + std::string(name(o.alg)) + " --cache " + std::string(name(o.cache)) +
                           " --sparse-block " + std::to_string(o.sparse_block) + " --sparse-rho " +
                           std::to_string(o.sparse_rho) + " --sparse-skip " + std::to_string(o.sparse_skip);
-  std::string out;
-  const bool ran = test::run_command(cmd, &out) == 0;
-  const size_t end = out.find_last_not_of('\n');
-  const size_t begin = end == std::string::npos ? 0 : out.rfind('\n', end);
-  const auto j =
-      nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1), nullptr, false);
-  if (!ran || j.is_discarded() || !j.contains("tokens")) {
-    ADD_FAILURE() << "reference failed: " << cmd << "\n" << out;
-    return {};
-  }
+  const nlohmann::json j = test::run_reference(cmd);
+  if (j.is_null()) return {};
   std::vector<std::vector<int32_t>> order;
   for (const auto& s : j["order"]) order.push_back(s.get<std::vector<int32_t>>());
   *select_forward = j["select_forward"].get<int>();
