@@ -24,9 +24,9 @@
 #include <optional>
 #include <thread>
 
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
-#include "apps/tessera/session.h"
 #include "core/error.h"
 #include "engine/batcher.h"
 #include "io/model_files.h"

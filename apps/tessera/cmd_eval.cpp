@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
-#include "apps/tessera/session.h"
 #include "core/error.h"
 #include "eval/fidelity.h"
 #include "memory/chunk_optimizer.h"

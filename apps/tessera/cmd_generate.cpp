@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "apps/tessera/canvas_event.h"
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
-#include "apps/tessera/session.h"
 
 namespace tessera::cli {
 

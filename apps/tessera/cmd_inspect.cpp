@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
-#include "apps/tessera/session.h"
 #include "io/config.h"
 #include "io/gguf.h"
 #include "io/gguf_model.h"

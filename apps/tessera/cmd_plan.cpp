@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
-#include "apps/tessera/session.h"
 #include "core/error.h"
 #include "io/config.h"
 #include "io/gguf.h"

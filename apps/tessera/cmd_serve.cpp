@@ -62,9 +62,9 @@
 #include <vector>
 
 #include "apps/tessera/canvas_event.h"
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_request.h"
-#include "apps/tessera/session.h"
 #include "core/error.h"
 #include "core/utf8.h"
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "apps/tessera/session.h"
+#include "apps/tessera/cli_session.h"
 #include "decode/generate.h"
 
 namespace tessera::cli {

@@ -10,8 +10,17 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// A request that cannot fit the memory budget (the C API's TESSERA_ERROR_MEMORY_BUDGET).
+class BudgetError : public Error {
+ public:
+  explicit BudgetError(const std::string& msg) : Error(msg) {}
+};
+
 [[noreturn]] inline void fail(const std::string& msg) {
   throw Error(msg);
+}
+[[noreturn]] inline void fail_budget(const std::string& msg) {
+  throw BudgetError(msg);
 }
 
 #define TESSERA_CHECK(cond, msg)                    \

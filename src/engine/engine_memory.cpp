@@ -119,10 +119,10 @@ size_t Engine::activation_budget() const {
 
 void Engine::check_weights_fit() const {
   if (opt_.memory_budget == 0 || model_->weight_bytes() < opt_.memory_budget) return;
-  fail("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
-       " is not larger than the weights alone (" +
-       memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
-       "): no context fits; the budget counts the weights plus the planned activations");
+  tessera::fail_budget("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+                       " is not larger than the weights alone (" +
+                       memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+                       "): no context fits; the budget counts the weights plus the planned activations");
 }
 
 void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode, bool kv_cache) {
@@ -148,14 +148,15 @@ void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t 
   char r[32];
   std::snprintf(r, sizeof r, "%.3g", ratio);
   const auto gib = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };
-  fail("memory budget " + gib(opt_.memory_budget) + " (" + std::to_string(opt_.memory_budget) +
-       " bytes) is too small for a step of " + std::to_string(shape.n_query) + " tokens with " +
-       std::to_string(shape.n_logits) + " logit rows: the weights take " + gib(model_->weight_bytes()) +
-       " and the activations need at least " + gib(floor) +
-       " (the non-chunkable floor: FFN and logits chunked to one row), " +
-       gib(model_->weight_bytes() + floor) + " (" + std::to_string(model_->weight_bytes() + floor) +
-       " bytes) in all. The largest context that fits this budget is " + std::to_string(l_max) +
-       " tokens (at the same mask ratio " + r + "); raise the budget or shorten the request.");
+  tessera::fail_budget(
+      "memory budget " + gib(opt_.memory_budget) + " (" + std::to_string(opt_.memory_budget) +
+      " bytes) is too small for a step of " + std::to_string(shape.n_query) + " tokens with " +
+      std::to_string(shape.n_logits) + " logit rows: the weights take " + gib(model_->weight_bytes()) +
+      " and the activations need at least " + gib(floor) +
+      " (the non-chunkable floor: FFN and logits chunked to one row), " +
+      gib(model_->weight_bytes() + floor) + " (" + std::to_string(model_->weight_bytes() + floor) +
+      " bytes) in all. The largest context that fits this budget is " + std::to_string(l_max) +
+      " tokens (at the same mask ratio " + r + "); raise the budget or shorten the request.");
 }
 
 bool Engine::held_fits(size_t others, size_t bytes) const {
@@ -164,7 +165,7 @@ bool Engine::held_fits(size_t others, size_t bytes) const {
 
 void Engine::check_held(size_t others, size_t bytes, const std::string& what) const {
   if (held_fits(others, bytes)) return;
-  fail(
+  tessera::fail_budget(
       "memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
       " cannot hold the weights (" + memory::format_bytes(static_cast<double>(model_->weight_bytes())) + ")" +
       (others > 0

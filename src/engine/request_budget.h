@@ -11,5 +11,8 @@ namespace tessera {
 // step fits; nothing to check without a budget. Run with the request's state open (RequestScope), so
 // that what it holds is counted, on the thread that owns the engine.
 void check_request_budget(Engine& e, const RequestPlan& plan);
+// Plans the request's largest step (chunked as the budget makes it; throws BudgetError when it cannot
+// fit) and returns its figures. As check_request_budget: with the request's state open.
+StepStats plan_largest_step(Engine& e, const RequestPlan& plan);
 
 }  // namespace tessera

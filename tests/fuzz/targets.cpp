@@ -13,8 +13,8 @@
 #include <typeinfo>
 #include <vector>
 
+#include "apps/tessera/cli_session.h"
 #include "apps/tessera/serve_request.h"
-#include "apps/tessera/session.h"
 #include "core/error.h"
 #include "io/llama2c.h"
 #include "io/tokenizer.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "apps/tessera/session.h"
+#include "apps/tessera/cli_session.h"
 
 namespace tessera::cli {
 namespace {

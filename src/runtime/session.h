@@ -1,7 +1,7 @@
-// What generate and chat share: option parsing, model resolution, prompt building, the live canvas
-// view and the result line.
+// A Session: a loaded model with its tokenizer, chat template and default options, ready to generate.
+// What the CLI (apps/tessera/cli_session.h), the server and the C API (include/tessera/tessera.h) share:
+// model resolution, the model's default options, prompt building and checks, stop sequences, timing.
 #pragma once
-#include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -15,46 +15,32 @@
 #include "io/model_files.h"
 #include "io/tokenizer.h"
 
-namespace tessera::cli {
+namespace tessera {
 
-struct SessionArgs {
-  std::string model;
-  std::string device = "cpu";
-  std::string precision = "auto";
-  bool dequantize = false;  // GGUF: quantized tensors converted to bf16 at load
-  std::optional<int> gen_length, steps, block_length;
-  std::optional<std::string> alg;
-  std::string memory_budget;   // "24GiB"; empty = none
-  std::string cache = "none";  // KV cache: none | prefix | dual
-  bool sparse = false;         // SparseD; the three below turn it on too
-  std::optional<int> sparse_block;
-  std::optional<float> sparse_rho, sparse_skip;
-  std::optional<std::string> des;  // DES: off | seq | vote; --des-k implies seq, --des-beta vote
-  std::optional<int> des_k;
-  std::optional<float> des_beta;
-  std::string des_scope = "block";
-  bool window = false, window_early_stop = false;  // Window-Diffusion; the three below turn it on too
-  std::optional<int> window_ex, window_in, window_refresh;
-  std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
-  float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
-  int top_k = 0;
-  uint64_t seed = 0;
-  bool chat = false, raw = false, json = false, no_progress = false;
-  std::vector<std::string> stop;      // stop sequences
-  std::optional<int> logprobs;        // report each token's log-probability and this many alternatives
-  std::optional<std::string> suffix;  // generate --suffix: infill between the prompt and this text
-  // Token editing (GenerateOptions::edit): a preset and the values that override it.
-  std::optional<std::string> edit_mode;
-  std::optional<float> edit_threshold, edit_penalty;
-  std::optional<int> max_post_steps;
+// How a model is opened: where, on which device, in which precision, within which memory.
+struct LoadOptions {
+  std::string model;  // a model directory or .gguf file; empty: the bundled default (default_model_dir)
+  std::string device = "cpu";  // cpu | cuda
+  Precision precision = Precision::Auto;
+  bool dequantize = false;   // GGUF: quantized tensors converted to bf16 at load
+  size_t memory_budget = 0;  // bytes for the weights plus the planned activations; 0 = none
+  int threads = 0;  // > 0: OpenMP threads for the process (omp_set_num_threads); 0: OMP_NUM_THREADS or all
 };
 
-void add_session_options(CLI::App* sub, SessionArgs& a);
-
-// A loaded model with its tokenizer and chat family, ready to generate.
 class Session {
  public:
-  explicit Session(const SessionArgs& a);
+  // Loads the model; its options start as defaults() (throws Error for a bad model or options file).
+  explicit Session(const LoadOptions& lo);
+  // The model's default options: generation_config.json's tessera keys where it has them, else LLaDA's
+  // defaults (block-causal models: LLaDA2's: block length the attention block, as many steps as the
+  // block, threshold 0.95; Dream: the entropy policy), its EOS ids, and unique-expert counts on MoE
+  // models. A length not given is the one the given lengths imply: block_length the gen_length
+  // (block-causal: the attention block), steps the gen_length (block-causal: the block length).
+  GenerateOptions defaults(std::optional<int> gen_length = {}, std::optional<int> block_length = {},
+                           std::optional<int> steps = {}) const;
+  // Replaces the session's options (validated: throws Error, nothing changed, for bad ones).
+  void set_options(const GenerateOptions& o);
+  void set_logprobs_top(int n) { logprobs_top_ = n; }
   // Token ids of a prompt (chat template applied unless raw; BOS where the model adds one); throws
   // when the prompt plus the generation of `o` (default: the session's options) exceeds the context.
   std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
@@ -84,8 +70,6 @@ class Session {
     double seconds = 0;
     bool stopped = false;  // the text was cut before a stop sequence (result.tokens trimmed with it)
   };
-  // Generates with a live view on `tty` (nullptr: none).
-  Output run(const std::vector<int32_t>& prompt, FILE* tty);
   // Generates with the options `o` (validated by the caller), calling on_step after every step.
   Output run(const std::vector<int32_t>& prompt, const GenerateOptions& o,
              const std::function<void(const StepEvent&)>& on_step);
@@ -100,6 +84,8 @@ class Session {
   const Engine& engine() const { return *engine_; }
   const ModelConfig& config() const { return engine_->config(); }
   const GenerateOptions& options() const { return gen_; }
+  // The text of chat messages with the model's template (throws Error when it has none).
+  std::string chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt = true) const;
   // --logprobs N: the most likely tokens reported per generated token.
   int logprobs_top() const { return logprobs_top_; }
   std::string model_dir() const { return dir_; }
@@ -118,6 +104,10 @@ class Session {
   bool add_bos_ = false;
   GenerateOptions gen_;
   int logprobs_top_ = 0;
+  // generation_config.json's tessera keys (defaults())
+  std::optional<int> gc_gen_length_, gc_block_length_, gc_steps_;
+  std::optional<float> gc_threshold_;
+  std::optional<std::string> gc_alg_;
 };
 
 // Token ids of raw text (no chat template), `bos` first when it is >= 0.
@@ -143,9 +133,7 @@ size_t peak_rss_bytes();
 // the CPU.
 int64_t device_bytes_in_use(Engine& e);
 std::string human_bytes(double b);
-// CLI check of a memory size ("24GiB", "512MiB", "1.5GB", bytes): the parse error, if any.
-CLI::Validator size_validator();
 // Throws Error when `s` is not valid UTF-8.
 void check_utf8(const std::string& s, const char* what);
 
-}  // namespace tessera::cli
+}  // namespace tessera

@@ -1,0 +1,279 @@
+#include "apps/tessera/cli_session.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "memory/chunk_optimizer.h"
+
+namespace tessera::cli {
+
+void add_session_options(CLI::App* sub, SessionArgs& a) {
+  sub->add_option("-m,--model", a.model, "model directory (default: the bundled default model)");
+  sub->add_option("--gen-length", a.gen_length, "tokens to generate");
+  sub->add_option("--steps", a.steps, "denoising steps");
+  sub->add_option("--block-length", a.block_length, "semi-autoregressive block length");
+  sub->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--alg", a.alg, "unmasking policy")
+      ->check(
+          CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
+  sub->add_option("--threshold", a.threshold,
+                  "confidence-threshold parallel decoding (0 = off; default 0.95 for block-causal LLaDA2)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--top-k", a.top_k, "top-k filter (Dream algorithms)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", a.top_p, "nucleus filter (Dream algorithms)")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--alg-temp", a.alg_temp, "Dream: sample positions with this temperature")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", a.seed, "random seed");
+  sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--precision", a.precision, "auto, bf16 or f32")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  sub->add_option("--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--dequantize", a.dequantize,
+                "GGUF: convert quantized tensors to bf16 at load (twice to four times the memory) instead of "
+                "keeping them quantized (CPU)");
+  sub->add_option("--memory-budget", a.memory_budget,
+                  "total memory for the weights plus the planned activations, e.g. 24GiB, 512MiB, 1.5GB or "
+                  "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "
+                  "it must; a request that cannot fit fails before it starts")
+      ->check(size_validator());
+  sub->add_option(
+         "--cache", a.cache,
+         "KV cache (Fast-dLLM): none (exact), prefix (reuse K/V before the block), dual (also after it); "
+         "approximate for bidirectional models, exact for block-causal LLaDA2")
+      ->check(CLI::IsMember({"none", "prefix", "dual"}));
+  sub->add_flag(
+      "--sparse", a.sparse,
+      "SparseD sparse attention: exact for the first --sparse-skip of the steps, then head-specific "
+      "block-sparse attention with patterns built once (approximate; bidirectional models)");
+  sub->add_option("--sparse-block", a.sparse_block,
+                  "SparseD tile side in positions (default 32; implies --sparse)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+         "--sparse-rho", a.sparse_rho,
+         "SparseD kept fraction of prompt and of generation key blocks (default 0.5; implies --sparse)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--sparse-skip", a.sparse_skip,
+                  "SparseD fraction of the steps with exact attention (default 0.2; implies --sparse)")
+      ->check(CLI::Range(0.0, 0.999));
+  sub->add_option("--des", a.des,
+                  "Dynamic Expert Sharing (MoE models): off, seq (union of each block token's first --des-k "
+                  "experts) or vote (the --des-beta share of the experts with the most router votes); "
+                  "approximate")
+      ->check(CLI::IsMember({"off", "seq", "vote"}));
+  sub->add_option("--des-k", a.des_k, "DES-Seq experts per token in the union (default 2; implies --des seq)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--des-beta", a.des_beta,
+                  "DES-Vote coreset size as a share of the experts (default 0.4; implies --des vote)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--des-scope", a.des_scope,
+                  "DES: block (only the block's tokens share the coreset; default) or all (every row)")
+      ->check(CLI::IsMember({"block", "all"}));
+  sub->add_flag("--window", a.window,
+                "Window-Diffusion: each step decides among the first --window-in undecided positions, masks "
+                "past the external window are pruned, and phases of --window-refresh forwards reuse cached "
+                "K/V (approximate; bidirectional models)");
+  sub->add_option("--window-ex", a.window_ex,
+                  "Window-Diffusion external window in undecided positions (default 64 for the LLaDA "
+                  "algorithms, 128 for the Dream ones; implies --window)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--window-in", a.window_in,
+                  "Window-Diffusion active set in undecided positions (default 16; implies --window)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+         "--window-refresh", a.window_refresh,
+         "Window-Diffusion forwards per phase (default 32; 0 = no cache, prune only; implies --window)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--window-early-stop", a.window_early_stop,
+                "Window-Diffusion: after an EOS is decided, never compute the positions after it (implies "
+                "--window)");
+  sub->add_option("--edit-mode", a.edit_mode,
+                  "token editing (LLaDA2.1's draft and edit; any model): quality (threshold 0.7, rewrite a "
+                  "decided token of the block when its candidate has p > 0.5), speed (threshold 0.5, rewrite "
+                  "whenever the candidate differs) or off (default)")
+      ->check(CLI::IsMember({"off", "quality", "speed"}));
+  sub->add_option("--edit-threshold", a.edit_threshold,
+                  "token editing: rewrite a decided token of the current block when the model's candidate "
+                  "differs with a probability above this (0 = whenever it differs); turns editing on")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--max-post-steps", a.max_post_steps,
+                  "token editing: at most this many forwards after the block has no mask (default 16)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--edit-penalty", a.edit_penalty,
+                  "token editing: SGLang's 2-gram penalty, subtracted from the logit of the token before "
+                  "each position (0 = off; 3 often curbs repetition)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--stop", a.stop,
+                  "stop sequence: the answer ends before it, and the blocks after the one it appears in "
+                  "are not generated (repeat for several)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  auto* chat = sub->add_flag("--chat", a.chat, "apply the model's chat template");
+  sub->add_flag("--raw", a.raw, "use the prompt as it is")->excludes(chat);
+  sub->add_option("--logprobs", a.logprobs,
+                  "report each generated token's log-probability at the step that decided it, with the N "
+                  "most likely tokens there (0 to 20; in --json, else a table after the text)")
+      ->check(CLI::Range(0, static_cast<int>(kTopLogprobs)));
+  sub->add_flag("--json", a.json, "print one JSON result object");
+  sub->add_flag("--no-progress", a.no_progress, "no live view even on a terminal");
+}
+
+CLI::Validator size_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        try {
+          memory::parse_size(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      },
+      "SIZE");
+}
+
+namespace {
+
+LoadOptions load_options(const SessionArgs& a) {
+  LoadOptions lo;
+  lo.model = a.model;
+  lo.device = a.device;
+  lo.memory_budget = a.memory_budget.empty() ? 0 : memory::parse_size(a.memory_budget);
+  lo.precision = a.precision == "bf16"  ? Precision::BF16
+                 : a.precision == "f32" ? Precision::F32
+                                        : Precision::Auto;
+  lo.dequantize = a.dequantize;
+  lo.threads = a.threads;
+  return lo;
+}
+
+}  // namespace
+
+Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
+  GenerateOptions g = defaults(a.gen_length, a.block_length, a.steps);
+  if (a.threshold) g.threshold = *a.threshold;
+  if (a.alg) g.alg = parse_unmask(*a.alg);
+  g.temperature = a.temperature;
+  g.cfg_scale = a.cfg;
+  g.top_k = a.top_k;
+  g.top_p = a.top_p;
+  g.alg_temp = a.alg_temp;
+  g.seed = a.seed;
+  g.cache = parse_kv_cache(a.cache);
+  g.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
+  g.sparse_block = a.sparse_block.value_or(g.sparse_block);
+  g.sparse_rho = a.sparse_rho.value_or(g.sparse_rho);
+  g.sparse_skip = a.sparse_skip.value_or(g.sparse_skip);
+  g.des = implied_des(a.des ? std::optional(parse_des(*a.des)) : std::nullopt, a.des_k.has_value(),
+                      a.des_beta.has_value(), g.des);
+  g.des_k = a.des_k.value_or(g.des_k);
+  g.des_beta = a.des_beta.value_or(g.des_beta);
+  g.des_scope = parse_des_scope(a.des_scope);
+  g.window = a.window || a.window_ex || a.window_in || a.window_refresh || a.window_early_stop;
+  g.window_ex = a.window_ex.value_or(g.window_ex);
+  g.window_in = a.window_in.value_or(g.window_in);
+  g.window_refresh = a.window_refresh.value_or(g.window_refresh);
+  g.window_early_stop = a.window_early_stop;
+  apply_edit_flags(EditFlags{a.edit_mode ? std::optional(parse_edit_mode(*a.edit_mode)) : std::nullopt,
+                             a.threshold, a.edit_threshold, a.edit_penalty, a.max_post_steps},
+                   g);
+  g.stop = a.stop;
+  if (a.suffix) g.suffix = suffix_ids(*a.suffix, "the suffix");
+  g.logprobs = a.logprobs.has_value();
+  set_logprobs_top(a.logprobs.value_or(0));
+  set_options(g);
+}
+
+namespace {
+
+// Redraws the canvas in place: the cursor goes back over the previous frame's rows, then the new
+// frame is written in one call (no flicker).
+class LiveView {
+ public:
+  LiveView(FILE* f, const Tokenizer& t, size_t prompt_len, int32_t mask)
+      : f_(f), t_(t), plen_(prompt_len), mask_(mask) {
+    winsize w{};
+    if (ioctl(fileno(f), TIOCGWINSZ, &w) == 0 && w.ws_col > 0) cols_ = w.ws_col;
+  }
+  // The committed text plain; after it, the provisional tokens dimmed (with token editing they may
+  // still change) and the masks as shaded blocks; the tokens this step rewrote in reverse video.
+  void draw(const StepEvent& ev, int total_steps) {
+    std::string body;
+    edits_ += ev.edits.size();
+    for (size_t i = plen_; i < ev.canvas.size(); ++i) {
+      if (ev.canvas[i] == mask_) {
+        body += "\xe2\x96\x91";
+        continue;
+      }
+      const bool edited = std::any_of(ev.edits.begin(), ev.edits.end(), [&](const TokenEdit& e) {
+        return static_cast<size_t>(e.position) == i;
+      });
+      const bool provisional = static_cast<int>(i) >= ev.committed;
+      body += (edited        ? "\x1b[7m"
+               : provisional ? "\x1b[2m"
+                             : "") +
+              t_.token_text(ev.canvas[i]) + (edited || provisional ? "\x1b[0m" : "");
+    }
+    std::string frame = body + "\n\x1b[2m[step " + std::to_string(ev.step + 1) + "/" +
+                        std::to_string(total_steps) + "]" +
+                        (edits_ > 0 ? " " + std::to_string(edits_) + " edits" : std::string()) + "\x1b[0m\n";
+    std::string out;
+    if (rows_ > 0) out += "\x1b[" + std::to_string(rows_) + "F";
+    out += "\x1b[J" + frame;
+    std::fwrite(out.data(), 1, out.size(), f_);
+    std::fflush(f_);
+    rows_ = count_rows(frame);
+  }
+  void clear() {
+    if (rows_ > 0) {
+      const std::string out = "\x1b[" + std::to_string(rows_) + "F\x1b[J";
+      std::fwrite(out.data(), 1, out.size(), f_);
+    }
+    rows_ = 0;
+  }
+
+ private:
+  int count_rows(const std::string& s) const {
+    int rows = 0, col = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c == '\n') {
+        ++rows;
+        col = 0;
+      } else if (c == 0x1b) {
+        while (i < s.size() && s[i] != 'm') ++i;
+      } else if ((c & 0xC0) != 0x80) {
+        if (++col > cols_) {
+          ++rows;
+          col = 1;
+        }
+      }
+    }
+    return rows;
+  }
+  FILE* f_;
+  const Tokenizer& t_;
+  size_t plen_;
+  int32_t mask_;
+  int cols_ = 80;
+  int rows_ = 0;
+  size_t edits_ = 0;  // tokens rewritten so far
+};
+
+}  // namespace
+
+Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
+  std::optional<LiveView> view;
+  if (tty != nullptr) view.emplace(tty, tokenizer(), prompt.size(), engine().mask_token());
+  Output o = run(prompt, options(), [&](const StepEvent& ev) {
+    if (view) view->draw(ev, options().steps);
+  });
+  if (view) view->clear();
+  return o;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,60 @@
+// The CLI's session: a Session (runtime/session.h) opened from the flags that generate, chat, serve,
+// eval and bench share, with the live canvas view of a terminal.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/session.h"
+
+namespace tessera::cli {
+
+struct SessionArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string precision = "auto";
+  bool dequantize = false;  // GGUF: quantized tensors converted to bf16 at load
+  int threads = 0;          // 0: OMP_NUM_THREADS, else every core
+  std::optional<int> gen_length, steps, block_length;
+  std::optional<std::string> alg;
+  std::string memory_budget;   // "24GiB"; empty = none
+  std::string cache = "none";  // KV cache: none | prefix | dual
+  bool sparse = false;         // SparseD; the three below turn it on too
+  std::optional<int> sparse_block;
+  std::optional<float> sparse_rho, sparse_skip;
+  std::optional<std::string> des;  // DES: off | seq | vote; --des-k implies seq, --des-beta vote
+  std::optional<int> des_k;
+  std::optional<float> des_beta;
+  std::string des_scope = "block";
+  bool window = false, window_early_stop = false;  // Window-Diffusion; the three below turn it on too
+  std::optional<int> window_ex, window_in, window_refresh;
+  std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
+  float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool chat = false, raw = false, json = false, no_progress = false;
+  std::vector<std::string> stop;      // stop sequences
+  std::optional<int> logprobs;        // report each token's log-probability and this many alternatives
+  std::optional<std::string> suffix;  // generate --suffix: infill between the prompt and this text
+  // Token editing (GenerateOptions::edit): a preset and the values that override it.
+  std::optional<std::string> edit_mode;
+  std::optional<float> edit_threshold, edit_penalty;
+  std::optional<int> max_post_steps;
+};
+
+void add_session_options(CLI::App* sub, SessionArgs& a);
+// CLI check of a memory size ("24GiB", "512MiB", "1.5GB", bytes): the parse error, if any.
+CLI::Validator size_validator();
+
+class Session : public tessera::Session {
+ public:
+  // Loads the model of the flags and sets the options they give over the model's defaults.
+  explicit Session(const SessionArgs& a);
+  using tessera::Session::run;
+  // Generates with the session's options and a live view on `tty` (nullptr: none).
+  Output run(const std::vector<int32_t>& prompt, FILE* tty);
+};
+
+}  // namespace tessera::cli

@@ -1,0 +1,276 @@
+#include "runtime/session.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/utf8.h"
+#include "engine/request_budget.h"
+#include "memory/chunk_optimizer.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string default_model_dir() {
+  std::vector<fs::path> roots = {fs::current_path()};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path().parent_path());
+  for (const auto& r : roots) {
+    if (fs::exists(r / "models/tessera-tiny/config.json")) return (r / "models/tessera-tiny").string();
+  }
+  fail(
+      "no model given and the default model models/tessera-tiny was not found (run from the repository, or "
+      "pass -m DIR)");
+}
+
+size_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<size_t>(u.ru_maxrss) * 1024;
+}
+
+int64_t device_bytes_in_use(Engine& e) {
+  const int64_t free = e.backend().device_free_bytes();
+  return free < 0 ? -1 : e.backend().device_total_bytes() - free;
+}
+
+std::string human_bytes(double b) {
+  return memory::format_bytes(b);
+}
+
+void check_utf8(const std::string& s, const char* what) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_char_length(s, i);
+    if (n == 0)
+      fail(std::string(what) + " is not valid UTF-8 (bad byte at offset " + std::to_string(i) + ")");
+    i += n;
+  }
+}
+
+Session::Session(const LoadOptions& lo) {
+  dir_ = lo.model.empty() ? default_model_dir() : lo.model;
+  check_model_path(dir_);
+  if (lo.threads < 0)
+    fail("threads must be >= 0 (0: OMP_NUM_THREADS or every core), got " + std::to_string(lo.threads));
+  if (lo.threads > 0) omp_set_num_threads(lo.threads);
+  EngineOptions eo;
+  eo.device = lo.device;
+  eo.memory_budget = lo.memory_budget;
+  eo.precision = lo.precision;
+  eo.dequantize = lo.dequantize;
+  engine_ = Engine::load(dir_, eo);
+  tok_ = load_model_tokenizer(dir_);
+  chat_family_ = detect_chat_family(dir_);
+  // A template whose marker tokens the vocabulary lacks cannot be what the model was tuned on.
+  const char* marker = chat_family_ == ChatFamily::LladaInstruct ? "<|start_header_id|>"
+                       : chat_family_ == ChatFamily::ChatML      ? "<|im_start|>"
+                       : chat_family_ == ChatFamily::LladaMoE    ? "<|role_end|>"
+                                                                 : nullptr;
+  if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
+  add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
+  // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
+  const fs::path gc_path = fs::path(dir_) / "generation_config.json";
+  const json gc = read_json_or_empty(gc_path);
+  // Typed reads of its tessera keys: a wrong type or range names the file and the key.
+  auto gc_int = [&](const char* key) -> std::optional<int> {
+    if (!gc.contains(key)) return std::nullopt;
+    const json& v = gc[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      fail(gc_path.string() + ": '" + key + "' must be a non-negative integer");
+    return v.get<int>();
+  };
+  gc_gen_length_ = gc_int("gen_length");
+  gc_block_length_ = gc_int("block_length");
+  gc_steps_ = gc_int("steps");
+  if (gc.contains("threshold")) {
+    const json& v = gc["threshold"];
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 3.4e38))
+      fail(gc_path.string() + ": 'threshold' must be a number");
+    gc_threshold_ = v.get<float>();
+  }
+  if (gc.contains("alg")) {
+    if (!gc["alg"].is_string()) fail(gc_path.string() + ": 'alg' must be a string");
+    gc_alg_ = gc["alg"].get<std::string>();
+  }
+  set_options(defaults());
+}
+
+GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<int> block_length,
+                                  std::optional<int> steps) const {
+  GenerateOptions g;
+  const int gen_len = gen_length.value_or(gc_gen_length_.value_or(128));
+  g.gen_length = gen_len;
+  // Block-causal models (LLaDA2MoeModelLM.generate): block_length 32 (the model's default attention
+  // block), steps per block = block_length, threshold 0.95.
+  const int model_block = engine_->attention_block();
+  g.block_length = block_length.value_or(gc_block_length_.value_or(model_block > 0 ? model_block : gen_len));
+  g.steps = steps.value_or(gc_steps_.value_or(model_block > 0 ? g.block_length : gen_len));
+  g.threshold = gc_threshold_.value_or(model_block > 0 ? 0.95f : 0.0f);
+  g.alg = parse_unmask(gc_alg_.value_or(
+      engine_->config().family == Family::Dream && !engine_->config().causal ? "entropy" : "low_confidence"));
+  g.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
+  const ModelConfig& c = engine_->config();
+  if (c.eos_id >= 0) g.eos_ids.push_back(c.eos_id);
+  for (const char* extra : {"<|eot_id|>", "<|im_end|>", "<|role_end|>"}) {
+    const int32_t id = tok_->token_id(extra);
+    if (id >= 0 && id < c.vocab) g.eos_ids.push_back(id);
+  }
+  return g;
+}
+
+void Session::set_options(const GenerateOptions& o) {
+  validate_generate_options(o, engine_->config().vocab, engine_->attention_block() > 0);
+  gen_ = o;
+}
+
+std::string Session::chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
+  for (const auto& m : msgs) check_utf8(m.content, "a message");
+  if (chat_family_ == ChatFamily::None) fail(dir_ + " has no chat template (use --raw)");
+  return apply_chat_template(chat_family_, msgs, add_generation_prompt);
+}
+
+std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos) {
+  std::vector<int32_t> ids;
+  if (bos >= 0) ids.push_back(static_cast<int32_t>(bos));
+  const std::vector<int32_t> body = t.encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::vector<int32_t> Session::suffix_ids(const std::string& text, const std::string& what) const {
+  check_utf8(text, what.c_str());
+  std::vector<int32_t> ids = tok_->encode(text);
+  if (std::find(ids.begin(), ids.end(), engine_->mask_token()) != ids.end())
+    fail(what + " holds the mask token: the suffix is given text, not a gap");
+  return ids;
+}
+
+int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) const {
+  return tessera::canvas_length(prompt_len, o, engine_->attention_block() > 0);
+}
+
+std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
+                                         const GenerateOptions& o) const {
+  std::vector<int32_t> ids = encode_messages(msgs, use_chat);
+  check_prompt(ids, o, true);
+  return ids;
+}
+
+std::vector<int32_t> Session::encode_messages(const std::vector<ChatMessage>& msgs, bool use_chat) const {
+  for (const auto& m : msgs) check_utf8(m.content, "the prompt");
+  std::vector<int32_t> ids;
+  if (use_chat) {
+    ids = tok_->encode(chat_text(msgs, true));
+  } else {
+    std::string text;
+    for (const auto& m : msgs) text += m.content;
+    ids = encode_raw(*tok_, text, add_bos_ ? engine_->config().bos_id : -1);
+  }
+  return ids;
+}
+
+void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const {
+  if (!fits_context(ids.size(), o)) {
+    const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
+    fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
+         std::to_string(o.gen_length) +
+         (o.suffix.empty() ? "" : " plus the suffix of " + std::to_string(o.suffix.size()) + " tokens") +
+         (engine_->attention_block() > 0 ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
+         " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
+  }
+  if (ids.empty()) {
+    fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
+  }
+  for (const int32_t id : ids) {
+    if (id >= 0 && id < engine_->config().vocab) continue;
+    if (!tokenized) {
+      fail("token id " + std::to_string(id) + " of the prompt is outside the model's vocabulary [0, " +
+           std::to_string(engine_->config().vocab) + ")");
+    }
+    fail(dir_ + ": the tokenizer gave token " + std::to_string(id) + " (\"" + tok_->token_text(id) +
+         "\"), outside the model's vocabulary of " + std::to_string(engine_->config().vocab) +
+         " tokens: the tokenizer does not belong to this model");
+  }
+}
+
+Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                             const std::function<void(const StepEvent&)>& on_step) {
+  // The request is planned once: its state (KV cache, SparseD patterns, DES) is held open from here to
+  // its end, and a memory budget is checked on its largest step before the first forward.
+  const bool block_causal = engine_->attention_block() > 0;
+  RequestScope request(*engine_, plan_checked(prompt, g, engine_->config().vocab, block_causal));
+  check_request_budget(*engine_, request.plan());
+  return timed(g, [&](const GenerateOptions& s) { return generate(request, prompt, s, on_step); });
+}
+
+size_t find_stop(std::string_view text, const std::vector<std::string>& stop) {
+  size_t at = std::string::npos;
+  for (const std::string& s : stop) at = std::min(at, text.find(s));
+  return at;
+}
+
+std::function<bool(std::span<const int32_t>)> stop_checker(const Tokenizer& t,
+                                                           const std::vector<std::string>& stop) {
+  if (stop.empty()) return {};
+  return [&t, stop](std::span<const int32_t> ids) {
+    return find_stop(t.decode(ids, true), stop) != std::string::npos;
+  };
+}
+
+bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, GenerateResult& r,
+                 std::string& text) {
+  const size_t cut = find_stop(text, stop);
+  if (cut == std::string::npos) return false;
+  // The tokens keep those whose text lies wholly before the cut: the shortest prefix whose text reaches
+  // past it, less its last token.
+  text.resize(cut);
+  std::vector<int32_t>& ids = r.tokens;
+  size_t lo = 0, hi = ids.size();  // decode(ids[0, n)) grows with n: the smallest n that passes the cut
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (t.decode(std::span<const int32_t>(ids.data(), mid + 1), true).size() > cut)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  ids.resize(lo);
+  if (r.logprobs.size() > lo) r.logprobs.resize(lo);
+  return true;
+}
+
+Session::Output Session::timed(const GenerateOptions& g,
+                               const std::function<GenerateResult(const GenerateOptions&)>& gen) const {
+  GenerateOptions s = g;
+  s.stop_when = stop_checker(*tok_, g.stop);  // generation ends once the decided tokens hold one
+  Output o;
+  const auto t0 = std::chrono::steady_clock::now();
+  o.result = gen(s);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.text = tok_->decode(o.result.tokens, true);
+  o.stopped = cut_at_stop(*tok_, g.stop, o.result, o.text);
+  return o;
+}
+
+Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                             const std::function<void(const StepEvent&)>& on_step) {
+  Output o;
+  const bool block_causal = engine_->attention_block() > 0;
+  if (b.max_batch() == 1 ||
+      !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal).shares_forwards()) {
+    b.run([&] { o = run(prompt, g, on_step); }, true);
+    return o;
+  }
+  return timed(g, [&](const GenerateOptions& s) { return b.generate(prompt, s, on_step); });
+}
+
+}  // namespace tessera

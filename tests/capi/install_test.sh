@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the build (cmake --install) into a temporary prefix, builds tests/capi/generate.c against the
+# installed header and library twice (pkg-config, and find_package(tessera) in CMake), and checks that
+# both generate the tokens `tessera generate --raw --json` generates with the same options; then that the
+# library exports only the C API and carries its SONAME.
+# usage: install_test.sh BUILD_DIR SOURCE_DIR PYTHON
+set -euo pipefail
+build=$1 src=$2 py=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+lib=$(dirname "$(find "$work/prefix" -name 'libtessera.so' | head -1)")
+pc=$(dirname "$(find "$work/prefix" -name 'tessera.pc' | head -1)")
+test -f "$work/prefix/include/tessera/tessera.h"
+objdump -p "$lib/libtessera.so" | grep -q 'SONAME *libtessera.so.0$' || { echo "no SONAME libtessera.so.0"; exit 1; }
+others=$(nm -D --defined-only "$lib/libtessera.so" | awk '{print $3}' | grep -v '^tessera_' | grep -v '^TESSERA_0$' || true)
+[ -z "$others" ] || { echo "libtessera.so exports more than the C API:"; echo "$others" | head; exit 1; }
+
+# pkg-config
+cc -std=c11 -Wall -Wextra -Werror "$src/tests/capi/generate.c" -o "$work/generate_pc" \
+  $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs tessera) -Wl,-rpath,"$lib"
+# CMake package
+cmake -S "$src/tests/capi" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_RPATH="$lib" >/dev/null
+cmake --build "$work/consumer" >/dev/null
+
+model="$src/models/tessera-tiny"
+for prompt in "Once upon a time" "The little dog"; do
+  want=$("$build/tessera" generate -m "$model" -p "$prompt" --raw --gen-length 32 --steps 16 --json \
+    | "$py" -c 'import json,sys; print(" ".join(map(str, json.loads(sys.stdin.readlines()[-1])["tokens"])))')
+  for exe in "$work/generate_pc" "$work/consumer/generate_cmake"; do
+    got=$("$exe" "$model" "$prompt" 32 16 | head -1)
+    if [ "$got" != "$want" ]; then
+      echo "$exe \"$prompt\": $got"; echo "tessera generate:      $want"; exit 1
+    fi
+  done
+  echo "\"$prompt\": the C program's tokens are tessera generate's ($want)"
+done
+
+# The README's C example, built and run as the README says (from the repository, where its model is).
+"$py" - "$src/README.md" > "$work/hello.c" <<'PY'
+import re, sys
+m = re.search(r"<!-- readme-example: c -->\n```c\n(.*?)```", open(sys.argv[1]).read(), re.S)
+sys.stdout.write(m.group(1))
+PY
+cc -std=c11 -Wall -Werror "$work/hello.c" $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs tessera) \
+  -Wl,-rpath,"$lib" -o "$work/hello"
+text=$(cd "$src" && "$work/hello" 2>"$work/hello.err")
+grep -q "step 16: " "$work/hello.err" || { echo "README example: no step events"; cat "$work/hello.err"; exit 1; }
+[ -n "$(echo "$text" | tr -d '[:space:]')" ] || { echo "README example: no text"; exit 1; }
+echo "README's C example ran:$text"
