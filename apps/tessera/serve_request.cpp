@@ -140,7 +140,7 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
     if (given(body, k) && num_field(body, k) != 0.0)
       bad(std::string("'") + k + "' is not supported (only 0)");
   }
-  const bool block_causal = session.engine().attention_block() > 0;
+  const bool block_causal = session.block_causal();
   GenerateOptions o = session.options();
   const int64_t ctx = session.config().max_positions;
   const char* len_key = given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";

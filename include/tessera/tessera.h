@@ -23,10 +23,14 @@
  *   tessera_prompt_tokens and tessera_generate_options_init read only: call them from any thread, also
  *   while a generation runs.
  * - tessera_generate, tessera_generate_batch and tessera_plan may be called from several threads on one
- *   model: the engine runs one request (or one batch) at a time, in the order the calls take its lock;
- *   a batch packs its prompts' forwards into shared forwards itself.
- * - The step callback runs on the thread that called tessera_generate; for a batch, on the batch's worker
- *   threads, never two at a time. It must not call tessera_generate* or tessera_plan on the same model.
+ *   model. Every forward runs on the model's engine thread (it lives from open to close): concurrent
+ *   requests whose options allow it share packed forwards, each still getting the tokens it gets alone;
+ *   the others (SparseD, DES, cfg with a KV cache, and every request when max_batch is 1) run one at a
+ *   time, whole, on that thread.
+ * - The step callback runs on the thread that called tessera_generate (a batch: on its worker threads),
+ *   or on the model's engine thread for a request that runs alone. The callbacks of one call never run
+ *   two at a time. A callback must not call tessera_generate* or tessera_plan on the same model (it would
+ *   wait for itself).
  * - A tessera_result belongs to the caller: read it from any thread, free it once.
  * - tessera_model_params.threads sets the process's OpenMP thread count (it is process-wide).
  */

@@ -22,9 +22,13 @@
 #include "runtime/session.h"
 #include "tessera/tessera.h"
 
+// Every forward of a model runs on its Batcher's engine thread, which lives as long as the model: calls
+// from any thread share forwards where their plans allow, the others run alone on it (Session::run with a
+// Batcher). One long-lived OpenMP master per model, too: clang's libomp (LLVM 14) crashed in a later
+// parallel region of another thread after a short-lived engine thread had exited.
 struct tessera_model {
   std::optional<tessera::Session> session;
-  std::mutex mu;  // one request (or batch) at a time on the engine
+  std::unique_ptr<tessera::Batcher> batcher;  // after session: stopped before it is destroyed
   int max_batch = 8;
   std::string path;
 };
@@ -231,7 +235,7 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   g.logprobs = o.logprobs >= 0;
   *logprobs_top = std::max(o.logprobs, 0);
   g.stop_at_eos = o.stop_at_eos != 0;
-  tessera::validate_generate_options(g, s.config().vocab, s.engine().attention_block() > 0);
+  tessera::validate_generate_options(g, s.config().vocab, s.block_causal());
   return g;
 }
 
@@ -396,6 +400,7 @@ tessera_status tessera_model_open(const char* path, const tessera_model_params* 
     auto m = std::make_unique<tessera_model>();
     m->max_batch = max_batch;
     m->session.emplace(lo);
+    m->batcher = std::make_unique<tessera::Batcher>(m->session->engine(), max_batch);
     m->path = m->session->model_dir();
     *out = m.release();
   });
@@ -422,7 +427,7 @@ tessera_status tessera_model_info_get(const tessera_model* m, tessera_model_info
     i.mask_token = c.mask_id;
     i.bos_token = static_cast<int32_t>(c.bos_id);
     i.eos_token = static_cast<int32_t>(c.eos_id);
-    i.attention_block = s.engine().attention_block();
+    i.attention_block = s.model_block();
     i.has_chat_template = s.has_chat_template();
     i.adds_bos = s.adds_bos();
     i.weight_bytes = const_cast<Session&>(s).engine().model().weight_bytes();
@@ -523,9 +528,8 @@ tessera_status tessera_generate(tessera_model* m, const int32_t* prompt, size_t 
     int top = 0;
     const GenerateOptions g = to_options(s, o, &top);
     const std::vector<int32_t> ids = prompt_of(s, prompt, prompt_len, g);
-    std::lock_guard<std::mutex> l(m->mu);
-    StepRelay relay{callback, user_data, 0, ids.size(), s.engine().mask_token()};
-    const Session::Output r = s.run(ids, g, [&](const tessera::StepEvent& ev) { relay(ev); });
+    StepRelay relay{callback, user_data, 0, ids.size(), s.config().mask_id};
+    const Session::Output r = s.run(*m->batcher, ids, g, [&](const tessera::StepEvent& ev) { relay(ev); });
     *out = make_result(r, g, ids.size(), top, relay.first_step);
   });
 }
@@ -545,8 +549,6 @@ tessera_status tessera_generate_batch(tessera_model* m, const int32_t* const* pr
     const GenerateOptions g = to_options(s, o, &top);
     std::vector<std::vector<int32_t>> ids(n);
     for (size_t i = 0; i < n; ++i) ids[i] = prompt_of(s, prompts[i], prompt_lens[i], g);
-    std::lock_guard<std::mutex> l(m->mu);
-    tessera::Batcher b(s.engine(), m->max_batch);
     std::vector<std::unique_ptr<tessera_result>> results(n);
     std::vector<std::exception_ptr> errors(n);
     std::atomic<size_t> next{0};
@@ -555,8 +557,9 @@ tessera_status tessera_generate_batch(tessera_model* m, const int32_t* const* pr
     auto worker = [&] {
       for (size_t i; (i = next++) < n;) {
         try {
-          StepRelay relay{callback, user_data, i, ids[i].size(), s.engine().mask_token(), &serial, &cancel};
-          const Session::Output r = s.run(b, ids[i], g, [&](const tessera::StepEvent& ev) { relay(ev); });
+          StepRelay relay{callback, user_data, i, ids[i].size(), s.config().mask_id, &serial, &cancel};
+          const Session::Output r =
+              s.run(*m->batcher, ids[i], g, [&](const tessera::StepEvent& ev) { relay(ev); });
           results[i].reset(make_result(r, g, ids[i].size(), top, relay.first_step));
         } catch (...) {
           errors[i] = std::current_exception();
@@ -642,17 +645,21 @@ tessera_status tessera_plan(tessera_model* m, size_t prompt_len, const tessera_g
     if (!s.fits_context(prompt_len, g))
       s.check_prompt(std::vector<int32_t>(prompt_len, 0), g, false);  // names the context
     tessera::Engine& e = s.engine();
-    std::lock_guard<std::mutex> l(m->mu);
     const tessera::RequestPlan plan =
-        tessera::plan_request(g, static_cast<int64_t>(prompt_len), e.attention_block() > 0);
-    tessera::RequestScope scope(e, plan);
-    const tessera::StepStats st = tessera::plan_largest_step(e, plan);
+        tessera::plan_request(g, static_cast<int64_t>(prompt_len), s.block_causal());
+    tessera::StepStats st;
+    m->batcher->run(  // on the engine thread, alone: the plan opens the request's state (a KV cache slot)
+        [&] {
+          tessera::RequestScope scope(e, plan);
+          st = tessera::plan_largest_step(e, plan);
+        },
+        true);
     tessera_memory_plan p{};
     p.struct_size = size;
     p.canvas = plan.canvas;
     p.logit_rows = std::min(plan.logit_rows, plan.canvas);
     p.kv_cache_rows = plan.kv_capacity * std::max(plan.kv_streams, 1) * (plan.kv_capacity > 0);
-    p.weight_bytes = e.model().weight_bytes();
+    p.weight_bytes = s.engine().model().weight_bytes();
     p.activation_bytes = st.planned_peak;
     p.lower_bound_bytes = st.lower_bound;
     p.k_ffn = st.shape.k_ffn;

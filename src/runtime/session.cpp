@@ -78,6 +78,7 @@ Session::Session(const LoadOptions& lo) {
                                                                  : nullptr;
   if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
   add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
+  model_block_ = engine_->attention_block();
   // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
   const fs::path gc_path = fs::path(dir_) / "generation_config.json";
   const json gc = read_json_or_empty(gc_path);
@@ -112,7 +113,7 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
   g.gen_length = gen_len;
   // Block-causal models (LLaDA2MoeModelLM.generate): block_length 32 (the model's default attention
   // block), steps per block = block_length, threshold 0.95.
-  const int model_block = engine_->attention_block();
+  const int model_block = model_block_;
   g.block_length = block_length.value_or(gc_block_length_.value_or(model_block > 0 ? model_block : gen_len));
   g.steps = steps.value_or(gc_steps_.value_or(model_block > 0 ? g.block_length : gen_len));
   g.threshold = gc_threshold_.value_or(model_block > 0 ? 0.95f : 0.0f);
@@ -129,7 +130,7 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
 }
 
 void Session::set_options(const GenerateOptions& o) {
-  validate_generate_options(o, engine_->config().vocab, engine_->attention_block() > 0);
+  validate_generate_options(o, engine_->config().vocab, block_causal());
   gen_ = o;
 }
 
@@ -156,7 +157,7 @@ std::vector<int32_t> Session::suffix_ids(const std::string& text, const std::str
 }
 
 int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) const {
-  return tessera::canvas_length(prompt_len, o, engine_->attention_block() > 0);
+  return tessera::canvas_length(prompt_len, o, block_causal());
 }
 
 std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
@@ -185,7 +186,7 @@ void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOption
     fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
          std::to_string(o.gen_length) +
          (o.suffix.empty() ? "" : " plus the suffix of " + std::to_string(o.suffix.size()) + " tokens") +
-         (engine_->attention_block() > 0 ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
+         (block_causal() ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
          " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
   }
   if (ids.empty()) {
@@ -207,8 +208,7 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
                              const std::function<void(const StepEvent&)>& on_step) {
   // The request is planned once: its state (KV cache, SparseD patterns, DES) is held open from here to
   // its end, and a memory budget is checked on its largest step before the first forward.
-  const bool block_causal = engine_->attention_block() > 0;
-  RequestScope request(*engine_, plan_checked(prompt, g, engine_->config().vocab, block_causal));
+  RequestScope request(*engine_, plan_checked(prompt, g, engine_->config().vocab, block_causal()));
   check_request_budget(*engine_, request.plan());
   return timed(g, [&](const GenerateOptions& s) { return generate(request, prompt, s, on_step); });
 }
@@ -264,9 +264,8 @@ Session::Output Session::timed(const GenerateOptions& g,
 Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
                              const std::function<void(const StepEvent&)>& on_step) {
   Output o;
-  const bool block_causal = engine_->attention_block() > 0;
   if (b.max_batch() == 1 ||
-      !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal).shares_forwards()) {
+      !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal()).shares_forwards()) {
     b.run([&] { o = run(prompt, g, on_step); }, true);
     return o;
   }

@@ -59,6 +59,10 @@ class Session {
   // Throws unless the token ids fit the context with the generation of `o` and lie in the vocabulary
   // (tokenized: they came from the tokenizer, which the message then blames).
   void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;
+  // A block-causal model (LLaDA2), and its attention block as loaded (the engine's changes with each
+  // request's block length; these do not, so that other threads may read them while one generates).
+  bool block_causal() const { return model_block_ > 0; }
+  int model_block() const { return model_block_; }
   bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
   bool adds_bos() const { return add_bos_; }  // raw prompts start with the model's BOS
   // The ids of an infilling suffix (GenerateOptions::suffix); throws, naming it `what`, for text that is
@@ -102,6 +106,7 @@ class Session {
   std::optional<Tokenizer> tok_;
   ChatFamily chat_family_ = ChatFamily::None;
   bool add_bos_ = false;
+  int model_block_ = 0;
   GenerateOptions gen_;
   int logprobs_top_ = 0;
   // generation_config.json's tessera keys (defaults())

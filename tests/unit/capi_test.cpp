@@ -269,6 +269,35 @@ TEST(CApi, BatchGivesEachPromptItsAnswerAlone) {
   for (auto* r : out) EXPECT_EQ(r, nullptr);
 }
 
+TEST(CApi, CallsFromSeveralThreadsOnOneModelGiveTheirAnswersAlone) {
+  tessera_model* m = tiny();
+  ASSERT_NE(m, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = {raw_prompt(m, "Once upon a time"), raw_prompt(m, "The cat"),
+                                                     raw_prompt(m, "Lily and Ben"), raw_prompt(m, "One day")};
+  const auto o = options(m, 32, 16);
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<tessera_status> status(prompts.size(), TESSERA_ERROR_INTERNAL);
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    th.emplace_back([&, i] {
+      tessera_result* r = nullptr;
+      status[i] = tessera_generate(m, prompts[i].data(), prompts[i].size(), &o, nullptr, nullptr, &r);
+      got[i] = tokens_of(r);
+      tessera_result_free(r);
+      // Read-only calls while the others generate.
+      size_t n = 0;
+      int32_t ids[64];
+      tessera_tokenize(m, "Once upon a time", ids, 64, &n);
+      tessera_generate_options d;
+      tessera_generate_options_init(m, &d);
+    });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(status[i], TESSERA_OK) << i;
+    EXPECT_EQ(got[i], session_tokens(prompts[i], 32, 16)) << "prompt " << i;
+  }
+}
+
 TEST(CApi, LogprobsAreThoseOfTheDecidingStep) {
   tessera_model* m = tiny();
   ASSERT_NE(m, nullptr);
