@@ -15,7 +15,8 @@
  * - Strings are UTF-8 and NUL-terminated. Functions that fill a caller's buffer take its capacity and
  *   write the size they need to an output argument; when the buffer is too small they write nothing into
  *   it and return TESSERA_ERROR_BUFFER_TOO_SMALL (call again with the size given).
- * - No C++ exception or type crosses this API.
+ * - No C++ exception or type crosses this API. Enumerations are passed in int32_t fields (a fixed size,
+ *   and any value can be stored and refused with a message).
  *
  * Thread safety
  * - tessera_model_open / tessera_model_close: close a model only when no other call on it is running.
@@ -86,12 +87,12 @@ typedef enum tessera_precision {
 
 typedef struct tessera_model_params {
   uint32_t struct_size;
-  const char* device;          /* "cpu" (default) or "cuda" */
-  tessera_precision precision; /* default AUTO */
-  uint64_t memory_budget;      /* bytes for the weights plus the planned activations; 0 = none */
-  int32_t threads;             /* > 0: OpenMP threads for the process; 0 (default): OMP_NUM_THREADS or all */
-  int32_t dequantize;          /* GGUF: nonzero converts quantized tensors to bf16 at load */
-  int32_t max_batch;           /* tessera_generate_batch: most prompts per packed forward (default 8) */
+  const char* device;     /* "cpu" (default) or "cuda" */
+  int32_t precision;      /* a tessera_precision; default AUTO */
+  uint64_t memory_budget; /* bytes for the weights plus the planned activations; 0 = none */
+  int32_t threads;        /* > 0: OpenMP threads for the process; 0 (default): OMP_NUM_THREADS or all */
+  int32_t dequantize;     /* GGUF: nonzero converts quantized tensors to bf16 at load */
+  int32_t max_batch;      /* tessera_generate_batch: most prompts per packed forward (default 8) */
 } tessera_model_params;
 
 TESSERA_API void tessera_model_params_init(tessera_model_params* p);
@@ -170,36 +171,36 @@ typedef enum tessera_des_scope { TESSERA_DES_SCOPE_BLOCK = 0, TESSERA_DES_SCOPE_
  * attention block), steps the gen_length (block-causal: the block length). */
 typedef struct tessera_generate_options {
   uint32_t struct_size;
-  int32_t gen_length;          /* --gen-length */
-  int32_t steps;               /* --steps; 0: implied */
-  int32_t block_length;        /* --block-length; 0: implied */
-  float temperature;           /* --temperature (0: greedy) */
-  tessera_unmask alg;          /* --alg */
-  float threshold;             /* --threshold: confidence-threshold parallel decoding (0: off) */
-  float cfg_scale;             /* --cfg */
-  int32_t top_k;               /* --top-k (Dream algorithms; 0: off) */
-  float top_p;                 /* --top-p (Dream algorithms; 1: off) */
-  float alg_temp;              /* --alg-temp */
-  uint64_t seed;               /* --seed */
-  tessera_kv_cache cache;      /* --cache */
-  int32_t sparse;              /* --sparse (SparseD; nonzero: on) */
-  int32_t sparse_block;        /* --sparse-block */
-  float sparse_rho;            /* --sparse-rho */
-  float sparse_skip;           /* --sparse-skip */
-  tessera_des des;             /* --des */
-  int32_t des_k;               /* --des-k */
-  float des_beta;              /* --des-beta */
-  tessera_des_scope des_scope; /* --des-scope */
-  int32_t window;              /* --window (Window-Diffusion; nonzero: on) */
-  int32_t window_ex;           /* --window-ex (0: 64 for the LLaDA algorithms, 128 for Dream's) */
-  int32_t window_in;           /* --window-in */
-  int32_t window_refresh;      /* --window-refresh */
-  int32_t window_early_stop;   /* --window-early-stop */
-  int32_t edit;                /* token editing (--edit-mode quality|speed set these four) */
-  float edit_threshold;        /* --edit-threshold */
-  int32_t max_post_steps;      /* --max-post-steps */
-  float edit_penalty;          /* --edit-penalty */
-  const char* const* stop;     /* --stop: stop sequences (n_stop of them; copied by the call) */
+  int32_t gen_length;        /* --gen-length */
+  int32_t steps;             /* --steps; 0: implied */
+  int32_t block_length;      /* --block-length; 0: implied */
+  float temperature;         /* --temperature (0: greedy) */
+  int32_t alg;               /* --alg: a tessera_unmask */
+  float threshold;           /* --threshold: confidence-threshold parallel decoding (0: off) */
+  float cfg_scale;           /* --cfg */
+  int32_t top_k;             /* --top-k (Dream algorithms; 0: off) */
+  float top_p;               /* --top-p (Dream algorithms; 1: off) */
+  float alg_temp;            /* --alg-temp */
+  uint64_t seed;             /* --seed */
+  int32_t cache;             /* --cache: a tessera_kv_cache */
+  int32_t sparse;            /* --sparse (SparseD; nonzero: on) */
+  int32_t sparse_block;      /* --sparse-block */
+  float sparse_rho;          /* --sparse-rho */
+  float sparse_skip;         /* --sparse-skip */
+  int32_t des;               /* --des: a tessera_des */
+  int32_t des_k;             /* --des-k */
+  float des_beta;            /* --des-beta */
+  int32_t des_scope;         /* --des-scope: a tessera_des_scope */
+  int32_t window;            /* --window (Window-Diffusion; nonzero: on) */
+  int32_t window_ex;         /* --window-ex (0: 64 for the LLaDA algorithms, 128 for Dream's) */
+  int32_t window_in;         /* --window-in */
+  int32_t window_refresh;    /* --window-refresh */
+  int32_t window_early_stop; /* --window-early-stop */
+  int32_t edit;              /* token editing (--edit-mode quality|speed set these four) */
+  float edit_threshold;      /* --edit-threshold */
+  int32_t max_post_steps;    /* --max-post-steps */
+  float edit_penalty;        /* --edit-penalty */
+  const char* const* stop;   /* --stop: stop sequences (n_stop of them; copied by the call) */
   size_t n_stop;
   const char* suffix;  /* --suffix: infilling text after the generated span; NULL: none */
   int32_t logprobs;    /* --logprobs N: -1 off, else 0..20 alternatives per token */

@@ -78,31 +78,26 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
     c.name = get<type>(v, key);   \
     continue;                     \
   }
-#define TESSERA_ENUM(name, type)                  \
-  if (key == #name) {                             \
-    c.name = static_cast<type>(get<int>(v, key)); \
-    continue;                                     \
-  }
     TESSERA_FIELD(gen_length, int32_t)
     TESSERA_FIELD(steps, int32_t)
     TESSERA_FIELD(block_length, int32_t)
     TESSERA_FIELD(temperature, float)
-    TESSERA_ENUM(alg, tessera_unmask)
+    TESSERA_FIELD(alg, int32_t)
     TESSERA_FIELD(threshold, float)
     TESSERA_FIELD(cfg_scale, float)
     TESSERA_FIELD(top_k, int32_t)
     TESSERA_FIELD(top_p, float)
     TESSERA_FIELD(alg_temp, float)
     TESSERA_FIELD(seed, uint64_t)
-    TESSERA_ENUM(cache, tessera_kv_cache)
+    TESSERA_FIELD(cache, int32_t)
     TESSERA_FIELD(sparse, int32_t)
     TESSERA_FIELD(sparse_block, int32_t)
     TESSERA_FIELD(sparse_rho, float)
     TESSERA_FIELD(sparse_skip, float)
-    TESSERA_ENUM(des, tessera_des)
+    TESSERA_FIELD(des, int32_t)
     TESSERA_FIELD(des_k, int32_t)
     TESSERA_FIELD(des_beta, float)
-    TESSERA_ENUM(des_scope, tessera_des_scope)
+    TESSERA_FIELD(des_scope, int32_t)
     TESSERA_FIELD(window, int32_t)
     TESSERA_FIELD(window_ex, int32_t)
     TESSERA_FIELD(window_in, int32_t)
@@ -115,7 +110,6 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
     TESSERA_FIELD(logprobs, int32_t)
     TESSERA_FIELD(stop_at_eos, int32_t)
 #undef TESSERA_FIELD
-#undef TESSERA_ENUM
     if (key == "edit_mode") {
       check(tessera_generate_options_edit_preset(&c, get<std::string>(v, key).c_str()));
       continue;
@@ -213,7 +207,7 @@ class Model {
     tessera_model_params p;
     tessera_model_params_init(&p);
     p.device = device.c_str();
-    p.precision = static_cast<tessera_precision>(precision);
+    p.precision = precision;
     p.memory_budget = memory_budget;
     p.threads = threads;
     p.dequantize = dequantize;

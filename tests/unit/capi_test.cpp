@@ -272,8 +272,9 @@ TEST(CApi, BatchGivesEachPromptItsAnswerAlone) {
 TEST(CApi, CallsFromSeveralThreadsOnOneModelGiveTheirAnswersAlone) {
   tessera_model* m = tiny();
   ASSERT_NE(m, nullptr);
-  const std::vector<std::vector<int32_t>> prompts = {raw_prompt(m, "Once upon a time"), raw_prompt(m, "The cat"),
-                                                     raw_prompt(m, "Lily and Ben"), raw_prompt(m, "One day")};
+  const std::vector<std::vector<int32_t>> prompts = {raw_prompt(m, "Once upon a time"),
+                                                     raw_prompt(m, "The cat"), raw_prompt(m, "Lily and Ben"),
+                                                     raw_prompt(m, "One day")};
   const auto o = options(m, 32, 16);
   std::vector<std::vector<int32_t>> got(prompts.size());
   std::vector<tessera_status> status(prompts.size(), TESSERA_ERROR_INTERNAL);
@@ -332,7 +333,7 @@ TEST(CApi, BadOptionsAreRefusedWithTheEnginesMessage) {
   const auto prompt = raw_prompt(m, "Once");
   tessera_result* r = nullptr;
   auto o = options(m, 32, 16);
-  o.alg = static_cast<tessera_unmask>(9);
+  o.alg = 9;
   EXPECT_EQ(tessera_generate(m, prompt.data(), prompt.size(), &o, nullptr, nullptr, &r),
             TESSERA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tessera_last_error()).find("alg"), std::string::npos);
