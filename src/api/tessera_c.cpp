@@ -24,8 +24,7 @@
 
 // Every forward of a model runs on its Batcher's engine thread, which lives as long as the model: calls
 // from any thread share forwards where their plans allow, the others run alone on it (Session::run with a
-// Batcher). One long-lived OpenMP master per model, too: clang's libomp (LLVM 14) crashed in a later
-// parallel region of another thread after a short-lived engine thread had exited.
+// Batcher).
 struct tessera_model {
   std::optional<tessera::Session> session;
   std::unique_ptr<tessera::Batcher> batcher;  // after session: stopped before it is destroyed

@@ -126,12 +126,17 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
       mask_(engine.mask_token()),
       initial_block_(engine.attention_block()) {
   if (max_batch < 1) fail("the batch size must be at least 1 (got " + std::to_string(max_batch) + ")");
-  // The forwards run on the engine thread's OpenMP team. An idle team of another thread (this one's,
-  // if it ran the model's loading or earlier forwards) makes libgomp count more threads than cores and
-  // cut the spinning of every team to almost nothing: each parallel region of the engine thread then
-  // waits for its workers to wake (small forwards took 1.7x as long, measured on the 2-core machine).
-  // Give this thread's team back; a later parallel region here starts a new one.
+    // The forwards run on the engine thread's OpenMP team. An idle team of another thread (this one's,
+    // if it ran the model's loading or earlier forwards) makes libgomp count more threads than cores and
+    // cut the spinning of every team to almost nothing: each parallel region of the engine thread then
+    // waits for its workers to wake (small forwards took 1.7x as long, measured on the 2-core machine).
+    // Give this thread's team back; a later parallel region here starts a new one. libgomp only: LLVM's
+    // libomp (clang builds: the sanitizer CI) crashes in this thread's next parallel region after a hard
+    // pause (a null team in __kmp_fork_call, seen when a program of the C API generates on its own thread
+    // after opening a model), and its teams do not cut each other's spinning.
+#if !defined(__clang__)
   omp_pause_resource_all(omp_pause_hard);
+#endif
   thread_ = std::thread([this] { loop(); });
 }
 
