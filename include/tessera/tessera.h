@@ -113,7 +113,7 @@ typedef struct tessera_model_info {
   int32_t has_chat_template;
   int32_t adds_bos;      /* raw prompts start with BOS (tessera_prompt_tokens) */
   uint64_t weight_bytes; /* the weights as loaded */
-  const char* family;    /* "llada", "dream", "llada_moe", "llada2", ... (static storage) */
+  const char* family;    /* "llada", "dream", "llada-moe" or "llada2" (static storage) */
   const char* path;      /* the model's path (owned by the model) */
 } tessera_model_info;
 
@@ -267,7 +267,8 @@ TESSERA_API tessera_status tessera_generate_batch(tessera_model* m, const int32_
                                                   tessera_result** out);
 
 TESSERA_API void tessera_result_free(tessera_result* r); /* NULL is a no-op */
-/* The answer's text (cut before a stop sequence), NUL-terminated, owned by the result. */
+/* The answer's text (cut before a stop sequence), NUL-terminated, owned by the result. A byte-level model
+ * may stop inside a character: the bytes are as decoded, not always valid UTF-8. */
 TESSERA_API const char* tessera_result_text(const tessera_result* r);
 /* The answer's token ids (owned by the result); returns their count. */
 TESSERA_API size_t tessera_result_tokens(const tessera_result* r, const int32_t** ids);
@@ -280,7 +281,7 @@ typedef struct tessera_result_stats {
   int32_t steps;             /* executed steps */
   int64_t forwards;          /* forwards run */
   double seconds;            /* the generation's wall time */
-  double first_step_seconds; /* prompt given to the first step's callback (0 without a callback) */
+  double first_step_seconds; /* from the call to the end of the first step (time to the first canvas event) */
   size_t n_edits;
 } tessera_result_stats;
 

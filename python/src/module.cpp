@@ -132,6 +132,14 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
   return o;
 }
 
+// Generated text need not be valid UTF-8 (a byte-level model may stop inside a character): invalid bytes
+// become U+FFFD, as in the CLI's JSON; the token ids stay exact.
+py::str utf8_text(const std::string& s) {
+  PyObject* u = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (u == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(u);
+}
+
 py::dict result_dict(const tessera_result* r) {
   const int32_t* ids = nullptr;
   const size_t n = tessera_result_tokens(r, &ids);
@@ -155,7 +163,7 @@ py::dict result_dict(const tessera_result* r) {
   for (size_t i = 0; i < ne; ++i)
     el.append(py::make_tuple(edits[i].step, edits[i].position, edits[i].from, edits[i].to));
   py::dict d;
-  d["text"] = py::str(tessera_result_text(r));
+  d["text"] = utf8_text(tessera_result_text(r));
   d["tokens"] = std::vector<int32_t>(ids, ids + n);
   d["finish_reason"] = tessera_result_finish_reason(r) == TESSERA_FINISH_STOP ? "stop" : "length";
   d["prompt_tokens"] = st.prompt_tokens;
@@ -358,12 +366,7 @@ class Model {
   }
 
  private:
-  // Generated text need not be valid UTF-8 (a byte-level model may stop inside a character).
-  static py::str text(const std::string& s) {
-    PyObject* u = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
-    if (u == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::str>(u);
-  }
+  static py::str text(const std::string& s) { return utf8_text(s); }
   tessera_model* m_ = nullptr;
 };
 

@@ -24,8 +24,8 @@ def llm():
     return tessera.LLM(MODEL)
 
 
-def cli_tokens(prompt, *flags):
-    out = subprocess.run([BINARY, "generate", "-m", MODEL, "-p", prompt, "--raw", "--json", *flags],
+def cli_tokens(prompt, *flags, model=MODEL):
+    out = subprocess.run([BINARY, "generate", "-m", model, "-p", prompt, "--raw", "--json", *flags],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -48,6 +48,16 @@ def test_same_tokens_and_text_as_the_cli(llm, flags, params):
     assert got.steps == want["steps"]
     assert got.finish_reason in ("stop", "length")
     assert got.timings["seconds"] > 0
+
+
+def test_the_bundled_moe_model_gives_the_clis_tokens():
+    moe = os.path.join(SOURCE, "models", "tessera-tiny-moe")
+    llm = tessera.LLM(moe)
+    assert llm.info["family"] == "llada-moe"
+    for prompt in ("Once upon a time", "The little dog"):
+        want = cli_tokens(prompt, "--gen-length", "32", "--steps", "16", model=moe)
+        got = llm.generate(prompt, tessera.SamplingParams(gen_length=32, steps=16))[0]
+        assert got.token_ids == want["tokens"] and got.text == want["text"]
 
 
 def test_batch_gives_each_prompt_its_answer_alone(llm):
@@ -162,3 +172,24 @@ def test_the_readme_example_runs_as_written():
     r = subprocess.run([sys.executable, "-c", code], cwd=SOURCE, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "step 0:" in r.stdout and "activation bytes" in r.stdout
+
+
+def test_chat_goes_through_the_models_template(tmp_path):
+    """A tiny random LLaDA checkpoint in the real layout, with LLaDA's chat template (the bundled models
+    have none): chat() answers what `tessera generate --chat` answers."""
+    import sys
+    pytest.importorskip("numpy")
+    model = str(tmp_path / "llada")
+    subprocess.run([sys.executable, os.path.join(SOURCE, "tools", "make_tiny_checkpoint.py"), "--family", "llada",
+                    "--out", model], check=True, capture_output=True)
+    llm = tessera.LLM(model)
+    assert llm.info["has_chat_template"]
+    text = llm.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert "<|start_header_id|>user<|end_header_id|>" in text and text.endswith("assistant<|end_header_id|>\n\n")
+    params = tessera.SamplingParams(gen_length=16, steps=16)
+    got = llm.chat([{"role": "user", "content": "hi"}], params)
+    out = subprocess.run([BINARY, "generate", "-m", model, "-p", "hi", "--chat", "--json", "--gen-length", "16",
+                          "--steps", "16"], check=True, capture_output=True, text=True).stdout
+    want = json.loads(out.strip().splitlines()[-1])
+    assert got.token_ids == want["tokens"] and got.prompt_token_ids[-1] != got.prompt_token_ids[0]
+    assert len(got.prompt_token_ids) == want["prompt_tokens"]
