@@ -63,10 +63,12 @@
 
 #include "apps/tessera/canvas_event.h"
 #include "apps/tessera/cli_session.h"
+#include "apps/tessera/client_watch.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_request.h"
 #include "core/error.h"
 #include "core/utf8.h"
+#include "tessera/tessera.h"
 
 namespace tessera::cli {
 namespace fs = std::filesystem;
@@ -100,57 +102,6 @@ extern "C" void on_stop_signal(int) {
   const char c = 1;
   [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &c, 1);
 }
-
-// The connection of a request, to notice that its client went away while a non-streamed answer is
-// generated. httplib 0.11 gives a handler no socket, so it is found among the process's descriptors by
-// its two endpoints, as httplib wrote them into the request (it holds the socket open while the handler
-// runs). A peer that closed its side (FIN) or reset the connection then polls as POLLRDHUP / POLLHUP /
-// POLLERR. A client that half-closes after sending its request would read as gone; HTTP clients wait
-// for the answer with the connection open.
-class ClientWatch {
- public:
-  explicit ClientWatch(const httplib::Request& req) : fd_(find_socket(req)) {}
-  bool gone() const {
-    if (fd_ < 0) return false;
-    pollfd p{fd_, POLLRDHUP, 0};
-    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-  }
-
- private:
-  // "host port" of a socket address, as httplib formats it (getnameinfo, numeric).
-  static std::string endpoint(const sockaddr_storage& a, socklen_t len) {
-    char host[NI_MAXHOST], port[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof(host), port, sizeof(port),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-      return {};
-    return std::string(host) + " " + port;
-  }
-  static int find_socket(const httplib::Request& req) {
-    const std::string local = req.local_addr + " " + std::to_string(req.local_port),
-                      remote = req.remote_addr + " " + std::to_string(req.remote_port);
-    DIR* d = opendir("/proc/self/fd");
-    if (d == nullptr) return -1;
-    int found = -1;
-    while (const dirent* e = readdir(d)) {
-      char* end = nullptr;
-      const long fd = std::strtol(e->d_name, &end, 10);
-      if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
-      sockaddr_storage a{}, b{};
-      socklen_t la = sizeof(a), lb = sizeof(b);
-      const int f = static_cast<int>(fd);
-      if (getsockname(f, reinterpret_cast<sockaddr*>(&a), &la) != 0 ||
-          getpeername(f, reinterpret_cast<sockaddr*>(&b), &lb) != 0)
-        continue;
-      if (endpoint(a, la) == local && endpoint(b, lb) == remote) {
-        found = f;
-        break;
-      }
-    }
-    closedir(d);
-    return found;
-  }
-  int fd_;
-};
 
 class Server {
  public:
@@ -241,6 +192,29 @@ class Server {
              [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
     svr.Post("/v1/chat/completions",
              [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+    // A known route asked with another method: 405 with the methods it takes (Allow), not a 404.
+    const auto not_allowed = [](const char* allow) {
+      return [allow](const httplib::Request& req, httplib::Response& res) {
+        res.status = 405;
+        res.set_header("Allow", allow);
+        res.set_content(
+            error_body({405, "invalid_request_error",
+                        "method " + req.method + " is not allowed on " + req.path + " (use " + allow + ")"}),
+            "application/json");
+      };
+    };
+    for (const char* path : {"/health", "/metrics", "/v1/models", R"(/v1/models/(.+))"}) {
+      svr.Post(path, not_allowed("GET"));
+      svr.Put(path, not_allowed("GET"));
+      svr.Patch(path, not_allowed("GET"));
+      svr.Delete(path, not_allowed("GET"));
+    }
+    for (const char* path : {"/tokenize", "/detokenize", "/v1/completions", "/v1/chat/completions"}) {
+      svr.Get(path, not_allowed("POST"));
+      svr.Put(path, not_allowed("POST"));
+      svr.Patch(path, not_allowed("POST"));
+      svr.Delete(path, not_allowed("POST"));
+    }
     // CORS, for browser pages of the --cors origins only: a preflight (OPTIONS) is answered, and every
     // response to such a page names its origin as allowed. Without --cors a browser page of another
     // origin can send no request whose answer it may read.
@@ -263,9 +237,13 @@ class Server {
     }
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error body
-      const BadRequest b{res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
-                         res.status == 404 ? "no route " + req.method + " " + req.path
-                                           : "HTTP " + std::to_string(res.status)};
+      const BadRequest b{
+          res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
+          res.status == 404 ? "no route " + req.method + " " + req.path
+          : res.status == 413
+              ? "the request body is too large: 16 MiB at most, and 8 KiB sent form-urlencoded "
+                "(curl -d without -H 'Content-Type: application/json')"
+              : "HTTP " + std::to_string(res.status)};
       res.set_content(error_body(b), "application/json");
     });
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -337,11 +315,13 @@ class Server {
     return false;
   }
 
+  // system_fingerprint: the engine's version (OpenAI's field for the backend configuration).
   json envelope(const Tag& t, bool chat, bool chunk) const {
     return {{"id", t.id},
             {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
             {"created", t.created},
-            {"model", model_id_}};
+            {"model", model_id_},
+            {"system_fingerprint", std::string("tessera-") + tessera_version()}};
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -361,7 +341,7 @@ class Server {
     const int top = r.logprobs;
     if (!r.stream) {
       std::vector<Session::Output> outs(static_cast<size_t>(total));
-      const Tag tag = next_tag();
+      const Tag tag = next_tag(chat);
       const ClientWatch watch(req);
       const InFlight flight(in_flight_);
       const auto t0 = std::chrono::steady_clock::now();
@@ -493,7 +473,7 @@ class Server {
   bool stream_events(bool chat, const ParsedRequest& r, size_t prompt_tokens, httplib::DataSink& sink) {
     const GenerateOptions& o = r.options;
     const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
-    const Tag tag = next_tag();
+    const Tag tag = next_tag(chat);
     // Ended before the last bytes go out: a client that reads /metrics once its stream is over must not
     // find this request still in flight.
     InFlight flight(in_flight_);
@@ -723,8 +703,10 @@ class Server {
     return out;
   }
 
-  Tag next_tag() {
-    return {"cmpl-tessera-" + std::to_string(++count_), static_cast<int64_t>(std::time(nullptr))};
+  // OpenAI's id prefixes: chatcmpl- for chat completions, cmpl- for completions.
+  Tag next_tag(bool chat) {
+    return {std::string(chat ? "chatcmpl-" : "cmpl-") + "tessera-" + std::to_string(++count_),
+            static_cast<int64_t>(std::time(nullptr))};
   }
 
   static void reply_error(httplib::Response& res, const BadRequest& b) {

@@ -352,8 +352,16 @@ void check_model(const std::string& asked, const std::string& model_id) {
 }
 
 std::string error_body(const BadRequest& b) {
-  const json j = {
-      {"error", {{"message", b.message}, {"type", b.type}, {"param", nullptr}, {"code", nullptr}}}};
+  // A message may quote what the client sent (a field's name, a value, the path): an error never grows
+  // with the input, whatever the message quotes.
+  std::string message = b.message;
+  if (message.size() > kMaxErrorMessage) {
+    size_t cut = kMaxErrorMessage;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80)
+      --cut;  // a character's start
+    message = message.substr(0, cut) + "... (" + std::to_string(b.message.size()) + " bytes in all)";
+  }
+  const json j = {{"error", {{"message", message}, {"type", b.type}, {"param", nullptr}, {"code", nullptr}}}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -364,8 +372,10 @@ json object_body(std::string_view body_text) {
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows
-    bad(std::string("the body is not valid JSON: ") + e.what());
+  } catch (const json::parse_error& e) {  // the library's own text quotes the input and names itself
+    bad("the body is not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception&) {  // out_of_range: a number too large for a double
+    bad("the body is not valid JSON: a number is out of range");
   }
   if (!body.is_object()) bad("the request body must be a JSON object");
   return body;

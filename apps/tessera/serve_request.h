@@ -23,6 +23,8 @@ void check_model(const std::string& asked, const std::string& model_id);
 
 // {"error": {"message", "type", "param", "code"}} as text (bytes of the message that are not UTF-8,
 // from an invalid body quoted by the JSON parser, are replaced).
+// The message is cut to kMaxErrorMessage bytes (a message may quote the request).
+inline constexpr size_t kMaxErrorMessage = 512;
 std::string error_body(const BadRequest& b);
 
 // The most choices (OpenAI's "n") one request may ask for, and the most prompts times choices of a

@@ -127,5 +127,35 @@ TEST(ServeRequest, ValuesThatWouldChangeTheAnswerAreRefused) {
   EXPECT_NE(refusal(named, true).message.find("'name' must be a string"), std::string::npos);
 }
 
+// Refusing what the client sent never echoes it whole: a 1 MB number, a 100 KB field name, a huge
+// value quoted by the engine's message and an invalid body each get an error of a bounded size that
+// names no library internals (#31: a 1 MB number gave a 1 MB error naming json.exception.out_of_range).
+TEST(ServeRequest, ErrorsDoNotEchoTheirInputWhole) {
+  auto body_of = [](const std::string& text, bool chat) {
+    try {
+      (void)parse_request(text, chat, tiny_session(), "tessera-tiny");
+    } catch (const BadRequest& b) {
+      return std::make_pair(b.status, error_body(b));
+    }
+    return std::make_pair(0, std::string());
+  };
+  const std::string big_number = "{\"prompt\": \"x\", \"max_tokens\": 1" + std::string(1 << 20, '0') + "}";
+  const std::string big_key = "{\"" + std::string(100000, 'k') + "\": 1}";
+  const std::string big_alg = json{{"prompt", "x"}, {"alg", std::string(200000, 'a')}}.dump();
+  for (const auto& [text, what] :
+       {std::pair{big_number, "not valid JSON"}, std::pair{big_key, "unknown field"},
+        std::pair{big_alg, "alg"}, std::pair{std::string("{\"prompt\": [1, 2"), "at byte"}}) {
+    const auto [status, err] = body_of(text, false);
+    EXPECT_EQ(status, 400) << what;
+    EXPECT_LT(err.size(), kMaxErrorMessage + 200) << what;
+    const std::string msg = json::parse(err)["error"]["message"];
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+  }
+  // A message cut inside a multi-byte character keeps whole characters (valid UTF-8, nothing replaced).
+  const std::string cut =
+      error_body({400, "invalid_request_error", std::string(kMaxErrorMessage - 1, 'a') + "\xc3\xa9tail"});
+  EXPECT_NE(cut.find(std::string(kMaxErrorMessage - 1, 'a') + "... ("), std::string::npos) << cut;
+}
 }  // namespace
 }  // namespace tessera::cli
