@@ -25,6 +25,8 @@ void check_model(const std::string& asked, const std::string& model_id);
 // from an invalid body quoted by the JSON parser, are replaced).
 // The message is cut to kMaxErrorMessage bytes (a message may quote the request).
 inline constexpr size_t kMaxErrorMessage = 512;
+// A request body may nest arrays and objects this deep at most (checked before it is parsed).
+inline constexpr int kMaxNesting = 32;
 std::string error_body(const BadRequest& b);
 
 // The most choices (OpenAI's "n") one request may ask for, and the most prompts times choices of a

@@ -79,6 +79,16 @@ Session::Session(const LoadOptions& lo) {
   if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
   add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
   model_block_ = engine_->attention_block();
+  // The most text a prompt that fits the context can hold: every token covers at most its own text (4x
+  // for what a normalizer may shrink); longer text is refused before it is tokenized.
+  size_t longest = 1;
+  for (size_t id = 0; id < tok_->vocab_size(); ++id) {
+    try {
+      longest = std::max(longest, tok_->token_text(static_cast<int32_t>(id)).size());
+    } catch (const Error&) {  // a gap in the ids
+    }
+  }
+  max_prompt_bytes_ = static_cast<size_t>(engine_->config().max_positions) * longest * 4;
   // Defaults: the model's generation_config.json (tessera keys), then LLaDA's defaults.
   const fs::path gc_path = fs::path(dir_) / "generation_config.json";
   const json gc = read_json_or_empty(gc_path);
@@ -162,6 +172,12 @@ int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) con
 
 std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
                                          const GenerateOptions& o) const {
+  size_t bytes = 0;
+  for (const auto& m : msgs) bytes += m.content.size();
+  if (bytes > max_prompt_bytes_)
+    fail("the prompt of " + std::to_string(bytes) + " bytes exceeds the model's context of " +
+         std::to_string(engine_->config().max_positions) + " tokens whatever its tokens (at most " +
+         std::to_string(max_prompt_bytes_) + " bytes can fit); it was not tokenized");
   std::vector<int32_t> ids = encode_messages(msgs, use_chat);
   check_prompt(ids, o, true);
   return ids;

@@ -42,7 +42,8 @@ class Session {
   void set_options(const GenerateOptions& o);
   void set_logprobs_top(int n) { logprobs_top_ = n; }
   // Token ids of a prompt (chat template applied unless raw; BOS where the model adds one); throws
-  // when the prompt plus the generation of `o` (default: the session's options) exceeds the context.
+  // when the prompt plus the generation of `o` (default: the session's options) exceeds the context, and
+  // before tokenizing when its text is too long for any tokenization of it to fit.
   std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat) const {
     return prompt_ids(msgs, use_chat, gen_);
   }
@@ -107,6 +108,7 @@ class Session {
   ChatFamily chat_family_ = ChatFamily::None;
   bool add_bos_ = false;
   int model_block_ = 0;
+  size_t max_prompt_bytes_ = 0;  // prompt_ids refuses longer text untokenized
   GenerateOptions gen_;
   int logprobs_top_ = 0;
   // generation_config.json's tessera keys (defaults())
