@@ -10,7 +10,7 @@
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...} (content: a string or
 //                              an array of text parts; the developer role is a system message)
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its connection's
-// thread (a pool of 2 * --batch + 8 of them) and shares packed forwards with the others on the one
+// thread (a pool of --parallel + --max-queue + 8) and shares packed forwards with the others on the one
 // engine thread, up to --batch sequences per forward; a request's result is the same as alone. A request with
 // a KV cache holds its own slot of the engine's cache pool and is batched too; requests with SparseD or DES
 // hold other engine state across forwards and run one at a time, as every request does with --batch 1.
@@ -62,6 +62,7 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/client_watch.h"
 #include "apps/tessera/commands.h"
+#include "apps/tessera/serve_http.h"
 #include "apps/tessera/serve_request.h"
 #include "core/error.h"
 #include "core/utf8.h"
@@ -80,6 +81,8 @@ struct ServeArgs {
   std::string model_id;           // default: the model directory's name
   int batch = 8;                  // sequences per packed forward (1: requests one at a time)
   double batch_wait_ms = 2.0;     // how long a waiting forward waits for the other requests' calls
+  int parallel = 0;               // sequences generating at once (0: four times the batch)
+  int max_queue = 32;             // requests waiting for them; beyond: 503
   std::vector<std::string> cors;  // origins whose browser pages may call the API ("*": any)
 };
 
@@ -91,9 +94,6 @@ struct Tag {
 
 // The stopped-by-client signal: thrown from the step callback to end generate().
 struct ClientGone {};
-
-// The largest request body (the POST routes read it through read_body).
-constexpr size_t kMaxBody = size_t{16} << 20;
 
 // SIGTERM / SIGINT: the handler (any thread may run it) writes a byte to this pipe; the server's watcher
 // thread reads it and stops the server gracefully.
@@ -108,6 +108,7 @@ class Server {
   explicit Server(const ServeArgs& a)
       : args_(a),
         session_(a.session),
+        admission_(a.parallel > 0 ? a.parallel : 4 * a.batch, a.max_queue),
         batcher_(session_.engine(), a.batch,
                  std::chrono::microseconds(static_cast<int64_t>(a.batch_wait_ms * 1000.0))) {
     model_id_ = a.model_id;
@@ -131,9 +132,9 @@ class Server {
     });
     svr.set_payload_max_length(kMaxBody);
     // One HTTP worker thread per connection being served: httplib's default pool of 8 would cap the
-    // requests in flight, and so the batch, at 8, and idle keep-alive connections hold workers too.
-    // Twice the batch plus 8 leaves room for those, /health and requests waiting to be admitted.
-    svr.new_task_queue = [n = 2 * static_cast<size_t>(args_.batch) + 8] {
+    // requests in flight, and so the batch, at 8, and idle keep-alive connections hold workers too. The
+    // admitted and waiting requests (--parallel, --max-queue) plus 8 leave room for those and /health.
+    svr.new_task_queue = [n = static_cast<size_t>(admission_.parallel() + args_.max_queue + 8)] {
       return new httplib::ThreadPool(n);
     };
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -144,7 +145,12 @@ class Server {
                         {"forwards", b.forwards},
                         {"sequences", b.sequences},
                         {"largest", b.largest}}},
-                      {"requests_abandoned", abandoned_.load()}};  // ended early: their client went away
+                      {"requests_abandoned", abandoned_.load()},  // ended early: their client went away
+                      {"admission",
+                       {{"parallel", admission_.parallel()},
+                        {"running", admission_.running()},
+                        {"waiting", admission_.waiting()},
+                        {"refused", admission_.refused()}}}};
       res.set_content(j.dump(), "application/json");
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -203,27 +209,17 @@ class Server {
                });
     }
     // A known route asked with another method: 405 with the methods it takes (Allow), not a 404.
-    const auto not_allowed = [](const char* allow) {
-      return [allow](const httplib::Request& req, httplib::Response& res) {
-        res.status = 405;
-        res.set_header("Allow", allow);
-        res.set_content(
-            error_body({405, "invalid_request_error",
-                        "method " + req.method + " is not allowed on " + req.path + " (use " + allow + ")"}),
-            "application/json");
-      };
-    };
     for (const char* path : {"/health", "/metrics", "/v1/models", R"(/v1/models/(.+))"}) {
-      svr.Post(path, not_allowed("GET"));
-      svr.Put(path, not_allowed("GET"));
-      svr.Patch(path, not_allowed("GET"));
-      svr.Delete(path, not_allowed("GET"));
+      svr.Post(path, method_not_allowed("GET"));
+      svr.Put(path, method_not_allowed("GET"));
+      svr.Patch(path, method_not_allowed("GET"));
+      svr.Delete(path, method_not_allowed("GET"));
     }
     for (const char* path : {"/tokenize", "/detokenize", "/v1/completions", "/v1/chat/completions"}) {
-      svr.Get(path, not_allowed("POST"));
-      svr.Put(path, not_allowed("POST"));
-      svr.Patch(path, not_allowed("POST"));
-      svr.Delete(path, not_allowed("POST"));
+      svr.Get(path, method_not_allowed("POST"));
+      svr.Put(path, method_not_allowed("POST"));
+      svr.Patch(path, method_not_allowed("POST"));
+      svr.Delete(path, method_not_allowed("POST"));
     }
     // CORS, for browser pages of the --cors origins only: a preflight (OPTIONS) is answered, and every
     // response to such a page names its origin as allowed. Without --cors a browser page of another
@@ -346,6 +342,11 @@ class Server {
     size_t prompt_tokens = 0;
     for (const auto& p : prompts) prompt_tokens += p.size() + o.suffix.size();  // the suffix is input too
     const int top = r.logprobs;
+    std::shared_ptr<Admission::Ticket> ticket = admission_.enter(total, res);  // may wait for its turn
+    if (!ticket) {
+      ++failed_;
+      return;
+    }
     if (!r.stream) {
       std::vector<Session::Output> outs(static_cast<size_t>(total));
       const Tag tag = next_tag(chat);
@@ -401,7 +402,7 @@ class Server {
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider("text/event-stream",
-                                     [this, chat, r, prompt_tokens](size_t, httplib::DataSink& sink) {
+                                     [this, chat, r, prompt_tokens, ticket](size_t, httplib::DataSink& sink) {
                                        return stream_events(chat, r, prompt_tokens, sink);
                                      });
   }
@@ -691,6 +692,12 @@ class Server {
             {"{result=\"abandoned\"}", d(abandoned_)}});
     metric("tessera_requests_in_flight", "gauge", "Generation requests being answered",
            {{"", d(in_flight_)}});
+    metric("tessera_requests_waiting", "gauge", "Generation requests waiting for admission (--max-queue)",
+           {{"", d(admission_.waiting())}});
+    metric("tessera_sequences_running", "gauge", "Sequences admitted to generate (--parallel)",
+           {{"", d(admission_.running())}});
+    metric("tessera_requests_refused_total", "counter", "Requests refused with 503: the queue was full",
+           {{"", d(admission_.refused())}});
     metric("tessera_prompt_tokens_total", "counter", "Prompt (and suffix) tokens of the answered requests",
            {{"", d(prompt_tokens_)}});
     metric("tessera_completion_tokens_total", "counter", "Tokens generated for the answered requests",
@@ -716,28 +723,6 @@ class Server {
             static_cast<int64_t>(std::time(nullptr))};
   }
 
-  // A POST body through httplib's content reader, at most kMaxBody bytes however it is sent: httplib 0.11
-  // caps a body with a Content-Length (set_payload_max_length) but read a chunked one whole (32 MB: 6 s
-  // and 810 MB before its 400). False, with a 413 that closes the connection, when it is larger.
-  static bool read_body(const httplib::ContentReader& reader, std::string& body, httplib::Response& res) {
-    bool over = false;
-    reader([&](const char* data, size_t len) {
-      if (body.size() + len > kMaxBody) {
-        over = true;
-        return false;
-      }
-      body.append(data, len);
-      return true;
-    });
-    if (!over) return true;
-    res.status = 413;
-    res.set_header("Connection", "close");
-    res.set_content(error_body({413, "invalid_request_error",
-                                "the request body exceeds " + std::to_string(kMaxBody >> 20) + " MiB"}),
-                    "application/json");
-    return false;
-  }
-
   static void reply_error(httplib::Response& res, const BadRequest& b) {
     res.status = b.status;
     res.set_content(error_body(b), "application/json");
@@ -745,6 +730,7 @@ class Server {
 
   ServeArgs args_;
   Session session_;
+  Admission admission_;
   std::string model_id_;
   int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   std::atomic<int64_t> count_{0};
@@ -768,6 +754,13 @@ void add_serve(CLI::App& app, Registry& reg) {
   sub->add_option("--batch", a->batch,
                   "most concurrent requests packed into one forward (default 8; 1: one request at a time)")
       ->check(CLI::Range(1, 256));
+  sub->add_option("--parallel", a->parallel,
+                  "most sequences (prompts x n of the requests) generating at once; more wait (default: four "
+                  "times --batch)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-queue", a->max_queue,
+                  "most requests waiting for --parallel; more get 503 with Retry-After (default 32)")
+      ->check(CLI::Range(0, 4096));
   sub->add_option("--batch-wait", a->batch_wait_ms,
                   "milliseconds a request's forward waits for the other requests' calls to join it (default "
                   "2; 0: never waits for a request whose host code is slow)")

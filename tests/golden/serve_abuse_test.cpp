@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "serve_process.h"
 #include "test_util.h"
@@ -226,6 +227,72 @@ TEST_F(ServeAbuse, DeepNestingAndHugePromptsAreRefusedUnparsed) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   });
   EXPECT_LT(server_peak_mib(server_->pid()), 400.0);
+}
+
+// Point 4: admission control. With --parallel 2 --max-queue 1, two long requests generate, a third waits
+// for them, and the next ones get 503 with Retry-After at once; a request that asks for more sequences
+// than --parallel alone is a 400; every admitted request is answered.
+TEST(ServeAdmission, BeyondParallelAndQueueRequestsGet503) {
+  ServerProcess server("-m " + (test::source_dir() / "models" / "tessera-tiny").string() +
+                           " --batch 2 --parallel 2 --max-queue 1",
+                       test::temp_dir("serve_admission"));
+  ASSERT_GT(server.port(), 0);
+  auto client = [&] {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(120, 0);
+    return c;
+  };
+  auto admission = [&] {
+    auto c = client();
+    auto r = c.Get("/health");
+    return r ? json::parse(r->body)["admission"] : json();
+  };
+  auto wait_for = [&](const char* key, int value) {
+    for (int i = 0; i < 1000; ++i) {
+      if (admission()[key] == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  // Random unmasking decides the answer's first tokens late: about 120 of its 200 steps run even when it
+  // is short, seconds on this model.
+  const json long_request = {{"prompt", "Once upon a time"},
+                             {"max_tokens", 200},
+                             {"steps", 200},
+                             {"block_length", 200},
+                             {"alg", "random"}};
+  int status[3] = {0, 0, 0};
+  std::vector<std::thread> admitted;
+  for (int i = 0; i < 3; ++i) {
+    admitted.emplace_back([&, i] {
+      auto c = client();
+      auto r = c.Post("/v1/completions", long_request.dump(), "application/json");
+      status[i] = r ? r->status : -1;
+    });
+    ASSERT_TRUE(wait_for(i < 2 ? "running" : "waiting", i < 2 ? i + 1 : 1)) << admission().dump();
+  }
+  auto c = client();
+  for (int i = 0; i < 2; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Post("/v1/completions", long_request.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_NE(r->body.find("busy"), std::string::npos) << r->body;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  }
+  json three = long_request;
+  three["n"] = 3;
+  auto big = c.Post("/v1/completions", three.dump(), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 400);
+  EXPECT_NE(big->body.find("at most 2 at once"), std::string::npos) << big->body;
+  for (auto& t : admitted) t.join();
+  EXPECT_EQ(status[0], 200);
+  EXPECT_EQ(status[1], 200);
+  EXPECT_EQ(status[2], 200);
+  EXPECT_EQ(admission()["refused"], 2);
+  EXPECT_EQ(admission()["running"], 0);
 }
 
 }  // namespace
