@@ -9,10 +9,12 @@ build=$1 src=$2 py=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
-lib=$(dirname "$(find "$work/prefix" -name 'libtessera.so' | head -1)")
-pc=$(dirname "$(find "$work/prefix" -name 'tessera.pc' | head -1)")
+lib=$(dirname "$(find "$work/prefix" -name 'libtessera.so' -print -quit)")
+pc=$(dirname "$(find "$work/prefix" -name 'tessera.pc' -print -quit)")
 test -f "$work/prefix/include/tessera/tessera.h"
-objdump -p "$lib/libtessera.so" | grep -q 'SONAME *libtessera.so.0$' || { echo "no SONAME libtessera.so.0"; exit 1; }
+# (read whole first: with pipefail, grep -q closing the pipe early could fail objdump with SIGPIPE)
+headers=$(objdump -p "$lib/libtessera.so")
+grep -q 'SONAME *libtessera.so.0$' <<<"$headers" || { echo "no SONAME libtessera.so.0"; echo "$headers" | head; exit 1; }
 others=$(nm -D --defined-only "$lib/libtessera.so" | awk '{print $3}' | grep -v '^tessera_' | grep -v '^TESSERA_0$' || true)
 [ -z "$others" ] || { echo "libtessera.so exports more than the C API:"; echo "$others" | head; exit 1; }
 
@@ -28,7 +30,8 @@ for prompt in "Once upon a time" "The little dog"; do
   want=$("$build/tessera" generate -m "$model" -p "$prompt" --raw --gen-length 32 --steps 16 --json \
     | "$py" -c 'import json,sys; print(" ".join(map(str, json.loads(sys.stdin.readlines()[-1])["tokens"])))')
   for exe in "$work/generate_pc" "$work/consumer/generate_cmake"; do
-    got=$("$exe" "$model" "$prompt" 32 16 | head -1)
+    out=$("$exe" "$model" "$prompt" 32 16)
+    got=${out%%$'\n'*}  # the first line: the token ids
     if [ "$got" != "$want" ]; then
       echo "$exe \"$prompt\": $got"; echo "tessera generate:      $want"; exit 1
     fi
