@@ -7,7 +7,8 @@
  * Conventions
  * - Every function that can fail returns a tessera_status; TESSERA_OK is 0. On failure,
  *   tessera_last_error() gives a one-line message (the same text the CLI prints) until the next failing
- *   call on the same thread. Nothing is returned through an output pointer on failure.
+ *   call on the same thread. Nothing is returned through an output pointer on failure but the size a
+ *   buffer that was too small needs.
  * - Option structs are versioned by their first field, struct_size: fill them with their _init function,
  *   which sets struct_size to the size this header declares. A library built from a later header reads only
  *   the fields within struct_size and takes the defaults for the rest, so a program built against this
@@ -20,8 +21,8 @@
  *
  * Thread safety
  * - tessera_model_open / tessera_model_close: close a model only when no other call on it is running.
- * - tessera_model_info, tessera_tokenize, tessera_detokenize, tessera_token_text, tessera_chat_apply,
- *   tessera_prompt_tokens and tessera_generate_options_init read only: call them from any thread, also
+ * - tessera_model_info_get, tessera_tokenize, tessera_detokenize, tessera_chat_apply,
+ *   tessera_prompt_tokens and tessera_generate_options_init only read: call them from any thread, also
  *   while a generation runs.
  * - tessera_generate, tessera_generate_batch and tessera_plan may be called from several threads on one
  *   model. Every forward runs on the model's engine thread (it lives from open to close): concurrent
@@ -51,7 +52,7 @@ extern "C" {
 #define TESSERA_API
 #endif
 
-/* The version of this header; tessera_version() gives the library's. */
+/* The version of this header (the project's, CMakeLists.txt); tessera_version() gives the library's. */
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
 #define TESSERA_VERSION_PATCH 0

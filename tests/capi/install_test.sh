@@ -12,6 +12,9 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 lib=$(dirname "$(find "$work/prefix" -name 'libtessera.so' -print -quit)")
 pc=$(dirname "$(find "$work/prefix" -name 'tessera.pc' -print -quit)")
 test -f "$work/prefix/include/tessera/tessera.h"
+version=$(PKG_CONFIG_PATH="$pc" pkg-config --modversion tessera)  # CMakeLists.txt's, as the header must say
+grep -q "#define TESSERA_VERSION_STRING \"$version\"" "$work/prefix/include/tessera/tessera.h" ||
+  { echo "the header's TESSERA_VERSION_STRING is not the project's version $version"; exit 1; }
 # (read whole first: with pipefail, grep -q closing the pipe early could fail objdump with SIGPIPE)
 headers=$(objdump -p "$lib/libtessera.so")
 grep -q 'SONAME *libtessera.so.0$' <<<"$headers" || { echo "no SONAME libtessera.so.0"; echo "$headers" | head; exit 1; }
