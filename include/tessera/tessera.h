@@ -97,6 +97,9 @@ typedef struct tessera_model_params {
 } tessera_model_params;
 
 TESSERA_API void tessera_model_params_init(tessera_model_params* p);
+/* A memory size as the CLI's --memory-budget takes it ("24GiB", "512 MiB", "1.5GB", "4096" bytes; KB ... TB
+ * powers of 1000, KiB ... TiB and K ... T powers of 1024), into bytes. */
+TESSERA_API tessera_status tessera_parse_size(const char* text, uint64_t* bytes);
 /* Opens a model directory (config.json, safetensors, tokenizer) or a .gguf file; path NULL or "": the
  * bundled default model (models/tessera-tiny, found from the working directory). params NULL: defaults. */
 TESSERA_API tessera_status tessera_model_open(const char* path, const tessera_model_params* params,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/tessera.h"
@@ -37,6 +38,22 @@ PyObject* g_cancelled = nullptr;
 
 void check(tessera_status s) {
   if (s != TESSERA_OK) raise(s);
+}
+
+// The C API's two calls for a caller's buffer: the size it needs, then the filled buffer (text: a
+// std::string, its NUL included in the capacity; token ids: a vector).
+template <class T, class F>
+auto filled(F call) {
+  using Out = std::conditional_t<std::is_same_v<T, char>, std::string, std::vector<T>>;
+  constexpr size_t nul = std::is_same_v<T, char> ? 1 : 0;
+  size_t n = 0;
+  const tessera_status s = call(nullptr, 0, &n);
+  if (s == TESSERA_OK) return Out();
+  if (s != TESSERA_ERROR_BUFFER_TOO_SMALL) check(s);
+  Out out(n + nul, T{});
+  check(call(out.data(), out.size(), &n));
+  out.resize(n);
+  return out;
 }
 
 std::vector<tessera_chat_message> c_messages(const std::vector<std::pair<std::string, std::string>>& msgs) {
@@ -251,48 +268,30 @@ class Model {
   }
 
   std::vector<int32_t> tokenize(const std::string& text) const {
-    size_t n = 0;
-    tessera_status s = tessera_tokenize(m_, text.c_str(), nullptr, 0, &n);
-    if (s == TESSERA_ERROR_BUFFER_TOO_SMALL) {
-      std::vector<int32_t> ids(n);
-      check(tessera_tokenize(m_, text.c_str(), ids.data(), ids.size(), &n));
-      return ids;
-    }
-    check(s);
-    return {};
+    return filled<int32_t>(
+        [&](int32_t* buf, size_t cap, size_t* n) { return tessera_tokenize(m_, text.c_str(), buf, cap, n); });
   }
 
   py::str detokenize(const std::vector<int32_t>& ids, bool skip_special) const {
-    size_t len = 0;
-    tessera_status s = tessera_detokenize(m_, ids.data(), ids.size(), skip_special, nullptr, 0, &len);
-    if (s != TESSERA_ERROR_BUFFER_TOO_SMALL) check(s);
-    std::string out(len + 1, '\0');
-    check(tessera_detokenize(m_, ids.data(), ids.size(), skip_special, out.data(), out.size(), &len));
-    out.resize(len);
-    return text(out);
+    return utf8_text(filled<char>([&](char* buf, size_t cap, size_t* n) {
+      return tessera_detokenize(m_, ids.data(), ids.size(), skip_special, buf, cap, n);
+    }));
   }
 
   py::str chat_apply(const std::vector<std::pair<std::string, std::string>>& msgs,
                      bool add_generation_prompt) const {
     const auto c = c_messages(msgs);
-    size_t len = 0;
-    tessera_status s = tessera_chat_apply(m_, c.data(), c.size(), add_generation_prompt, nullptr, 0, &len);
-    if (s != TESSERA_ERROR_BUFFER_TOO_SMALL) check(s);
-    std::string out(len + 1, '\0');
-    check(tessera_chat_apply(m_, c.data(), c.size(), add_generation_prompt, out.data(), out.size(), &len));
-    out.resize(len);
-    return text(out);
+    return utf8_text(filled<char>([&](char* buf, size_t cap, size_t* n) {
+      return tessera_chat_apply(m_, c.data(), c.size(), add_generation_prompt, buf, cap, n);
+    }));
   }
 
   std::vector<int32_t> prompt_tokens(const std::vector<std::pair<std::string, std::string>>& msgs,
                                      bool use_chat) const {
     const auto c = c_messages(msgs);
-    size_t n = 0;
-    tessera_status s = tessera_prompt_tokens(m_, c.data(), c.size(), use_chat, nullptr, 0, &n);
-    if (s != TESSERA_ERROR_BUFFER_TOO_SMALL) check(s);
-    std::vector<int32_t> ids(n);
-    check(tessera_prompt_tokens(m_, c.data(), c.size(), use_chat, ids.data(), ids.size(), &n));
-    return ids;
+    return filled<int32_t>([&](int32_t* buf, size_t cap, size_t* n) {
+      return tessera_prompt_tokens(m_, c.data(), c.size(), use_chat, buf, cap, n);
+    });
   }
 
   // Generates for every prompt (one: tessera_generate; several: tessera_generate_batch), the GIL released.
@@ -366,7 +365,6 @@ class Model {
   }
 
  private:
-  static py::str text(const std::string& s) { return utf8_text(s); }
   tessera_model* m_ = nullptr;
 };
 
@@ -390,6 +388,14 @@ PYBIND11_MODULE(_tessera, m) {
   g_model_error = new_error(m, "ModelError", g_error, "The model could not be opened.");
   g_budget = new_error(m, "MemoryBudgetError", g_error, "The request cannot fit the memory budget.");
   g_cancelled = new_error(m, "Cancelled", g_error, "The generation was cancelled.");
+  m.def(
+      "parse_size",
+      [](const std::string& text) {
+        uint64_t bytes = 0;
+        check(tessera_parse_size(text.c_str(), &bytes));
+        return bytes;
+      },
+      "A memory size as --memory-budget takes it (\"2GiB\", \"512MiB\", \"1.5GB\", bytes), in bytes.");
   py::class_<Model>(m, "Model")
       .def(py::init<std::optional<std::string>, const std::string&, int, uint64_t, int, bool, int>(),
            py::arg("path"), py::arg("device"), py::arg("precision"), py::arg("memory_budget"),

@@ -19,7 +19,7 @@ import threading
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._tessera import (Cancelled, InvalidArgumentError, MemoryBudgetError, Model, ModelError,  # noqa: F401
-                       TesseraError, __version__)
+                       TesseraError, __version__, parse_size)
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CanvasEvent", "Stream", "TesseraError",
            "InvalidArgumentError", "ModelError", "MemoryBudgetError", "Cancelled", "__version__"]
@@ -186,7 +186,7 @@ class LLM:
                  memory_budget: Union[int, str] = 0, threads: int = 0, dequantize: bool = False,
                  max_batch: int = 8):
         if isinstance(memory_budget, str):
-            memory_budget = _parse_size(memory_budget)
+            memory_budget = parse_size(memory_budget)
         if not isinstance(memory_budget, int) or memory_budget < 0:
             raise InvalidArgumentError(f"memory_budget must be a size in bytes >= 0, got {memory_budget!r}")
         self._m = Model(None if path is None else str(path), device, _choice(_PRECISIONS, precision, "precision"),
@@ -335,17 +335,3 @@ def _messages(messages) -> List[Tuple[str, str]]:
             out.append((role, content))
     return out
 
-
-def _parse_size(s: str) -> int:
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    t = s.strip().lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):].strip()
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in units or value < 0:
-        raise InvalidArgumentError(f"memory_budget {s!r} is not a size such as 2GiB, 512MiB or 1.5GB")
-    return int(value * units[unit])

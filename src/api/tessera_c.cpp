@@ -19,6 +19,7 @@
 #include "engine/batcher.h"
 #include "engine/request_budget.h"
 #include "io/config.h"
+#include "memory/chunk_optimizer.h"
 #include "runtime/session.h"
 #include "tessera/tessera.h"
 
@@ -56,6 +57,10 @@ thread_local std::string g_last_error;
 
 // Thrown from the step callback when the caller's callback asks to stop.
 struct Cancelled {};
+// Thrown by copy_out when the caller's buffer cannot hold the answer (the size it needs is written).
+struct BufferTooSmall {
+  std::string message;
+};
 
 // Runs f, turning every exception into a status and the thread's last error.
 template <class F>
@@ -66,6 +71,9 @@ tessera_status guard(tessera_status on_error, F&& f) {
   } catch (const Cancelled&) {
     g_last_error = "cancelled by the step callback";
     return TESSERA_ERROR_CANCELLED;
+  } catch (const BufferTooSmall& b) {
+    g_last_error = b.message;
+    return TESSERA_ERROR_BUFFER_TOO_SMALL;
   } catch (const tessera::BudgetError& e) {
     g_last_error = e.what();
     return TESSERA_ERROR_MEMORY_BUDGET;
@@ -88,45 +96,46 @@ void need(const void* p, const char* what) {
   if (p == nullptr) tessera::fail(std::string(what) + " is NULL");
 }
 
+// The struct_size of a caller's versioned struct, refused when it does not hold the size field itself or
+// is larger than this library's struct (a newer header).
+template <class T>
+uint32_t checked_size(const T& given, const char* what) {
+  const uint32_t n = given.struct_size;
+  if (n < sizeof(uint32_t) || n > sizeof(T))
+    tessera::fail(std::string(what) + ".struct_size is " + std::to_string(n) + ", this library's is " +
+                  std::to_string(sizeof(T)) + " (fill it with its _init function, or sizeof)");
+  return n;
+}
+
 // A caller's versioned struct read into a full one of this library's layout: the fields within the
-// caller's struct_size over `defaults`. Refuses a struct larger than this library's (a newer header).
+// caller's struct_size over `defaults`.
 template <class T>
 T versioned(const T* given, const T& defaults, const char* what) {
   T out = defaults;
   if (given == nullptr) return out;
-  const uint32_t n = given->struct_size;
-  if (n < sizeof(uint32_t) || n > sizeof(T))
-    tessera::fail(std::string(what) + ".struct_size is " + std::to_string(n) + ", this library's is " +
-                  std::to_string(sizeof(T)) + " (fill it with its _init function)");
-  std::memcpy(&out, given, n);
+  std::memcpy(&out, given, checked_size(*given, what));
   out.struct_size = sizeof(T);
   return out;
 }
 
-// Copies text into a caller's buffer with its NUL (BUFFER_TOO_SMALL, nothing written, when it does not fit).
-tessera_status copy_out(const std::string& s, char* buf, size_t capacity, size_t* len) {
+// Copies text into a caller's buffer with its NUL; BufferTooSmall, nothing written, when it does not fit.
+void copy_out(const std::string& s, char* buf, size_t capacity, size_t* len) {
   need(len, "the length argument");
   *len = s.size();
-  if (capacity <= s.size()) {
-    g_last_error = "the buffer holds " + std::to_string(capacity) + " bytes; the text needs " +
-                   std::to_string(s.size() + 1) + " with its NUL";
-    return TESSERA_ERROR_BUFFER_TOO_SMALL;
-  }
+  if (capacity <= s.size())
+    throw BufferTooSmall{"the buffer holds " + std::to_string(capacity) + " bytes; the text needs " +
+                         std::to_string(s.size() + 1) + " with its NUL"};
   std::memcpy(buf, s.data(), s.size());
   buf[s.size()] = '\0';
-  return TESSERA_OK;
 }
 
-tessera_status copy_out(const std::vector<int32_t>& ids, int32_t* buf, size_t capacity, size_t* n) {
+void copy_out(const std::vector<int32_t>& ids, int32_t* buf, size_t capacity, size_t* n) {
   need(n, "the count argument");
   *n = ids.size();
-  if (capacity < ids.size()) {
-    g_last_error = "the buffer holds " + std::to_string(capacity) + " token ids; " +
-                   std::to_string(ids.size()) + " are needed";
-    return TESSERA_ERROR_BUFFER_TOO_SMALL;
-  }
+  if (capacity < ids.size())
+    throw BufferTooSmall{"the buffer holds " + std::to_string(capacity) + " token ids; " +
+                         std::to_string(ids.size()) + " are needed"};
   if (!ids.empty()) std::memcpy(buf, ids.data(), ids.size() * sizeof(int32_t));
-  return TESSERA_OK;
 }
 
 std::vector<tessera::ChatMessage> messages(const tessera_chat_message* msgs, size_t n) {
@@ -360,6 +369,14 @@ void tessera_model_params_init(tessera_model_params* p) {
   p->max_batch = 8;
 }
 
+tessera_status tessera_parse_size(const char* text, uint64_t* bytes) {
+  return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
+    need(text, "the text");
+    need(bytes, "bytes");
+    *bytes = tessera::memory::parse_size(text);
+  });
+}
+
 tessera_status tessera_model_open(const char* path, const tessera_model_params* params, tessera_model** out) {
   tessera::LoadOptions lo;
   int max_batch = 8;
@@ -413,10 +430,7 @@ tessera_status tessera_model_info_get(const tessera_model* m, tessera_model_info
   return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     need(out, "out");
-    const uint32_t size = out->struct_size;
-    if (size < sizeof(uint32_t) || size > sizeof(tessera_model_info))
-      tessera::fail("tessera_model_info.struct_size is " + std::to_string(size) + ", this library's is " +
-                    std::to_string(sizeof(tessera_model_info)));
+    const uint32_t size = checked_size(*out, "tessera_model_info");
     const Session& s = *m->session;
     const tessera::ModelConfig& c = s.config();
     tessera_model_info i{};
@@ -438,57 +452,44 @@ tessera_status tessera_model_info_get(const tessera_model* m, tessera_model_info
 
 tessera_status tessera_tokenize(const tessera_model* m, const char* text, int32_t* ids, size_t capacity,
                                 size_t* n_ids) {
-  tessera_status st = TESSERA_OK;
-  const tessera_status g = guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
+  return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     need(text, "the text");
     if (capacity > 0) need(ids, "ids");
     const std::string t(text);
     tessera::check_utf8(t, "the text");
-    st = copy_out(m->session->tokenizer().encode(t), ids, capacity, n_ids);
+    copy_out(m->session->tokenizer().encode(t), ids, capacity, n_ids);
   });
-  return g != TESSERA_OK ? g : st;
 }
 
 tessera_status tessera_detokenize(const tessera_model* m, const int32_t* ids, size_t n_ids,
                                   int32_t skip_special, char* text, size_t capacity, size_t* len) {
-  tessera_status st = TESSERA_OK;
-  const tessera_status g = guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
+  return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     if (n_ids > 0) need(ids, "ids");
     if (capacity > 0) need(text, "the text buffer");
-    const int64_t vocab = m->session->config().vocab;
-    for (size_t i = 0; i < n_ids; ++i)
-      if (ids[i] < 0 || ids[i] >= vocab)
-        tessera::fail("token id " + std::to_string(ids[i]) + " is outside the model's vocabulary [0, " +
-                      std::to_string(vocab) + ")");
-    st = copy_out(m->session->tokenizer().decode(std::span<const int32_t>(ids, n_ids), skip_special != 0),
-                  text, capacity, len);
+    m->session->check_vocab(std::span<const int32_t>(ids, n_ids));
+    copy_out(m->session->tokenizer().decode(std::span<const int32_t>(ids, n_ids), skip_special != 0), text,
+             capacity, len);
   });
-  return g != TESSERA_OK ? g : st;
 }
 
 tessera_status tessera_chat_apply(const tessera_model* m, const tessera_chat_message* msgs, size_t n_msgs,
                                   int32_t add_generation_prompt, char* text, size_t capacity, size_t* len) {
-  tessera_status st = TESSERA_OK;
-  const tessera_status g = guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
+  return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     if (capacity > 0) need(text, "the text buffer");
-    st = copy_out(m->session->chat_text(messages(msgs, n_msgs), add_generation_prompt != 0), text, capacity,
-                  len);
+    copy_out(m->session->chat_text(messages(msgs, n_msgs), add_generation_prompt != 0), text, capacity, len);
   });
-  return g != TESSERA_OK ? g : st;
 }
 
 tessera_status tessera_prompt_tokens(const tessera_model* m, const tessera_chat_message* msgs, size_t n_msgs,
                                      int32_t use_chat, int32_t* ids, size_t capacity, size_t* n_ids) {
-  tessera_status st = TESSERA_OK;
-  const tessera_status g = guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
+  return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     if (capacity > 0) need(ids, "ids");
-    st = copy_out(m->session->encode_messages(messages(msgs, n_msgs), use_chat != 0), ids, capacity, n_ids);
+    copy_out(m->session->encode_messages(messages(msgs, n_msgs), use_chat != 0), ids, capacity, n_ids);
   });
-  return g != TESSERA_OK ? g : st;
 }
 
 tessera_status tessera_generate_options_init(const tessera_model* m, tessera_generate_options* o) {
@@ -632,17 +633,11 @@ tessera_status tessera_plan(tessera_model* m, size_t prompt_len, const tessera_g
   return guard(TESSERA_ERROR_INVALID_ARGUMENT, [&] {
     need(m, "the model");
     need(out, "out");
-    const uint32_t size = out->struct_size;
-    if (size < sizeof(uint32_t) || size > sizeof(tessera_memory_plan))
-      tessera::fail("tessera_memory_plan.struct_size is " + std::to_string(size) + ", this library's is " +
-                    std::to_string(sizeof(tessera_memory_plan)));
+    const uint32_t size = checked_size(*out, "tessera_memory_plan");
     Session& s = *m->session;
     int top = 0;
     const GenerateOptions g = to_options(s, o, &top);
-    if (prompt_len == 0 && !s.adds_bos())
-      tessera::fail("the prompt is empty and the model adds no BOS token");
-    if (!s.fits_context(prompt_len, g))
-      s.check_prompt(std::vector<int32_t>(prompt_len, 0), g, false);  // names the context
+    s.check_length(prompt_len, g);
     tessera::Engine& e = s.engine();
     const tessera::RequestPlan plan =
         tessera::plan_request(g, static_cast<int64_t>(prompt_len), s.block_causal());

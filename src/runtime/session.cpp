@@ -146,6 +146,10 @@ void Session::set_options(const GenerateOptions& o) {
 
 std::string Session::chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
   for (const auto& m : msgs) check_utf8(m.content, "a message");
+  return templated(msgs, add_generation_prompt);
+}
+
+std::string Session::templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
   if (chat_family_ == ChatFamily::None) fail(dir_ + " has no chat template (use --raw)");
   return apply_chat_template(chat_family_, msgs, add_generation_prompt);
 }
@@ -187,7 +191,7 @@ std::vector<int32_t> Session::encode_messages(const std::vector<ChatMessage>& ms
   for (const auto& m : msgs) check_utf8(m.content, "the prompt");
   std::vector<int32_t> ids;
   if (use_chat) {
-    ids = tok_->encode(chat_text(msgs, true));
+    ids = tok_->encode(templated(msgs, true));  // the messages were checked above
   } else {
     std::string text;
     for (const auto& m : msgs) text += m.content;
@@ -196,24 +200,29 @@ std::vector<int32_t> Session::encode_messages(const std::vector<ChatMessage>& ms
   return ids;
 }
 
-void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const {
-  if (!fits_context(ids.size(), o)) {
-    const int64_t total = canvas_length(static_cast<int64_t>(ids.size()), o);
-    fail("the prompt of " + std::to_string(ids.size()) + " tokens plus gen-length " +
-         std::to_string(o.gen_length) +
+void Session::check_vocab(std::span<const int32_t> ids, const std::string& of) const {
+  for (const int32_t id : ids)
+    if (id < 0 || id >= engine_->config().vocab)
+      fail("token id " + std::to_string(id) + " " + of + "is outside the model's vocabulary [0, " +
+           std::to_string(engine_->config().vocab) + ")");
+}
+
+void Session::check_length(size_t n, const GenerateOptions& o) const {
+  if (!fits_context(n, o)) {
+    const int64_t total = canvas_length(static_cast<int64_t>(n), o);
+    fail("the prompt of " + std::to_string(n) + " tokens plus gen-length " + std::to_string(o.gen_length) +
          (o.suffix.empty() ? "" : " plus the suffix of " + std::to_string(o.suffix.size()) + " tokens") +
          (block_causal() ? " (padded to whole blocks: " + std::to_string(total) + ")" : "") +
          " exceeds the model's context of " + std::to_string(engine_->config().max_positions) + " tokens");
   }
-  if (ids.empty()) {
-    fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
-  }
+  if (n == 0) fail("the prompt is empty and the model adds no BOS token: give a prompt with -p");
+}
+
+void Session::check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const {
+  check_length(ids.size(), o);
+  if (!tokenized) return check_vocab(ids, "of the prompt ");
   for (const int32_t id : ids) {
     if (id >= 0 && id < engine_->config().vocab) continue;
-    if (!tokenized) {
-      fail("token id " + std::to_string(id) + " of the prompt is outside the model's vocabulary [0, " +
-           std::to_string(engine_->config().vocab) + ")");
-    }
     fail(dir_ + ": the tokenizer gave token " + std::to_string(id) + " (\"" + tok_->token_text(id) +
          "\"), outside the model's vocabulary of " + std::to_string(engine_->config().vocab) +
          " tokens: the tokenizer does not belong to this model");

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ class Session {
   // Throws unless the token ids fit the context with the generation of `o` and lie in the vocabulary
   // (tokenized: they came from the tokenizer, which the message then blames).
   void check_prompt(const std::vector<int32_t>& ids, const GenerateOptions& o, bool tokenized) const;
+  // Throws unless every id lies in the model's vocabulary ("token id N <of>is outside ...").
+  void check_vocab(std::span<const int32_t> ids, const std::string& of = "") const;
+  // check_prompt's test of a prompt's length alone (n tokens; the C API's memory plan).
+  void check_length(size_t n, const GenerateOptions& o) const;
   // A block-causal model (LLaDA2), and its attention block as loaded (the engine's changes with each
   // request's block length; these do not, so that other threads may read them while one generates).
   bool block_causal() const { return model_block_ > 0; }
@@ -99,6 +104,8 @@ class Session {
   int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o) const;
 
  private:
+  // chat_text without its UTF-8 check of the messages.
+  std::string templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
   // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.
   Output timed(const GenerateOptions& g,
                const std::function<GenerateResult(const GenerateOptions&)>& gen) const;

@@ -73,6 +73,16 @@ TEST(CApi, VersionAndStatusNames) {
   EXPECT_STREQ(tessera_status_name(TESSERA_ERROR_MEMORY_BUDGET), "memory budget exceeded");
 }
 
+TEST(CApi, ParseSizeTakesTheCliSyntax) {
+  uint64_t b = 0;
+  ASSERT_EQ(tessera_parse_size("1.5GB", &b), TESSERA_OK);
+  EXPECT_EQ(b, 1500000000u);
+  ASSERT_EQ(tessera_parse_size("2GiB", &b), TESSERA_OK);
+  EXPECT_EQ(b, uint64_t{2} << 30);
+  EXPECT_EQ(tessera_parse_size("lots", &b), TESSERA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tessera_last_error()).find("lots"), std::string::npos) << tessera_last_error();
+}
+
 TEST(CApi, OpenRefusesBadModelsAndParamsWithAMessage) {
   tessera_model* m = reinterpret_cast<tessera_model*>(0x1);
   EXPECT_EQ(tessera_model_open("/nonexistent/model", nullptr, &m), TESSERA_ERROR_MODEL);
