@@ -2,7 +2,7 @@
 # Installs tessera's Debian 12 build and test dependencies (needs root or sudo).
 set -euo pipefail
 PKGS="build-essential cmake ninja-build pkg-config libdnnl-dev libpcre2-dev libutf8proc-dev
-      nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev python3-numpy
+      nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libssl-dev openssl curl libgtest-dev libgmock-dev libbenchmark-dev python3-numpy
       python3-dev python3-venv python3-pytest pybind11-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

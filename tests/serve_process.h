@@ -14,7 +14,8 @@
 
 namespace tessera::test {
 
-// `tessera serve --port 0 ARGS`, logging to DIR/serve.log; port() once it listens (up to 20 s).
+// `tessera serve --port 0 ARGS`, logging to DIR/serve.log; port() once it listens (up to 20 s; ready()
+// without a port for a Unix socket).
 class ServerProcess {
  public:
   ServerProcess(const std::string& args, const std::filesystem::path& dir) {
@@ -25,14 +26,15 @@ class ServerProcess {
                           &out),
               0);
     pid_ = std::stoi(out);
-    for (int i = 0; i < 200 && port_ == 0; ++i) {  // up to 20 s for the model to load
+    for (int i = 0; i < 200 && !ready_; ++i) {  // up to 20 s for the model to load
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       std::ifstream f(log);
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       const size_t at = text.find("127.0.0.1:");
       if (at != std::string::npos) port_ = std::stoi(text.substr(at + 10));
+      ready_ = port_ > 0 || text.find(" on unix:") != std::string::npos;  // a Unix socket has no port
     }
-    EXPECT_GT(port_, 0) << "the server did not start";
+    EXPECT_TRUE(ready_) << "the server did not start";
   }
   ~ServerProcess() {
     if (pid_ > 0) kill(pid_, SIGTERM);
@@ -41,9 +43,18 @@ class ServerProcess {
   ServerProcess& operator=(const ServerProcess&) = delete;
   int port() const { return port_; }
   int pid() const { return pid_; }
+  bool ready() const { return ready_; }
+  // Whether the process still runs (not a zombie: it is not this process's child, a shell started it).
+  bool alive() const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    return pid_ > 0 && paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+  }
 
  private:
   int pid_ = 0, port_ = 0;
+  bool ready_ = false;
 };
 
 }  // namespace tessera::test

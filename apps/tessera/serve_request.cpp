@@ -129,7 +129,8 @@ void only_fields(const json& body, std::initializer_list<const char*> known, con
 }
 
 // Generation options of a request: the session's defaults, then the request's fields.
-GenerateOptions options(const json& body, bool chat, const Session& session, const std::string& model_id) {
+GenerateOptions options(const json& body, bool chat, const Session& session, const std::string& model_id,
+                        int max_tokens) {
   route_fields(body, chat);
   noop_fields(body);
   if (given(body, "model")) {
@@ -145,10 +146,11 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   const int64_t ctx = session.config().max_positions;
   const char* len_key = given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (given(body, len_key)) {
-    const int64_t n = int_field(body, len_key);
-    if (n <= 0 || n > ctx)
-      bad(std::string("'") + len_key + "' must be in [1, " + std::to_string(ctx) + "], got " +
-          std::to_string(n));
+    const int64_t n = int_field(body, len_key),
+                  most = max_tokens > 0 ? std::min<int64_t>(ctx, max_tokens) : ctx;
+    if (n <= 0 || n > most)
+      bad(std::string("'") + len_key + "' must be in [1, " + std::to_string(most) + "]" +
+          (most < ctx ? " (--max-tokens)" : "") + ", got " + std::to_string(n));
     o.gen_length = static_cast<int>(n);
     // Re-derive what followed the length: blocks that no longer divide it, one token per step.
     if (!block_causal) {
@@ -447,14 +449,13 @@ std::string parse_detokenize(std::string_view body_text, const Session& session)
 }
 
 ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
-                            const std::string& model_id) {
+                            const std::string& model_id, const RequestLimits& limits) {
   ParsedRequest r;
   const json body = object_body(body_text);
-  r.options = options(body, chat, session, model_id);
-  if (chat)
-    r.prompts = {chat_prompt(body, session, r.options)};
-  else
-    r.prompts = completion_prompts(body, session, r.options);
+  r.options = options(body, chat, session, model_id, limits.max_tokens);
+  if (limits.max_tokens > 0 && r.options.gen_length > limits.max_tokens)
+    bad("the model's default generation length " + std::to_string(r.options.gen_length) +
+        " exceeds this server's --max-tokens " + std::to_string(limits.max_tokens) + "; set 'max_tokens'");
   if (given(body, "n")) {
     const int64_t n = int_field(body, "n");
     if (n < 1 || n > kMaxChoices) bad("'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
@@ -463,11 +464,19 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
   if (given(body, "best_of") && int_field(body, "best_of") != r.n)  // OpenAI: best_of >= n
     bad("'best_of' is supported only equal to 'n' (" + std::to_string(r.n) +
         "): this server does not rank extra choices");
-  if (r.prompts.size() * static_cast<size_t>(r.n) > static_cast<size_t>(kMaxSequences)) {
-    bad("a request may ask for at most " + std::to_string(kMaxSequences) +
-        " choices in all (prompts x n), got " + std::to_string(r.prompts.size()) + " x " +
-        std::to_string(r.n));
+  // Counted from the JSON before any prompt is tokenized.
+  size_t prompts = 1;
+  if (!chat && body.contains("prompt") && body["prompt"].is_array() && !body["prompt"].empty() &&
+      !body["prompt"][0].is_number())
+    prompts = body["prompt"].size();
+  if (prompts * static_cast<size_t>(r.n) > static_cast<size_t>(limits.max_sequences)) {
+    bad("a request may ask for at most " + std::to_string(limits.max_sequences) +
+        " choices in all (prompts x n), got " + std::to_string(prompts) + " x " + std::to_string(r.n));
   }
+  if (chat)
+    r.prompts = {chat_prompt(body, session, r.options)};
+  else
+    r.prompts = completion_prompts(body, session, r.options);
   // OpenAI's logprobs: an integer in completions, a flag plus top_logprobs in chat completions.
   const std::string top_max = std::to_string(kTopLogprobs);
   if (chat) {

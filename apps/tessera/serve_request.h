@@ -48,10 +48,17 @@ struct ParsedRequest {
   int logprobs = -1;
 };
 
+// The server's limits on one request (serve's --max-sequences, --max-tokens), checked before any prompt
+// is tokenized.
+struct RequestLimits {
+  int max_sequences = kMaxSequences;  // prompts x n
+  int max_tokens = 0;                 // the longest generation; 0: the model's context
+};
+
 // Parses and checks a request for the model of `session`, served under the name `model_id`; throws
 // BadRequest (400, or 404 for another model) with a message naming the field.
 ParsedRequest parse_request(std::string_view body_text, bool chat, const Session& session,
-                            const std::string& model_id);
+                            const std::string& model_id, const RequestLimits& limits = {});
 
 // POST /tokenize as llama.cpp's server takes it: {"content": text, "add_special": false, "with_pieces":
 // false}; add_special puts the model's BOS first where it adds one (no chat template).

@@ -1,0 +1,381 @@
+// tessera serve: /v1/completions and /v1/chat/completions. A request is parsed and checked (limits
+// first, serve_request.cpp), admitted (serve_http.h: --parallel, --max-queue), then its choices run at
+// once through the batcher. Each step checks the request's client (gone: it ends; 499 in the log), its
+// --timeout (504, or an error event when streamed) and the drain deadline (503). Streaming (SSE): a
+// diffusion model decides positions out of order, so each event carries the text of the generation's
+// decided prefix that was not sent yet (up to the first undecided position); the events concatenate to
+// the final text, then a last event with the finish_reason, and "data: [DONE]". With stop sequences, the
+// text that could begin one is held back until it is ruled out.
+#include <algorithm>
+#include <ctime>
+#include <exception>
+#include <string>
+#include <thread>
+
+#include "apps/tessera/canvas_event.h"
+#include "apps/tessera/serve_app.h"
+#include "core/error.h"
+#include "core/utf8.h"
+#include "tessera/tessera.h"
+
+namespace tessera::cli {
+using json = nlohmann::json;
+
+namespace {
+
+// The bytes of a text as a JSON array of numbers.
+json byte_array(const std::string& t) {
+  json v = json::array();
+  for (const char ch : t) v.push_back(static_cast<unsigned char>(ch));
+  return v;
+}
+
+// The text up to its last complete UTF-8 character (a byte-level model may stop inside one).
+std::string complete_utf8(std::string s) {
+  size_t i = s.size(), back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i, ++back;
+  if (i == 0) return s;
+  const auto lead = static_cast<unsigned char>(s[i - 1]);
+  const size_t need = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+  if (need > back) s.resize(i - 1);
+  return s;
+}
+
+json usage(size_t prompt_tokens, size_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+// The prompt of choice c of a request (choice c % n of prompt c / n).
+const std::vector<int32_t>& prompt_of(const ParsedRequest& r, int c) {
+  return r.prompts[static_cast<size_t>(c / r.n)];
+}
+
+// The options of choice i of a prompt: its seed + i.
+GenerateOptions choice(const GenerateOptions& o, int i) {
+  GenerateOptions c = o;
+  c.seed += static_cast<uint64_t>(i);
+  return c;
+}
+
+// Runs fn(0), ..., fn(n - 1) at once (choice 0 on this thread, the others on their own) so that the
+// batcher packs their forwards; once all have ended, rethrows the first failure.
+void run_choices(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> err(static_cast<size_t>(n));
+  auto one = [&](int i) {
+    try {
+      fn(i);
+    } catch (...) {
+      err[static_cast<size_t>(i)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> others;
+  for (int i = 1; i < n; ++i) others.emplace_back(one, i);
+  one(0);
+  for (std::thread& t : others) t.join();
+  for (const std::exception_ptr& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void ServeApp::completion(http::Exchange& ex, bool chat) {
+  const auto start = Clock::now();
+  const Clock::time_point deadline =
+      args_.timeout > 0
+          ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(args_.timeout))
+          : Clock::time_point::max();
+  ParsedRequest r;
+  std::unique_ptr<Admission::Ticket> ticket;
+  auto slot = std::make_shared<Slot>();
+  slot->id = ex.request().id;
+  slot->route = ex.request().path;
+  slot->start = start;
+  SlotScope scope(*this, slot);
+  try {
+    r = parse_request(ex.request().body, chat, session_, model_id_, args_.limits);
+    slot->sequences = static_cast<int>(r.prompts.size()) * r.n;
+    ticket = admission_.enter(slot->sequences, deadline);  // may wait for its turn
+  } catch (const BadRequest& b) {
+    ++failed_;
+    return ex.reply(error_response(b));
+  }
+  slot->running = true;
+  size_t prompt_tokens = 0;
+  for (const auto& p : r.prompts)
+    prompt_tokens += p.size() + r.options.suffix.size();  // the suffix is input too
+  if (r.stream)
+    answer_stream(ex, chat, r, prompt_tokens, *slot, deadline);
+  else
+    answer_whole(ex, chat, r, prompt_tokens, *slot, deadline);
+}
+
+void ServeApp::check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const {
+  ++slot.steps;
+  if (stopping_)
+    throw Ended{503, "server_shutting_down", "the server is shutting down (its drain deadline passed)"};
+  if (Clock::now() > deadline) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%g", args_.timeout);
+    throw Ended{504, "timeout",
+                std::string("the request took longer than the server's --timeout of ") + s + " s"};
+  }
+  if (ex.client_gone()) throw Ended{499, "client_gone", "the client went away"};
+}
+
+void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens,
+                            Slot& slot, Clock::time_point deadline) {
+  const GenerateOptions& o = r.options;
+  const int n = r.n, total = static_cast<int>(r.prompts.size()) * n, top = r.logprobs;
+  std::vector<Session::Output> outs(static_cast<size_t>(total));
+  const Tag tag = next_tag(chat);
+  const InFlight flight(in_flight_);
+  const auto t0 = Clock::now();
+  try {
+    run_choices(total, [&](int i) {
+      outs[static_cast<size_t>(i)] = session_.run(batcher_, prompt_of(r, i), choice(o, i % n),
+                                                  [&](const StepEvent&) { check_step(ex, slot, deadline); });
+    });
+  } catch (const Ended& e) {
+    ++(e.status == 499 ? abandoned_ : e.status == 504 ? timed_out_ : failed_);
+    return ex.reply(error_response({e.status, e.type, e.message}));  // a 499 is read by nobody
+  } catch (const Error& e) {
+    ++failed_;
+    return ex.reply(error_response({400, "invalid_request_error", e.what()}));
+  }
+  json j = envelope(tag, chat, false);
+  j["choices"] = json::array();
+  size_t completion = 0;
+  int steps = 0;
+  double seconds = 0;
+  for (int i = 0; i < total; ++i) {
+    const Session::Output& out = outs[static_cast<size_t>(i)];
+    const std::string reason = finish_reason(out, o);
+    const json lp = top < 0 ? json(nullptr)
+                            : logprobs_json(chat, out.result.tokens, out.result.logprobs, 0,
+                                            out.result.tokens.size(), top);
+    if (chat) {
+      j["choices"].push_back({{"index", i},
+                              {"message", {{"role", "assistant"}, {"content", out.text}}},
+                              {"logprobs", lp},
+                              {"finish_reason", reason}});
+    } else {
+      j["choices"].push_back({{"index", i}, {"text", out.text}, {"logprobs", lp}, {"finish_reason", reason}});
+    }
+    completion += out.result.tokens.size();
+    steps = std::max(steps, out.result.steps_run);
+    seconds = std::max(seconds, out.seconds);
+  }
+  j["usage"] = usage(prompt_tokens, completion);
+  count_done(prompt_tokens, completion, t0);
+  j["tessera"] = {{"steps", steps},  // of the longest choice
+                  {"seconds", seconds}, {"cache", name(o.cache)}, {"sparse", o.sparse},
+                  {"des", name(o.des)}, {"window", o.window}};
+  ex.note_tokens(static_cast<int64_t>(prompt_tokens), static_cast<int64_t>(completion));
+  http::Response res;
+  res.set(dump(j), "application/json");
+  ex.reply(std::move(res));
+}
+
+void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens,
+                             Slot& slot, Clock::time_point deadline) {
+  const GenerateOptions& o = r.options;
+  const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
+  const Tag tag = next_tag(chat);
+  // Ended before the last bytes go out: a client that reads /metrics once its stream is over must not
+  // find this request still in flight.
+  InFlight flight(in_flight_);
+  const auto t0 = Clock::now();
+  http::Response head;
+  head.content_type = "text/event-stream";
+  head.headers.push_back({"Cache-Control", "no-cache"});
+  ex.begin_stream(std::move(head));
+  std::mutex sink_mutex;  // the choices' threads write events
+  auto write = [&](const std::string& ev) {
+    std::lock_guard<std::mutex> l(sink_mutex);
+    if (!ex.write(ev)) throw Ended{499, "client_gone", "the client went away"};
+  };
+  auto send = [&](const json& j) { write("data: " + dump(j) + "\n\n"); };
+  auto delta_event = [&](int index, const std::string& text, const json& reason, const json& lp) {
+    json j = envelope(tag, chat, true);
+    json c;
+    if (chat) {
+      json d = json::object();
+      if (!text.empty()) d["content"] = text;
+      c = {{"index", index}, {"delta", d}};
+    } else {
+      c = {{"index", index}, {"text", text}};
+    }
+    if (top >= 0) c["logprobs"] = lp;
+    c["finish_reason"] = reason;
+    j["choices"] = json::array({c});
+    return j;
+  };
+  size_t sum = 0;
+  try {
+    for (int i = 0; chat && i < total; ++i) {
+      json first = envelope(tag, true, true);
+      first["choices"] = json::array(
+          {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}});
+      send(first);
+    }
+    size_t hold = 0;
+    for (const std::string& t : o.stop) hold = std::max(hold, t.size() - 1);
+    std::vector<size_t> completion(static_cast<size_t>(total));
+    // "canvas": true: a named event per step (OpenAI clients read only the unnamed data events).
+    std::function<void(int, json)> send_canvas = [&](int c, json j) {
+      j["index"] = c;
+      write("event: tessera.canvas\ndata: " + dump(j) + "\n\n");
+    };
+    const std::function<void()> step = [&] { check_step(ex, slot, deadline); };
+    run_choices(total, [&](int c) {
+      completion[static_cast<size_t>(c)] =
+          stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event,
+                        r.canvas ? send_canvas : nullptr, step);
+    });
+    for (size_t t : completion) sum += t;
+    if (r.include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
+      json u = envelope(tag, chat, true);
+      u["choices"] = json::array();
+      u["usage"] = usage(prompt_tokens, sum);
+      send(u);
+    }
+    count_done(prompt_tokens, sum, t0);
+  } catch (const Ended& e) {
+    ++(e.status == 499 ? abandoned_ : e.status == 504 ? timed_out_ : failed_);
+    if (e.status == 499) return;  // nobody reads: the connection closes
+    flight.end();
+    ex.write("data: " + error_body({e.status, e.type, e.message}) + "\n\n");
+  } catch (const Error& e) {
+    ++failed_;
+    flight.end();
+    ex.write("data: " + error_body({400, "invalid_request_error", e.what()}) + "\n\n");
+  }
+  flight.end();
+  ex.note_tokens(static_cast<int64_t>(prompt_tokens), static_cast<int64_t>(sum));
+  ex.write("data: [DONE]\n\n");
+  ex.end_stream();
+}
+
+// One choice of a streamed request: its deltas, then its finish reason; returns its tokens.
+// c: the choice's index; o: its options (its seed).
+template <typename Send, typename Delta>
+size_t ServeApp::stream_choice(int c, const std::vector<int32_t>& ids, const GenerateOptions& o, size_t hold,
+                               int top, bool chat, const Send& send, const Delta& delta_event,
+                               const std::function<void(int, json)>& send_canvas,
+                               const std::function<void()>& step) {
+  std::string sent;
+  size_t sent_tokens = 0;  // logprobs: the tokens of the prefix whose text was sent with theirs
+  const size_t P = ids.size();
+  std::vector<int32_t> prefix;
+  const int32_t mask = session_.engine().mask_token();
+  const Tokenizer& tk = session_.tokenizer();
+  const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
+    step();
+    if (send_canvas) send_canvas(c, canvas_event_json(ev, tk, P, mask, o.eos_ids));
+    prefix.clear();  // the generation's committed prefix, up to the first mask or EOS
+    for (size_t i = P; i < static_cast<size_t>(ev.committed) && ev.canvas[i] != mask; ++i) {
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
+      prefix.push_back(ev.canvas[i]);
+    }
+    std::string text = tk.decode(prefix, true);
+    if (const size_t cut = find_stop(text, o.stop); cut != std::string::npos)
+      text.resize(cut);
+    else
+      text.resize(text.size() - std::min(text.size(), hold));
+    text = complete_utf8(std::move(text));
+    if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
+      json lp;
+      if (top >= 0) {  // the tokens whose text now lies wholly in what was sent
+        size_t k = sent_tokens;
+        while (k < prefix.size() &&
+               tk.decode(std::span<const int32_t>(prefix).first(k + 1), true).size() <= text.size())
+          ++k;
+        lp = logprobs_json(chat, prefix, ev.logprobs, sent_tokens, k, top);
+        sent_tokens = k;
+      }
+      send(delta_event(c, text.substr(sent.size()), nullptr, lp));
+      sent = text;
+    }
+  });
+  const std::string rest = out.text.size() > sent.size() && out.text.compare(0, sent.size(), sent) == 0
+                               ? out.text.substr(sent.size())
+                               : std::string();
+  const json lp = top < 0 ? json(nullptr)
+                          : logprobs_json(chat, out.result.tokens, out.result.logprobs, sent_tokens,
+                                          out.result.tokens.size(), top);
+  send(delta_event(c, rest, finish_reason(out, o), lp));
+  return out.result.tokens.size();
+}
+
+// OpenAI's logprobs of the tokens [a, b) of a choice's generated `tokens` (decided; lps beside them).
+// Completions: {tokens, token_logprobs, top_logprobs (a {text: logprob} object per token), text_offset
+// (bytes into the choice's text)}; chat: {content: [{token, logprob, bytes, top_logprobs: [{token,
+// logprob, bytes}]}]}. Token texts are their bytes (invalid UTF-8 shows as U+FFFD; chat's bytes are exact).
+json ServeApp::logprobs_json(bool chat, std::span<const int32_t> tokens, std::span<const TokenLogprob> lps,
+                             size_t a, size_t b, int top) const {
+  const Tokenizer& tk = session_.tokenizer();
+  json content = json::array(), texts = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  a = std::min(a, tokens.size());
+  size_t offset = tk.decode(tokens.first(a), true).size();
+  for (size_t i = a; i < b && i < lps.size(); ++i) {
+    const TokenLogprob& t = lps[i];
+    const std::string text = tk.token_text(tokens[i]);
+    const size_t k = std::min(static_cast<size_t>(top), t.top.size());
+    if (chat) {
+      json alts = json::array();
+      for (size_t j = 0; j < k; ++j) {
+        const std::string at = tk.token_text(t.top[j].first);
+        alts.push_back({{"token", at}, {"logprob", t.top[j].second}, {"bytes", byte_array(at)}});
+      }
+      content.push_back(
+          {{"token", text}, {"logprob", t.logprob}, {"bytes", byte_array(text)}, {"top_logprobs", alts}});
+      continue;
+    }
+    json alts = json::object();
+    for (size_t j = 0; j < k; ++j) alts[tk.token_text(t.top[j].first)] = t.top[j].second;
+    texts.push_back(text);
+    values.push_back(t.logprob);
+    tops.push_back(alts);
+    offsets.push_back(offset);
+    offset = tk.decode(tokens.first(i + 1), true).size();
+  }
+  if (chat) return {{"content", content}};
+  return {{"tokens", texts}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// system_fingerprint: the engine's version (OpenAI's field for the backend configuration).
+json ServeApp::envelope(const Tag& t, bool chat, bool chunk) const {
+  return {{"id", t.id},
+          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+          {"created", t.created},
+          {"model", model_id_},
+          {"system_fingerprint", std::string("tessera-") + tessera_version()}};
+}
+
+std::string ServeApp::finish_reason(const Session::Output& out, const GenerateOptions& o) const {
+  return out.stopped || static_cast<int>(out.result.tokens.size()) < o.gen_length ? "stop" : "length";
+}
+
+// Counts one generation request that answered: its tokens and its seconds since t0 (when its generation
+// began, streamed or not).
+void ServeApp::count_done(size_t prompt_tokens, size_t completion_tokens, Clock::time_point t0) {
+  ++ok_;
+  prompt_tokens_ += static_cast<int64_t>(prompt_tokens);
+  completion_tokens_ += static_cast<int64_t>(completion_tokens);
+  micros_ += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+}
+
+// OpenAI's id prefixes: chatcmpl- for chat completions, cmpl- for completions.
+ServeApp::Tag ServeApp::next_tag(bool chat) {
+  return {std::string(chat ? "chatcmpl-" : "cmpl-") + "tessera-" + std::to_string(++count_),
+          static_cast<int64_t>(std::time(nullptr))};
+}
+
+}  // namespace tessera::cli
