@@ -143,6 +143,8 @@ LoadOptions load_options(const SessionArgs& a) {
   lo.model = a.model;
   lo.device = a.device;
   lo.memory_budget = a.memory_budget.empty() ? 0 : memory::parse_size(a.memory_budget);
+  const bool no_prefix = a.prefix_cache.empty() || a.prefix_cache == "0" || a.prefix_cache == "off";
+  lo.prefix_cache = no_prefix ? 0 : memory::parse_size(a.prefix_cache);
   lo.precision = a.precision == "bf16"  ? Precision::BF16
                  : a.precision == "f32" ? Precision::F32
                                         : Precision::Auto;

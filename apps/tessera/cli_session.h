@@ -20,6 +20,7 @@ struct SessionArgs {
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
   std::string memory_budget;   // "24GiB"; empty = none
+  std::string prefix_cache;    // serve: the cross-request prefix cache's size; empty = off
   std::string cache = "none";  // KV cache: none | prefix | dual
   bool sparse = false;         // SparseD; the three below turn it on too
   std::optional<int> sparse_block;

@@ -98,6 +98,15 @@ class Denoiser {
     (void)canvas, (void)q_lo, (void)q_hi, (void)positions, (void)sp, (void)tokens, (void)conf;
     fail("this denoiser has no KV cache");
   }
+  // The cross-request prefix cache (block-causal models; engine/prefix_cache.h), after kv_cache_reset and
+  // before the request's first forward: `rows` (whole attention blocks) of `canvas` are final and exact
+  // for any request that begins with them (the prompt's whole blocks). Restores into the request's cache
+  // the longest prefix of them that an earlier request computed and returns its rows (0: none, or no
+  // prefix cache); the rows after it are stored for later requests once a forward of this one wrote them.
+  virtual int64_t kv_prefix(std::span<const int32_t> canvas, int64_t rows) {
+    (void)canvas, (void)rows;
+    return 0;
+  }
   // predict_cached computing exactly the canvas rows `rows` (ascending, distinct; the logit rows of
   // `positions` are added): Window-Diffusion's active set, which need not be one range.
   virtual void predict_rows(std::span<const int32_t> canvas, std::span<const int32_t> rows,

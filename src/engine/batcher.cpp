@@ -74,6 +74,12 @@ class Batcher::Proxy final : public Denoiser {
     if (slot_ < 0) fail("internal error: a batched request without a KV cache slot uses the cache");
     b_.run([&] { b_.engine_.kv_reset(slot_, capacity); }, false);
   }
+  int64_t kv_prefix(std::span<const int32_t> canvas, int64_t rows) override {
+    if (slot_ < 0) return 0;
+    int64_t restored = 0;
+    b_.run([&] { restored = b_.engine_.kv_prefix(slot_, canvas, rows, block_); }, false);
+    return restored;
+  }
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
                       std::span<const int32_t> positions, const SampleParams& sp, std::span<int32_t> tokens,
                       std::span<float> conf) override {

@@ -88,10 +88,15 @@ void Engine::init() {
                    [&](size_t, size_t, size_t row) { rows.push_back(row); });
     return rows;
   });
+  // The prefix cache serves block-causal models only (their whole blocks' rows are exact for any
+  // request that begins with them).
+  if (opt_.prefix_cache_bytes > 0 && attention_block() > 0)
+    prefix_ = std::make_unique<PrefixCache>(*backend_, opt_.prefix_cache_bytes);
   check_weights_fit();
 }
 
 Engine::~Engine() {
+  prefix_.reset();
   kv_.reset();
   if (backend_ != nullptr) {
     sparse_.buffer().free(*backend_);
@@ -310,6 +315,7 @@ int Engine::kv_open(int64_t capacity) {
 
 void Engine::kv_reset(int slot, int64_t capacity) {
   kv_->reset(slot, capacity, attention_block());
+  if (static_cast<size_t>(slot) < prefix_pending_.size()) prefix_pending_[static_cast<size_t>(slot)] = {};
 }
 
 void Engine::kv_cache_reset(int64_t capacity) {
@@ -346,6 +352,7 @@ bool Engine::kv_fits(int64_t capacity) const {
 
 void Engine::kv_close(int slot) {
   kv_->close(slot);
+  if (slot >= 0 && static_cast<size_t>(slot) < prefix_pending_.size()) prefix_pending_[static_cast<size_t>(slot)] = {};
 }
 
 int Engine::kv_slots_open() const {
@@ -470,6 +477,7 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const Cached
     kv_->mark_written(seqs[s].slot,
                       std::span<const int32_t>(q_pos_).subspan(static_cast<size_t>(cu_q_[s]),
                                                                static_cast<size_t>(cu_q_[s + 1] - cu_q_[s])));
+    publish_prefix(seqs[s].slot);
   }
   return p;
 }

@@ -15,6 +15,7 @@
 #include "decode/denoiser.h"
 #include "engine/executor.h"
 #include "engine/kv_pool.h"
+#include "engine/prefix_cache.h"
 #include "engine/request_state.h"
 #include "memory/planner.h"
 #include "memory/workspace.h"
@@ -36,6 +37,9 @@ struct EngineOptions {
   // optimizer (no chunking unless the plan would exceed the budget), and a step that cannot fit
   // even fully chunked fails before it runs, naming the budget, the floor and the largest context.
   size_t memory_budget = 0;
+  // The cross-request prefix cache of block-causal models (prefix_cache.h): at most this many bytes, and
+  // within memory_budget; 0: off. Exact (it changes no output).
+  size_t prefix_cache_bytes = 0;
   std::string dump_dir;      // debug: dump every named tensor of each step here
   bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
 };
@@ -123,6 +127,12 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // kv_stream_reset and closed with stream 0 by kv_cache_end.
   bool supports_kv_streams() const override { return true; }
   void kv_stream_reset(int stream, int64_t capacity) override;
+  int64_t kv_prefix(std::span<const int32_t> canvas, int64_t rows) override;
+  // kv_prefix for a slot of the pool (the batcher's requests), under attention block `block`.
+  int64_t kv_prefix(int slot, std::span<const int32_t> canvas, int64_t rows, int block);
+  // The prefix cache's counts and bytes (all 0 when it is off).
+  PrefixCache::Stats prefix_stats() const;
+  size_t prefix_bytes() const;
   void logits_rows(int stream, std::span<const int32_t> canvas, std::span<const int32_t> rows,
                    std::span<const int32_t> positions, std::span<float> out) override;
   void predict_cached(std::span<const int32_t> canvas, int64_t q_lo, int64_t q_hi,
@@ -284,6 +294,15 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // Request state held across steps: the KV cache pool (kv_pool.h), the SparseD patterns and the DES
   // layer states (request_state.h).
   std::unique_ptr<KvPool> kv_;
+  // The prefix cache (null when off) and, per slot, the prefix rows a request will write for it.
+  struct PendingPrefix {
+    std::vector<int32_t> tokens;  // [0, to * block)
+    int block = 0;
+    int64_t from = 0, to = 0;  // in blocks
+  };
+  std::unique_ptr<PrefixCache> prefix_;
+  std::vector<PendingPrefix> prefix_pending_;  // by slot; to == 0: none
+  void publish_prefix(int slot);               // after a forward of the slot (engine_prefix.cpp)
   int stream_slot_ = -1;  // the pool slot of KV stream 1 while a request holds one
   SparseState sparse_;
   DesState des_;

@@ -113,7 +113,7 @@ size_t Engine::workspace_resident() const {
 }
 
 size_t Engine::activation_budget() const {
-  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_->bytes() + sparse_.bytes();
+  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_->bytes() + sparse_.bytes() + prefix_bytes();
   return opt_.memory_budget > w ? opt_.memory_budget - w : 0;
 }
 
@@ -175,11 +175,13 @@ void Engine::check_held(size_t others, size_t bytes, const std::string& what) co
 }
 
 size_t Engine::others_held(bool in_use_only) const {
-  return in_use_only && !sparse_.on() ? 0 : sparse_.bytes();
+  // The prefix cache is never in use between steps: release_idle empties it.
+  return (in_use_only && !sparse_.on() ? 0 : sparse_.bytes()) + (in_use_only ? 0 : prefix_bytes());
 }
 
 bool Engine::release_idle() {
-  bool freed = kv_->release_if_idle();
+  bool freed = prefix_ != nullptr && prefix_->evict_to(0);
+  freed = kv_->release_if_idle() || freed;
   freed = sparse_.release_if_idle(*backend_) || freed;
   if (freed) plans_.clear();
   return freed;
@@ -191,8 +193,8 @@ void Engine::pool_resized() {
 
 void Engine::grow_held(HeldBuffer& buf, size_t bytes, const std::string& what) {
   // What is held besides this buffer (release_idle may free it).
-  if (!held_fits(kv_->bytes() + sparse_.bytes() - buf.bytes, bytes)) release_idle();
-  check_held(kv_->bytes() + sparse_.bytes() - buf.bytes, bytes, what);
+  if (!held_fits(kv_->bytes() + sparse_.bytes() + prefix_bytes() - buf.bytes, bytes)) release_idle();
+  check_held(kv_->bytes() + sparse_.bytes() + prefix_bytes() - buf.bytes, bytes, what);
   buf.free(*backend_);
   buf.data = backend_->alloc_weights(bytes);
   buf.bytes = bytes;

@@ -184,4 +184,49 @@ int64_t KvPool::base(int slot) const {
   return slots_[static_cast<size_t>(slot)].base;
 }
 
+int KvPool::block(int slot) const {
+  return slots_[static_cast<size_t>(slot)].block;
+}
+
+bool KvPool::written(int slot, int64_t lo, int64_t hi, int block) const {
+  if (!is_open(slot)) return false;
+  const Slot& k = slots_[static_cast<size_t>(slot)];
+  if (k.block != block || lo < 0 || hi > k.capacity) return false;
+  for (int64_t r = lo; r < hi; ++r)
+    if (k.written[static_cast<size_t>(r)] == 0) return false;
+  return true;
+}
+
+void KvPool::copy_out(int slot, int64_t row, int64_t n, void* dst) const {
+  TESSERA_CHECK(is_open(slot) && row >= 0 && row + n <= slots_[static_cast<size_t>(slot)].capacity,
+                "KV cache: rows out of the slot");
+  const auto first = static_cast<size_t>(base(slot) + row), rows = static_cast<size_t>(rows_);
+  size_t before = 0, at = 0;
+  for (const size_t rb : state_rows_) {
+    backend_.copy_on_device(static_cast<char*>(dst) + at,
+                            static_cast<const char*>(buf_) + before * rows + first * rb, rb * static_cast<size_t>(n));
+    at += rb * static_cast<size_t>(n);
+    before += rb;
+  }
+}
+
+void KvPool::copy_in(int slot, int64_t row, int64_t n, const void* src, int block) {
+  TESSERA_CHECK(is_open(slot) && row >= 0 && row + n <= slots_[static_cast<size_t>(slot)].capacity,
+                "KV cache: rows out of the slot");
+  Slot& k = slots_[static_cast<size_t>(slot)];
+  if (k.block != block) {
+    std::fill(k.written.begin(), k.written.end(), uint8_t{0});
+    k.block = block;
+  }
+  const auto first = static_cast<size_t>(k.base + row), rows = static_cast<size_t>(rows_);
+  size_t before = 0, at = 0;
+  for (const size_t rb : state_rows_) {
+    backend_.copy_on_device(static_cast<char*>(buf_) + before * rows + first * rb,
+                            static_cast<const char*>(src) + at, rb * static_cast<size_t>(n));
+    at += rb * static_cast<size_t>(n);
+    before += rb;
+  }
+  std::fill_n(k.written.begin() + row, n, uint8_t{1});
+}
+
 }  // namespace tessera

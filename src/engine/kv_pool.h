@@ -74,6 +74,15 @@ class KvPool {
   void mark_written(int slot, std::span<const int32_t> rows);
   // The first pool row of an open slot.
   int64_t base(int slot) const;
+  // The attention block an open slot's rows were written under.
+  int block(int slot) const;
+  // Whether rows [lo, hi) of an open slot were written under `block`.
+  bool written(int slot, int64_t lo, int64_t hi, int block) const;
+  // Rows [row, row + n) of a slot, every State tensor's, packed tensor after tensor (row_bytes() * n
+  // bytes on the backend), to `dst`; copy_in writes them from `src` and marks them written under
+  // `block` (the slot's block becomes `block`). The prefix cache's transfers (prefix_cache.h).
+  void copy_out(int slot, int64_t row, int64_t n, void* dst) const;
+  void copy_in(int slot, int64_t row, int64_t n, const void* src, int block);
 
   void* data() const { return buf_; }
   size_t bytes() const { return bytes_; }

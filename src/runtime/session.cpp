@@ -66,6 +66,7 @@ Session::Session(const LoadOptions& lo) {
   EngineOptions eo;
   eo.device = lo.device;
   eo.memory_budget = lo.memory_budget;
+  eo.prefix_cache_bytes = lo.prefix_cache;
   eo.precision = lo.precision;
   eo.dequantize = lo.dequantize;
   engine_ = Engine::load(dir_, eo);

@@ -25,6 +25,7 @@ struct LoadOptions {
   Precision precision = Precision::Auto;
   bool dequantize = false;   // GGUF: quantized tensors converted to bf16 at load
   size_t memory_budget = 0;  // bytes for the weights plus the planned activations; 0 = none
+  size_t prefix_cache = 0;   // block-causal models: the cross-request prefix cache's bytes (0: off)
   int threads = 0;  // > 0: OpenMP threads for the process (omp_set_num_threads); 0: OMP_NUM_THREADS or all
 };
 
