@@ -447,11 +447,13 @@ std::string ServeApp::metrics_text() {
          {{"", d(b.forwards)}});
   metric("tessera_forward_sequences_total", "counter", "Sequences in those forwards", {{"", d(b.sequences)}});
   const PrefixCache::Stats pc = session_.engine().prefix_stats();
-  metric("tessera_prefix_cache_bytes", "gauge", "Bytes of prompt blocks' K / V kept for later requests (--prefix-cache)",
+  metric("tessera_prefix_cache_bytes", "gauge",
+         "Bytes of prompt blocks' K / V kept for later requests (--prefix-cache)",
          {{"", d(static_cast<int64_t>(session_.engine().prefix_bytes()))}});
   metric("tessera_prefix_cache_blocks_total", "counter",
          "Prompt blocks of the prefix cache by event (hit: restored into a request; stored; evicted)",
-         {{"{event=\"hit\"}", d(pc.hit_blocks)}, {"{event=\"stored\"}", d(pc.stored_blocks)},
+         {{"{event=\"hit\"}", d(pc.hit_blocks)},
+          {"{event=\"stored\"}", d(pc.stored_blocks)},
           {"{event=\"evicted\"}", d(pc.evicted_blocks)}});
   metric("tessera_peak_rss_bytes", "gauge", "Peak resident memory of the process",
          {{"", d(static_cast<int64_t>(peak_rss_bytes()))}});
@@ -516,12 +518,12 @@ void add_serve(CLI::App& app, Registry& reg) {
                   "seconds an idle keep-alive connection stays open (default 30)")
       ->check(CLI::Range(0.1, 86400.0));
   a->session.prefix_cache = "1G";
-  sub->add_option("--prefix-cache", a->session.prefix_cache,
-                  "block-causal models (LLaDA2): most bytes of prompt blocks' K / V kept for later requests "
-                  "that begin with the same blocks (exact; within --memory-budget; 0 or off: none; default 1G)")
-      ->check([](const std::string& v) {
-        return v == "0" || v == "off" ? std::string() : size_validator()(v);
-      });
+  sub->add_option(
+         "--prefix-cache", a->session.prefix_cache,
+         "block-causal models (LLaDA2): most bytes of prompt blocks' K / V kept for later requests "
+         "that begin with the same blocks (exact; within --memory-budget; 0 or off: none; default 1G)")
+      ->check(
+          [](const std::string& v) { return v == "0" || v == "off" ? std::string() : size_validator()(v); });
   sub->add_option("--max-body", a->max_body, "largest request body (default 16M)")->check(size_validator());
   sub->add_option("--max-sequences", a->limits.max_sequences,
                   "most choices one request may ask for, prompts x n (default 64)")

@@ -352,7 +352,8 @@ bool Engine::kv_fits(int64_t capacity) const {
 
 void Engine::kv_close(int slot) {
   kv_->close(slot);
-  if (slot >= 0 && static_cast<size_t>(slot) < prefix_pending_.size()) prefix_pending_[static_cast<size_t>(slot)] = {};
+  if (slot >= 0 && static_cast<size_t>(slot) < prefix_pending_.size())
+    prefix_pending_[static_cast<size_t>(slot)] = {};
 }
 
 int Engine::kv_slots_open() const {

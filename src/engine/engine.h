@@ -303,7 +303,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   std::unique_ptr<PrefixCache> prefix_;
   std::vector<PendingPrefix> prefix_pending_;  // by slot; to == 0: none
   void publish_prefix(int slot);               // after a forward of the slot (engine_prefix.cpp)
-  int stream_slot_ = -1;  // the pool slot of KV stream 1 while a request holds one
+  int stream_slot_ = -1;                       // the pool slot of KV stream 1 while a request holds one
   SparseState sparse_;
   DesState des_;
   std::array<double, graph::kOpKinds> op_seconds_{};

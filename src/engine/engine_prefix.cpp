@@ -9,7 +9,9 @@
 
 namespace tessera {
 
-size_t Engine::prefix_bytes() const { return prefix_ != nullptr ? prefix_->bytes() : 0; }
+size_t Engine::prefix_bytes() const {
+  return prefix_ != nullptr ? prefix_->bytes() : 0;
+}
 
 PrefixCache::Stats Engine::prefix_stats() const {
   return prefix_ != nullptr ? prefix_->stats() : PrefixCache::Stats{};
@@ -30,7 +32,8 @@ int64_t Engine::kv_prefix(int slot, std::span<const int32_t> canvas, int64_t row
   for (size_t b = 0; b < hit.size(); ++b)
     kv_->copy_in(slot, static_cast<int64_t>(b) * block, block, hit[b], block);
   if (static_cast<int64_t>(hit.size()) < blocks) {
-    if (prefix_pending_.size() <= static_cast<size_t>(slot)) prefix_pending_.resize(static_cast<size_t>(slot) + 1);
+    if (prefix_pending_.size() <= static_cast<size_t>(slot))
+      prefix_pending_.resize(static_cast<size_t>(slot) + 1);
     PendingPrefix& p = prefix_pending_[static_cast<size_t>(slot)];
     p.tokens.assign(canvas.begin(), canvas.begin() + blocks * block);
     p.block = block;

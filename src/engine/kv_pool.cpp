@@ -204,7 +204,8 @@ void KvPool::copy_out(int slot, int64_t row, int64_t n, void* dst) const {
   size_t before = 0, at = 0;
   for (const size_t rb : state_rows_) {
     backend_.copy_on_device(static_cast<char*>(dst) + at,
-                            static_cast<const char*>(buf_) + before * rows + first * rb, rb * static_cast<size_t>(n));
+                            static_cast<const char*>(buf_) + before * rows + first * rb,
+                            rb * static_cast<size_t>(n));
     at += rb * static_cast<size_t>(n);
     before += rb;
   }

@@ -16,9 +16,11 @@ PrefixCache::~PrefixCache() {
   }
 }
 
-PrefixCache::Node* PrefixCache::child(Node& n, std::span<const int32_t> block_tokens, size_t block_bytes) const {
+PrefixCache::Node* PrefixCache::child(Node& n, std::span<const int32_t> block_tokens,
+                                      size_t block_bytes) const {
   for (auto& c : n.children)
-    if (c->bytes == block_bytes && std::equal(c->tokens.begin(), c->tokens.end(), block_tokens.begin(), block_tokens.end()))
+    if (c->bytes == block_bytes &&
+        std::equal(c->tokens.begin(), c->tokens.end(), block_tokens.begin(), block_tokens.end()))
       return c.get();
   return nullptr;
 }
@@ -41,8 +43,9 @@ std::vector<const void*> PrefixCache::match(std::span<const int32_t> tokens, int
   return out;
 }
 
-int64_t PrefixCache::insert(std::span<const int32_t> tokens, int block, int64_t from, int64_t to, size_t block_bytes,
-                            const std::function<void(int64_t, void*)>& fill, const std::function<bool(size_t)>& fits) {
+int64_t PrefixCache::insert(std::span<const int32_t> tokens, int block, int64_t from, int64_t to,
+                            size_t block_bytes, const std::function<void(int64_t, void*)>& fill,
+                            const std::function<bool(size_t)>& fits) {
   if (block <= 0 || block_bytes == 0 || block_bytes > cap_) return 0;
   const uint64_t now = ++clock_;
   Node* n = &roots_[block];
@@ -94,7 +97,8 @@ PrefixCache::Node* PrefixCache::lru_leaf(const std::vector<Node*>& keep) {
       Node* n = stack.back();
       stack.pop_back();
       for (auto& c : n->children) stack.push_back(c.get());
-      if (n == &root || !n->children.empty() || std::find(keep.begin(), keep.end(), n) != keep.end()) continue;
+      if (n == &root || !n->children.empty() || std::find(keep.begin(), keep.end(), n) != keep.end())
+        continue;
       if (best == nullptr || n->used < best->used) best = n;
     }
   }
@@ -107,7 +111,8 @@ void PrefixCache::erase(Node* leaf) {
   ++evicted_blocks_;
   --nodes_;
   auto& siblings = leaf->parent->children;
-  siblings.erase(std::find_if(siblings.begin(), siblings.end(), [&](const auto& c) { return c.get() == leaf; }));
+  siblings.erase(
+      std::find_if(siblings.begin(), siblings.end(), [&](const auto& c) { return c.get() == leaf; }));
 }
 
 bool PrefixCache::evict_to(size_t target) {

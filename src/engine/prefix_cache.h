@@ -32,7 +32,8 @@ class PrefixCache {
   // The data of the longest run of whole blocks of `tokens` (at most `blocks` of them) under attention
   // block `block`, root first; each is block_bytes long (the bytes the blocks were stored with; nodes of
   // another size, from another model layout, never match).
-  std::vector<const void*> match(std::span<const int32_t> tokens, int block, int64_t blocks, size_t block_bytes);
+  std::vector<const void*> match(std::span<const int32_t> tokens, int block, int64_t blocks,
+                                 size_t block_bytes);
   // Stores blocks [from, to) of `tokens` (blocks [0, from) must be stored: match them first) as long as
   // each fits the cap and `fits(block_bytes)` says the memory budget holds it; fill(b, dst) writes block b's
   // rows into dst. Evicts least recently used leaves (never the path being extended) to make room.
@@ -49,7 +50,8 @@ class PrefixCache {
     int64_t lookups = 0, hit_blocks = 0, stored_blocks = 0, evicted_blocks = 0, nodes = 0;
   };
   Stats stats() const {
-    return {lookups_.load(), hit_blocks_.load(), stored_blocks_.load(), evicted_blocks_.load(), nodes_.load()};
+    return {lookups_.load(), hit_blocks_.load(), stored_blocks_.load(), evicted_blocks_.load(),
+            nodes_.load()};
   }
 
  private:

@@ -2,6 +2,8 @@
 // request that begins with the whole blocks of an earlier one restores their K / V instead of computing
 // them, and its tokens are those of an engine without the cache (exact), alone and batched; the cache
 // stays within its cap and within the memory budget; bidirectional models do not use it.
+#include "engine/prefix_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -9,7 +11,6 @@
 #include "decode/generate.h"
 #include "engine/batcher.h"
 #include "engine/engine.h"
-#include "engine/prefix_cache.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -50,7 +51,7 @@ Prompts prompts(int64_t vocab) {
   p.a = p.shared;
   for (int32_t t : ordinary(5, vocab, 2)) p.a.push_back(t);
   p.b = p.shared;
-  for (int32_t t : ordinary(11, vocab, 3)) p.b.push_back(t);  // one more whole block of its own
+  for (int32_t t : ordinary(11, vocab, 3)) p.b.push_back(t);            // one more whole block of its own
   p.c = std::vector<int32_t>(p.shared.begin(), p.shared.begin() + 16);  // diverges in the third block
   for (int32_t t : ordinary(13, vocab, 4)) p.c.push_back(t);
   return p;
@@ -59,7 +60,8 @@ Prompts prompts(int64_t vocab) {
 TEST(PrefixCache, RestoredBlocksGiveTheTokensOfTheUncachedEngine) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", kArgs);
   auto plain = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  auto shared = Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
+  auto shared =
+      Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
   const Prompts p = prompts(plain->vocab_size());
   const GenerateOptions o = cached(8, plain->config().eos_id);
   // a: nothing stored yet, its 3 whole blocks are stored; b: restores 3, stores its 4th; a again:
@@ -96,7 +98,8 @@ TEST(PrefixCache, RestoredBlocksGiveTheTokensOfTheUncachedEngine) {
 TEST(PrefixCache, BatchedRequestsShareBlocksExactly) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", kArgs);
   auto plain = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  auto shared = Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
+  auto shared =
+      Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
   const Prompts p = prompts(plain->vocab_size());
   const GenerateOptions o = cached(8, plain->config().eos_id);
   const std::vector<const std::vector<int32_t>*> list = {&p.a, &p.b, &p.c, &p.a, &p.b, &p.c};
@@ -128,11 +131,13 @@ TEST(PrefixCache, StaysWithinItsCapAndTheBudget) {
   EXPECT_EQ(tiny_cap->prefix_stats().stored_blocks, 0);
   EXPECT_EQ(tiny_cap->prefix_bytes(), 0u);
 
-  auto measure = Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
+  auto measure =
+      Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
   generate(*measure, p.a, o);
   const size_t block_bytes = measure->prefix_bytes() / 3;
   ASSERT_GT(block_bytes, 0u);
-  auto two = Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = 2 * block_bytes});
+  auto two =
+      Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = 2 * block_bytes});
   EXPECT_EQ(generate(*two, p.a, o).tokens, generate(*plain, p.a, o).tokens);
   EXPECT_EQ(two->prefix_stats().stored_blocks, 2);  // the third did not fit beside the first two
   EXPECT_LE(two->prefix_bytes(), 2 * block_bytes);
@@ -142,9 +147,9 @@ TEST(PrefixCache, StaysWithinItsCapAndTheBudget) {
   // The budget: the weights, the pool and the largest step of these requests, and little more.
   const size_t weights = plain->model().weight_bytes();
   const size_t budget = weights + plain->kv_cache_bytes() + plain->max_planned_peak() + block_bytes / 2;
-  auto tight = Engine::load(dir, EngineOptions{.precision = Precision::F32,
-                                               .memory_budget = budget,
-                                               .prefix_cache_bytes = size_t{64} << 20});
+  auto tight = Engine::load(
+      dir, EngineOptions{
+               .precision = Precision::F32, .memory_budget = budget, .prefix_cache_bytes = size_t{64} << 20});
   for (const auto* q : {&p.a, &p.b, &p.c, &p.a}) {
     EXPECT_EQ(generate(*tight, *q, o).tokens, generate(*plain, *q, o).tokens);
     EXPECT_LT(weights + tight->kv_cache_bytes() + tight->prefix_bytes(), budget);
@@ -153,7 +158,8 @@ TEST(PrefixCache, StaysWithinItsCapAndTheBudget) {
 
 TEST(PrefixCache, BidirectionalModelsDoNotUseIt) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 3");
-  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
+  auto e =
+      Engine::load(dir, EngineOptions{.precision = Precision::F32, .prefix_cache_bytes = size_t{64} << 20});
   GenerateOptions o;
   o.gen_length = 16;
   o.block_length = 8;

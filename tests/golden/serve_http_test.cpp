@@ -409,12 +409,13 @@ TEST(ServeDrain, FortyRequestsFinishOnSigterm) {
   }
   httplib::Client h("127.0.0.1", server.port());
   json adm;
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < 5000; ++i) {
     auto r = h.Get("/slots");
     if (r) adm = json::parse(r->body);
     if (r && adm["requests"].size() == 40u) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  EXPECT_EQ(adm["requests"].size(), 40u) << "not every request was accepted before SIGTERM: " << adm.dump();
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   for (auto& t : ts) t.join();
   int answered = 0;
@@ -446,11 +447,14 @@ TEST(ServeDrain, DeadlineEndsTheRestWith503) {
     });
   }
   httplib::Client h("127.0.0.1", server.port());
-  for (int i = 0; i < 2000; ++i) {
+  json seen;
+  for (int i = 0; i < 5000; ++i) {
     auto r = h.Get("/slots");
-    if (r && json::parse(r->body)["requests"].size() == 4u && json::parse(r->body)["running"] == 2) break;
+    if (r) seen = json::parse(r->body);
+    if (r && seen["requests"].size() == 4u && seen["running"] == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  EXPECT_EQ(seen["running"], 2) << seen.dump();
   const auto t0 = Clock::now();
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   for (auto& t : ts) t.join();
