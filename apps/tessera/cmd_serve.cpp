@@ -391,7 +391,7 @@ json ServeApp::slots_json() const {
     list.push_back({{"id", id},
                     {"route", s->route},
                     {"state", s->running ? "running" : "waiting"},
-                    {"sequences", s->sequences},
+                    {"sequences", s->sequences.load()},
                     {"steps", s->steps.load()},
                     {"seconds", std::chrono::duration<double>(Clock::now() - s->start).count()}});
   }

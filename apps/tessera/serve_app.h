@@ -55,8 +55,8 @@ class ServeApp {
   // A generation request the server knows of (/slots).
   struct Slot {
     std::string id, route;
-    int sequences = 0;
     Clock::time_point start;
+    std::atomic<int> sequences{0};  // known once the request is parsed (after /slots may list it)
     std::atomic<bool> running{false};
     std::atomic<int64_t> steps{0};
   };

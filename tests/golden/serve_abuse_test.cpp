@@ -272,6 +272,15 @@ TEST(ServeAdmission, BeyondParallelAndQueueRequestsGet503) {
     ASSERT_TRUE(wait_for(i < 2 ? "running" : "waiting", i < 2 ? i + 1 : 1)) << admission().dump();
   }
   auto c = client();
+  // Point 3: every slot busy and the queue full, /health and /metrics are answered at once (the I/O
+  // thread answers them; no worker is needed).
+  for (const char* path : {"/health", "/metrics", "/health"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = c.Get(path);
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5) << path;
+  }
   for (int i = 0; i < 2; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     auto r = c.Post("/v1/completions", long_request.dump(), "application/json");

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -148,6 +149,23 @@ class ServeHttp : public ::testing::Test {
     }();
     return text;
   }
+  // Runs `attack` while a well-behaved completion runs on another connection; checks that it got the text
+  // it gets alone.
+  static void beside_good(const std::function<void()>& attack) {
+    const std::string want = good_text();
+    std::string got;
+    int status = 0;
+    std::thread good([&] {
+      auto c = client();
+      auto r = c.Post("/v1/completions", kGood.dump(), "application/json");
+      status = r ? r->status : -1;
+      if (r && r->status == 200) got = json::parse(r->body)["choices"][0]["text"];
+    });
+    attack();
+    good.join();
+    EXPECT_EQ(status, 200);
+    EXPECT_EQ(got, want);
+  }
   static ServerProcess* server_;
   static std::filesystem::path* dir_;
 };
@@ -203,19 +221,22 @@ TEST_F(ServeHttp, SlowAndIdleClientsHoldNoWorker) {
 
 // Point 6: two pipelined requests are both answered, in order; the second's Connection: close ends it.
 TEST_F(ServeHttp, PipelinedRequestsAreAnsweredInOrder) {
-  Raw s(server_->port());
-  ASSERT_TRUE(s.ok());
-  s.send(
-      "GET /health HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: t\r\nX-Request-Id: second\r\n"
-      "Connection: close\r\n\r\n");
-  const std::string got = s.read(10.0);
-  EXPECT_TRUE(s.closed());
-  EXPECT_EQ(count(got, "HTTP/1.1 200 OK"), 2u) << got;
-  const size_t health = got.find("\"admission\""), models = got.find("\"object\":\"list\"");
-  ASSERT_NE(health, std::string::npos) << got;
-  ASSERT_NE(models, std::string::npos) << got;
-  EXPECT_LT(health, models);
-  EXPECT_NE(got.find("X-Request-Id: second"), std::string::npos);
+  beside_good([&] {
+    Raw s(server_->port());
+    ASSERT_TRUE(s.ok());
+    s.send(
+        "GET /health HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: t\r\nX-Request-Id: "
+        "second\r\n"
+        "Connection: close\r\n\r\n");
+    const std::string got = s.read(10.0);
+    EXPECT_TRUE(s.closed());
+    EXPECT_EQ(count(got, "HTTP/1.1 200 OK"), 2u) << got;
+    const size_t health = got.find("\"admission\""), models = got.find("\"object\":\"list\"");
+    ASSERT_NE(health, std::string::npos) << got;
+    ASSERT_NE(models, std::string::npos) << got;
+    EXPECT_LT(health, models);
+    EXPECT_NE(got.find("X-Request-Id: second"), std::string::npos);
+  });
 }
 
 // Point 6: a stream to an HTTP/1.0 client is sent until close, not chunked, and holds the same text.
@@ -237,65 +258,71 @@ TEST_F(ServeHttp, Http10StreamIsNotChunked) {
 // Point 6: two Content-Length fields, or Content-Length with Transfer-Encoding, are a 400 that closes
 // the connection (a proxy and this server could read different requests from them).
 TEST_F(ServeHttp, AmbiguousLengthsAre400) {
-  for (const std::string& extra :
-       {std::string("Content-Length: 2\r\n"), std::string("Transfer-Encoding: chunked\r\n")}) {
-    Raw s(server_->port());
-    ASSERT_TRUE(s.ok());
-    s.send(post_text("/v1/completions", "{}", extra));
-    const std::string got = s.read(5.0);
-    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
-    EXPECT_TRUE(s.closed());
-  }
+  beside_good([&] {
+    for (const std::string& extra :
+         {std::string("Content-Length: 2\r\n"), std::string("Transfer-Encoding: chunked\r\n")}) {
+      Raw s(server_->port());
+      ASSERT_TRUE(s.ok());
+      s.send(post_text("/v1/completions", "{}", extra));
+      const std::string got = s.read(5.0);
+      EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
+      EXPECT_TRUE(s.closed());
+    }
+  });
 }
 
 // curl sends Expect: 100-continue before a large body: the server says 100 Continue, then answers.
 TEST_F(ServeHttp, ExpectContinueIsHonoured) {
-  const std::string body = kGood.dump();
-  Raw s(server_->port());
-  ASSERT_TRUE(s.ok());
-  s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n");
-  EXPECT_EQ(s.read(5.0, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
-  s.send(body);
-  const std::string got = s.read(30.0);
-  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  beside_good([&] {
+    const std::string body = kGood.dump();
+    Raw s(server_->port());
+    ASSERT_TRUE(s.ok());
+    s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(s.read(5.0, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+    s.send(body);
+    const std::string got = s.read(30.0);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  });
 }
 
 // --max-body 64K: a larger body is a 413 whether it has a Content-Length (refused before it is read) or
 // comes chunked; --max-sequences and --max-tokens are checked before any prompt is tokenized.
 TEST_F(ServeHttp, LimitsAreConfigurable) {
-  const std::string big = "{\"prompt\": \"" + std::string(100000, 'a') + "\"}";
-  {
-    Raw s(server_->port());
-    s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(big.size()) +
-           "\r\n\r\n");
-    const std::string got = s.read(5.0);
-    EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got;
-    EXPECT_NE(got.find("exceeds 65536 bytes"), std::string::npos) << got;
-  }
-  {
-    Raw s(server_->port());
-    s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
-    char size[16];
-    std::snprintf(size, sizeof size, "%zx\r\n", big.size());
-    s.send(size + big + "\r\n0\r\n\r\n");
-    EXPECT_EQ(s.read(5.0).rfind("HTTP/1.1 413", 0), 0u);
-  }
-  auto c = client();
-  const json five = {{"prompt", {"a", "b", "c", "d", "e"}}, {"max_tokens", 8}};
-  auto r = c.Post("/v1/completions", five.dump(), "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 400);
-  EXPECT_NE(r->body.find("at most 4 choices"), std::string::npos) << r->body;
-  const json two_n = {{"prompt", "a"}, {"n", 5}, {"max_tokens", 8}};
-  r = c.Post("/v1/completions", two_n.dump(), "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 400);
-  const json longer = {{"prompt", "a"}, {"max_tokens", 100}};
-  r = c.Post("/v1/completions", longer.dump(), "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 400);
-  EXPECT_NE(r->body.find("--max-tokens"), std::string::npos) << r->body;
+  beside_good([&] {
+    const std::string big = "{\"prompt\": \"" + std::string(100000, 'a') + "\"}";
+    {
+      Raw s(server_->port());
+      s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(big.size()) +
+             "\r\n\r\n");
+      const std::string got = s.read(5.0);
+      EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got;
+      EXPECT_NE(got.find("exceeds 65536 bytes"), std::string::npos) << got;
+    }
+    {
+      Raw s(server_->port());
+      s.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx\r\n", big.size());
+      s.send(size + big + "\r\n0\r\n\r\n");
+      EXPECT_EQ(s.read(5.0).rfind("HTTP/1.1 413", 0), 0u);
+    }
+    auto c = client();
+    const json five = {{"prompt", {"a", "b", "c", "d", "e"}}, {"max_tokens", 8}};
+    auto r = c.Post("/v1/completions", five.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_NE(r->body.find("at most 4 choices"), std::string::npos) << r->body;
+    const json two_n = {{"prompt", "a"}, {"n", 5}, {"max_tokens", 8}};
+    r = c.Post("/v1/completions", two_n.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    const json longer = {{"prompt", "a"}, {"max_tokens", 100}};
+    r = c.Post("/v1/completions", longer.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_NE(r->body.find("--max-tokens"), std::string::npos) << r->body;
+  });
 }
 
 // Every answer names its request (the client's plain X-Request-Id, else a new one), and each request is

@@ -664,7 +664,8 @@ TEST(Serve, TokenizeAndDetokenize) {
 // refused, and the process ends saying so.
 TEST(Serve, SigtermLetsTheRequestsInFlightFinish) {
   const auto tmp = test::temp_dir("serve-sigterm");
-  ServerProcess server("-m " + tiny_dir().string(), tmp);
+  // A drain deadline far beyond the request (30 s by default; sanitized builds run it slower than that).
+  ServerProcess server("-m " + tiny_dir().string() + " --drain-timeout 600", tmp);
   ASSERT_GT(server.port(), 0);
   json done;
   std::thread request([&] {
