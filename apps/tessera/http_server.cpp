@@ -1,6 +1,7 @@
 #include "apps/tessera/http_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -704,11 +706,18 @@ std::string Server::listen(const Endpoint& e) {
     s.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
                        asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
                        asio::ssl::context::no_tlsv1_1);
+    for (const std::string* f : {&e.cert_file, &e.key_file}) {
+      const int fd = ::open(f->c_str(), O_RDONLY);
+      if (fd < 0) fail("cannot read " + *f + " (TLS): " + std::strerror(errno));
+      ::close(fd);
+    }
     boost::system::error_code ec;
     s.tls->use_certificate_chain_file(e.cert_file, ec);
-    if (ec) fail("cannot load the TLS certificate " + e.cert_file + ": " + ec.message());
+    if (ec) fail("--ssl-cert-file " + e.cert_file + " is not a PEM certificate chain (" + ec.message() + ")");
     s.tls->use_private_key_file(e.key_file, asio::ssl::context::pem, ec);
-    if (ec) fail("cannot load the TLS key " + e.key_file + ": " + ec.message());
+    if (ec)
+      fail("--ssl-key-file " + e.key_file + " is not a PEM private key of that certificate (" + ec.message() +
+           ")");
   }
   boost::system::error_code ec;
   if (e.host.rfind("unix:", 0) == 0) {
