@@ -669,7 +669,7 @@ TEST(Serve, SigtermLetsTheRequestsInFlightFinish) {
   ASSERT_GT(server.port(), 0);
   json done;
   std::thread request([&] {
-    httplib::Client c = client_of(server);
+    httplib::Client c = client_of(server, 600);  // sanitized builds take over a minute for it
     done = post(c, "/v1/completions",
                 json{{"prompt", "Once"}, {"max_tokens", 440}, {"block_length", 440}}.dump(), 200);
   });
