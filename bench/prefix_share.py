@@ -22,21 +22,7 @@ import tempfile
 import threading
 import time
 
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
-
-
-def start(binary, model, prefix_cache, log):
-    p = subprocess.Popen([binary, "serve", "-m", model, "--port", "0", "--batch", "8", "--access-log", "off",
-                          "--prefix-cache", prefix_cache], stdout=log, stderr=log)
-    for _ in range(300):
-        time.sleep(0.1)
-        m = re.search(r"127\.0\.0\.1:(\d+)", open(log.name).read())
-        if m:
-            return p, int(m.group(1))
-    sys.exit("prefix_share: the server did not start: " + open(log.name).read())
+from serve_load import pct, start_server  # bench/ is this script's directory
 
 
 def one(port, body):
@@ -125,7 +111,8 @@ def main():
     answers = {}
     for setting in ("0", "1G"):
         log = tempfile.NamedTemporaryFile(prefix="prefix_share", suffix=".log", delete=False)
-        server, port = start(a.binary, model, setting, log)
+        server, port = start_server(a.binary, ["-m", model, "--batch", "8", "--access-log", "off",
+                                               "--prefix-cache", setting], log)
         try:
             one(port, dict(bodies[0], prompt=[1, 2, 3]))  # warm up: plans, with no shared prefix
             lat, first, texts, wall = run(port, bodies, a.clients)

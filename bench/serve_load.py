@@ -39,6 +39,18 @@ def rss_mib(pid):
     return float("nan")
 
 
+def start_server(binary, args, log):
+    """`BINARY serve --port 0 ARGS`, logging to the open file `log`: (process, port) once it listens."""
+    server = subprocess.Popen([binary, "serve", "--port", "0"] + args, stderr=log, stdout=log)
+    for _ in range(300):
+        time.sleep(0.1)
+        m = re.search(r"127\.0\.0\.1:(\d+)", open(log.name).read())
+        if m:
+            return server, int(m.group(1))
+    server.terminate()
+    sys.exit("the server did not start: " + open(log.name).read())
+
+
 def one(conn, body):
     """One streamed completion on a keep-alive connection: (latency, first event, tokens) or None."""
     t0 = time.perf_counter()
@@ -154,18 +166,8 @@ def main():
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     log = tempfile.NamedTemporaryFile(prefix="serve_load", suffix=".log", delete=False)
-    server = subprocess.Popen([a.binary, "serve", "-m", a.model, "--port", "0", "--batch", str(a.batch),
-                               "--max-queue", "256", "--header-timeout", str(a.header_timeout),
-                               "--access-log", "off"], stderr=log, stdout=log)
-    port = None
-    for _ in range(300):
-        time.sleep(0.1)
-        m = re.search(r"127\.0\.0\.1:(\d+)", open(log.name).read())
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        sys.exit("serve_load: the server did not start: " + open(log.name).read())
+    server, port = start_server(a.binary, ["-m", a.model, "--batch", str(a.batch), "--max-queue", "256",
+                                           "--header-timeout", str(a.header_timeout), "--access-log", "off"], log)
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": a.max_tokens, "steps": a.max_tokens,
                        "block_length": a.max_tokens, "stream": True, "stream_options": {"include_usage": True}})
     rows = []

@@ -86,6 +86,16 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
   return read_floats(out, rows.size() * static_cast<size_t>(vocab));
 }
 
+std::vector<int32_t> ordinary_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& x : t) {
+    s = rng_mix(s);
+    x = static_cast<int32_t>(s % static_cast<uint64_t>(vocab - 8));  // ordinary tokens, no specials
+  }
+  return t;
+}
+
 std::vector<int32_t> random_canvas(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   uint64_t s = seed;

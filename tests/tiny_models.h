@@ -29,6 +29,8 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
                                     const std::string& extra_args = "");
 std::string join_ids(const std::vector<int32_t>& v);
 // A random canvas of n tokens in [0, vocab) with about mask_ratio of them replaced by `mask`.
+// n ordinary token ids of a vocabulary (below vocab - 8: no special token), from `seed`.
+std::vector<int32_t> ordinary_tokens(int64_t n, int64_t vocab, uint64_t seed);
 std::vector<int32_t> random_canvas(int64_t n, int64_t vocab, uint64_t seed, int32_t mask, double mask_ratio);
 // 0, 1, ..., n - 1.
 std::vector<int32_t> all_positions(int64_t n);

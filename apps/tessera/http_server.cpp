@@ -115,7 +115,6 @@ struct Exchange::Impl {
   Framing framing = Framing::Length;
   Clock::time_point start = Clock::now();
   Access acc;
-  bool threaded = false;
   void send(std::string data, bool final, std::function<void(bool)> done = nullptr);
 };
 
@@ -292,10 +291,7 @@ class Connection : public ConnBase, public std::enable_shared_from_this<Connecti
   }
 
   void queue(std::string data, bool final, bool keep, std::function<void(bool)> done) override {
-    if (final) {
-      final_queued_ = true;
-      keep_ = keep;
-    }
+    if (final) keep_ = keep;
     out_.push_back({std::move(data), final, std::move(done)});
     if (!writing_) write_next();
   }
@@ -353,7 +349,6 @@ class Connection : public ConnBase, public std::enable_shared_from_this<Connecti
     parser_->header_limit(static_cast<uint32_t>(srv_->lim.max_header));
     parser_->body_limit(srv_->lim.max_body);
     answered_ = false;
-    final_queued_ = false;
     if (buf_.size() > 0) return read_header();  // a pipelined request
     idle_ = true;
     arm(srv_->lim.idle_seconds);
@@ -568,8 +563,8 @@ class Connection : public ConnBase, public std::enable_shared_from_this<Connecti
   std::shared_ptr<Exchange::Impl> last_;
   Clock::time_point first_byte_ = Clock::now();
   uint64_t gen_ = 0, bytes_ = 0;
-  bool timed_out_ = false, idle_ = false, writing_ = false, handler_ = false, answered_ = false,
-       final_queued_ = false, keep_ = true, closed_ = false, done_ = false;
+  bool timed_out_ = false, idle_ = false, writing_ = false, handler_ = false, answered_ = false, keep_ = true,
+       closed_ = false, done_ = false;
 };
 
 std::string remote_of(const tcp::socket& s) {
@@ -630,7 +625,6 @@ void Server::Impl::dispatch(const std::shared_ptr<Exchange::Impl>& ex) {
     return answer_now(error(503, "the server is busy: " + std::to_string(lim.max_handlers) +
                                      " requests are being handled; retry later"));
   }
-  ex->threaded = true;
   std::thread([self = shared_from_this(), ex, h = found->h, work = asio::make_work_guard(io)]() mutable {
     {
       Exchange e(ex);

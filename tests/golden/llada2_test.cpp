@@ -24,16 +24,6 @@ constexpr const char* kArgs = "--seed 7";
 
 using test::all_positions;
 
-std::vector<int32_t> tokens_of(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& x : t) {
-    s = rng_mix(s);
-    x = static_cast<int32_t>(s % static_cast<uint64_t>(vocab - 8));  // ordinary tokens, no specials
-  }
-  return t;
-}
-
 TEST(Llada2, ConfigHasTheRealGeometry) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", kArgs);
   const ModelConfig c = load_config(dir);
@@ -82,7 +72,7 @@ TEST(Llada2, AttentionBlockFollowsTheGenerationBlock) {
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
   EXPECT_EQ(e->attention_block(), 32);
   const int64_t V = e->vocab_size(), n = 45;
-  auto canvas = tokens_of(n, V, 11);
+  auto canvas = test::ordinary_tokens(n, V, 11);
   const auto pos = all_positions(n);
   std::vector<float> b32(static_cast<size_t>(n * V)), b8(b32.size());
   e->logits(canvas, pos, b32);

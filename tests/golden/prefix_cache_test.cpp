@@ -19,15 +19,7 @@ namespace {
 
 constexpr const char* kArgs = "--seed 7";
 
-std::vector<int32_t> ordinary(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& x : t) {
-    s = rng_mix(s);
-    x = static_cast<int32_t>(s % static_cast<uint64_t>(vocab - 8));
-  }
-  return t;
-}
+using test::ordinary_tokens;
 
 GenerateOptions cached(int block, int32_t eos) {
   GenerateOptions o;
@@ -47,13 +39,13 @@ struct Prompts {
 };
 Prompts prompts(int64_t vocab) {
   Prompts p;
-  p.shared = ordinary(24, vocab, 1);
+  p.shared = ordinary_tokens(24, vocab, 1);
   p.a = p.shared;
-  for (int32_t t : ordinary(5, vocab, 2)) p.a.push_back(t);
+  for (int32_t t : ordinary_tokens(5, vocab, 2)) p.a.push_back(t);
   p.b = p.shared;
-  for (int32_t t : ordinary(11, vocab, 3)) p.b.push_back(t);            // one more whole block of its own
+  for (int32_t t : ordinary_tokens(11, vocab, 3)) p.b.push_back(t);     // one more whole block of its own
   p.c = std::vector<int32_t>(p.shared.begin(), p.shared.begin() + 16);  // diverges in the third block
-  for (int32_t t : ordinary(13, vocab, 4)) p.c.push_back(t);
+  for (int32_t t : ordinary_tokens(13, vocab, 4)) p.c.push_back(t);
   return p;
 }
 
@@ -165,7 +157,7 @@ TEST(PrefixCache, BidirectionalModelsDoNotUseIt) {
   o.block_length = 8;
   o.steps = 16;
   o.cache = KvCache::Prefix;
-  const auto prompt = ordinary(24, e->vocab_size(), 1);
+  const auto prompt = ordinary_tokens(24, e->vocab_size(), 1);
   generate(*e, prompt, o);
   generate(*e, prompt, o);
   EXPECT_EQ(e->prefix_stats().lookups, 0);
