@@ -95,6 +95,19 @@ class ServeApp {
     std::atomic<int64_t>& n_;
     bool ended_ = false;
   };
+  // What a generation holds until its answer is ready: its admission slots and its place in flight.
+  // Given back before the last bytes are queued, so that a client that reads /health or /metrics once it
+  // has its answer finds them free.
+  struct Held {
+    Held(std::atomic<int64_t>& in_flight, std::unique_ptr<Admission::Ticket> t)
+        : flight(in_flight), ticket(std::move(t)) {}
+    void release() {
+      flight.end();
+      ticket.reset();
+    }
+    InFlight flight;
+    std::unique_ptr<Admission::Ticket> ticket;
+  };
 
   // cmd_serve.cpp
   void add_routes(http::Server& svr);
@@ -112,9 +125,9 @@ class ServeApp {
   // serve_completion.cpp
   void completion(http::Exchange& ex, bool chat);
   void answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens, Slot& slot,
-                    Clock::time_point deadline);
+                    Held& held, Clock::time_point deadline);
   void answer_stream(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens, Slot& slot,
-                     Clock::time_point deadline);
+                     Held& held, Clock::time_point deadline);
   // The step check of a generation: throws Ended when it must stop.
   void check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const;
   json envelope(const Tag& t, bool chat, bool chunk) const;

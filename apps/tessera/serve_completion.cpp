@@ -105,14 +105,15 @@ void ServeApp::completion(http::Exchange& ex, bool chat) {
     ++failed_;
     return ex.reply(error_response(b));
   }
+  Held held(in_flight_, std::move(ticket));
   slot->running = true;
   size_t prompt_tokens = 0;
   for (const auto& p : r.prompts)
     prompt_tokens += p.size() + r.options.suffix.size();  // the suffix is input too
   if (r.stream)
-    answer_stream(ex, chat, r, prompt_tokens, *slot, deadline);
+    answer_stream(ex, chat, r, prompt_tokens, *slot, held, deadline);
   else
-    answer_whole(ex, chat, r, prompt_tokens, *slot, deadline);
+    answer_whole(ex, chat, r, prompt_tokens, *slot, held, deadline);
 }
 
 void ServeApp::check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const {
@@ -129,12 +130,11 @@ void ServeApp::check_step(const http::Exchange& ex, Slot& slot, Clock::time_poin
 }
 
 void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens,
-                            Slot& slot, Clock::time_point deadline) {
+                            Slot& slot, Held& held, Clock::time_point deadline) {
   const GenerateOptions& o = r.options;
   const int n = r.n, total = static_cast<int>(r.prompts.size()) * n, top = r.logprobs;
   std::vector<Session::Output> outs(static_cast<size_t>(total));
   const Tag tag = next_tag(chat);
-  const InFlight flight(in_flight_);
   const auto t0 = Clock::now();
   try {
     run_choices(total, [&](int i) {
@@ -143,9 +143,11 @@ void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& 
     });
   } catch (const Ended& e) {
     ++(e.status == 499 ? abandoned_ : e.status == 504 ? timed_out_ : failed_);
+    held.release();
     return ex.reply(error_response({e.status, e.type, e.message}));  // a 499 is read by nobody
   } catch (const Error& e) {
     ++failed_;
+    held.release();
     return ex.reply(error_response({400, "invalid_request_error", e.what()}));
   }
   json j = envelope(tag, chat, false);
@@ -179,17 +181,15 @@ void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& 
   ex.note_tokens(static_cast<int64_t>(prompt_tokens), static_cast<int64_t>(completion));
   http::Response res;
   res.set(dump(j), "application/json");
+  held.release();
   ex.reply(std::move(res));
 }
 
 void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens,
-                             Slot& slot, Clock::time_point deadline) {
+                             Slot& slot, Held& held, Clock::time_point deadline) {
   const GenerateOptions& o = r.options;
   const int total = static_cast<int>(r.prompts.size()) * r.n, top = r.logprobs;
   const Tag tag = next_tag(chat);
-  // Ended before the last bytes go out: a client that reads /metrics once its stream is over must not
-  // find this request still in flight.
-  InFlight flight(in_flight_);
   const auto t0 = Clock::now();
   http::Response head;
   head.content_type = "text/event-stream";
@@ -249,14 +249,14 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
   } catch (const Ended& e) {
     ++(e.status == 499 ? abandoned_ : e.status == 504 ? timed_out_ : failed_);
     if (e.status == 499) return;  // nobody reads: the connection closes
-    flight.end();
+    held.release();
     ex.write("data: " + error_body({e.status, e.type, e.message}) + "\n\n");
   } catch (const Error& e) {
     ++failed_;
-    flight.end();
+    held.release();
     ex.write("data: " + error_body({400, "invalid_request_error", e.what()}) + "\n\n");
   }
-  flight.end();
+  held.release();
   ex.note_tokens(static_cast<int64_t>(prompt_tokens), static_cast<int64_t>(sum));
   ex.write("data: [DONE]\n\n");
   ex.end_stream();
