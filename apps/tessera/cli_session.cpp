@@ -34,6 +34,9 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_option("--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--chat-template-file", a.chat_template_file,
+                  "a Jinja chat template to use instead of the model's own (or the built-in one)")
+      ->check(CLI::ExistingFile);
   sub->add_flag("--dequantize", a.dequantize,
                 "GGUF: convert quantized tensors to bf16 at load (twice to four times the memory) instead of "
                 "keeping them quantized (CPU)");
@@ -150,6 +153,7 @@ LoadOptions load_options(const SessionArgs& a) {
                                         : Precision::Auto;
   lo.dequantize = a.dequantize;
   lo.threads = a.threads;
+  lo.chat_template_file = a.chat_template_file;
   return lo;
 }
 

@@ -257,6 +257,9 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
   const bool templ = s.has_chat_template();
   if (!templ)
     std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
+  else if (s.chat_template().builtin())
+    std::fprintf(stderr, "note: %s ships no chat template; using %s\n", s.model_dir().c_str(),
+                 s.chat_template().origin().c_str());
   std::vector<ChatMessage> history;  // a system message first, if set
   const bool interactive = isatty(fileno(stdin)) != 0;
   const auto first_turn = [&] { return !history.empty() && history[0].role == "system" ? size_t{1} : 0; };
@@ -373,7 +376,11 @@ void add_generate(CLI::App& app, Registry& reg) {
     }
     check_utf8(*prompt, "the prompt");
     Session s(*a);
-    const auto ids = s.prompt_ids({{"user", *prompt}}, uses_chat(*a, s, *prompt));
+    const bool chat = uses_chat(*a, s, *prompt);
+    const auto ids = s.prompt_ids({{"user", *prompt}}, chat);
+    if (chat && s.chat_template().builtin() && !a->json)
+      std::fprintf(stderr, "note: %s ships no chat template; using %s (--raw: none)\n", s.model_dir().c_str(),
+                   s.chat_template().origin().c_str());
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     if (*canvas && !a->json) fail("--canvas streams JSON step events; give --json too");
     const auto o =

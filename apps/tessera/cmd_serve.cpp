@@ -3,12 +3,17 @@
 //   GET  /health (open without a key; with the batching and admission counts), /v1/models, /v1/models/ID,
 //        /metrics (Prometheus text format: requests by result, in flight, waiting, refused, tokens,
 //        seconds, packed forwards, connections, memory), /slots (the requests waiting and running)
-//   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens": [ids]}
+//   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens":
+//   [ids]},
+//        /apply-template (a chat request: {"prompt": the text its chat template makes})
 //   POST /v1/completions       {"prompt": "...", "max_tokens": N, "temperature": T, "stream": bool, ...}
 //                              (prompt: a string, token ids, or an array of either: several prompts, whose
 //                              choices are numbered prompt by prompt)
 //   POST /v1/chat/completions  {"messages": [{"role": "user", "content": "..."}], ...} (content: a string or
-//                              an array of text parts; the developer role is a system message)
+//                              an array of text parts; the developer role is a system message; tools,
+//                              tool_choice, parallel_tool_calls, tool calls and tool results, and
+//                              chat_template_kwargs reach the model's chat template; the reply is read
+//                              into content, reasoning_content and tool_calls: serve_chat.cpp)
 // Concurrent requests are batched (engine/batcher.h): each runs its unmasking loop on its handler's thread
 // and shares packed forwards with the others on the one engine thread, up to --batch sequences per
 // forward; a request's result is the same as alone. At most --parallel sequences (prompts x n) generate at
@@ -289,6 +294,19 @@ void ServeApp::add_routes(http::Server& svr) {
       [this](http::Exchange& ex) {
         try {
           ex.reply(json_response({{"content", parse_detokenize(ex.request().body, session_)}}));
+        } catch (const BadRequest& b) {
+          ex.reply(error_response(b));
+        }
+      },
+      Run::Thread);
+  // The prompt a chat request makes (the model's chat template with its messages, tools and switches),
+  // as llama.cpp's server shows it.
+  svr.route(
+      "POST", "/apply-template",
+      [this](http::Exchange& ex) {
+        try {
+          const ParsedRequest r = parse_request(ex.request().body, true, session_, model_id_, args_.limits);
+          ex.reply(json_response({{"prompt", r.prompt_text}}));
         } catch (const BadRequest& b) {
           ex.reply(error_response(b));
         }

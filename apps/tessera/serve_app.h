@@ -134,8 +134,8 @@ class ServeApp {
   json logprobs_json(bool chat, std::span<const int32_t> tokens, std::span<const TokenLogprob> lps, size_t a,
                      size_t b, int top) const;
   template <typename Send, typename Delta>
-  size_t stream_choice(int c, const std::vector<int32_t>& ids, const GenerateOptions& o, size_t hold, int top,
-                       bool chat, const Send& send, const Delta& delta_event,
+  size_t stream_choice(int c, const ParsedRequest& r, const std::string& tag, size_t hold, bool chat,
+                       const Send& send, const Delta& delta_event,
                        const std::function<void(int, json)>& send_canvas, const std::function<void()>& step);
   std::string finish_reason(const Session::Output& out, const GenerateOptions& o) const;
   void count_done(size_t prompt_tokens, size_t completion_tokens, Clock::time_point t0);

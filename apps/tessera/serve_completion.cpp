@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <ctime>
 #include <exception>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -39,6 +41,54 @@ std::string complete_utf8(std::string s) {
   const size_t need = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
   if (need > back) s.resize(i - 1);
   return s;
+}
+
+// The id of tool call k of choice c of request `tag`: OpenAI's "call_" and 24 characters; Mistral's
+// templates take only 9 alphanumerics. Derived from the three (splitmix64), so the same on every read.
+std::string call_id(const std::string& tag, int c, size_t k, ToolCallFormat f) {
+  static const char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  uint64_t x = std::hash<std::string>{}(tag + "/" + std::to_string(c) + "/" + std::to_string(k));
+  std::string id = f == ToolCallFormat::Mistral ? "" : "call_";
+  for (int i = 0; i < (f == ToolCallFormat::Mistral ? 9 : 24); ++i) {
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    id += kDigits[(z ^ (z >> 31)) % 62];
+  }
+  return id;
+}
+
+// A choice's reply read into content, reasoning and tool calls (ids given here; with
+// parallel_tool_calls false, the first call only).
+ParsedReply read_reply(const ReplyFormat& f, const std::string& text, const std::string& tag, int c) {
+  ParsedReply p = parse_reply(text, f.tools, f.reasoning, tag);
+  if (!f.parallel && p.tool_calls.size() > 1) p.tool_calls.resize(1);
+  for (size_t k = 0; k < p.tool_calls.size(); ++k) p.tool_calls[k].id = call_id(tag, c, k, f.tools);
+  return p;
+}
+
+// OpenAI's tool_calls; streamed deltas carry each call's index.
+json tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index, bool delta) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json call = {{"id", calls[k].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (delta) call["index"] = first_index + k;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// The assistant message of a read reply: content (null when the reply is only tool calls), the
+// thinking text as reasoning_content, the tool calls.
+json reply_message(const ParsedReply& p) {
+  json m = {{"role", "assistant"}};
+  m["content"] = p.content.empty() && !p.tool_calls.empty() ? json(nullptr) : json(p.content);
+  if (!p.reasoning.empty()) m["reasoning_content"] = p.reasoning;
+  if (!p.tool_calls.empty()) m["tool_calls"] = tool_calls_json(p.tool_calls, 0, false);
+  return m;
 }
 
 json usage(size_t prompt_tokens, size_t completion_tokens) {
@@ -162,10 +212,15 @@ void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& 
                             : logprobs_json(chat, out.result.tokens, out.result.logprobs, 0,
                                             out.result.tokens.size(), top);
     if (chat) {
-      j["choices"].push_back({{"index", i},
-                              {"message", {{"role", "assistant"}, {"content", out.text}}},
-                              {"logprobs", lp},
-                              {"finish_reason", reason}});
+      json message = {{"role", "assistant"}, {"content", out.text}};
+      std::string why = reason;
+      if (r.reply.parses()) {
+        const ParsedReply p = read_reply(
+            r.reply, r.reply.start + session_.tokenizer().decode(out.result.tokens, false), tag.id, i);
+        message = reply_message(p);
+        if (!p.tool_calls.empty()) why = "tool_calls";
+      }
+      j["choices"].push_back({{"index", i}, {"message", message}, {"logprobs", lp}, {"finish_reason", why}});
     } else {
       j["choices"].push_back({{"index", i}, {"text", out.text}, {"logprobs", lp}, {"finish_reason", reason}});
     }
@@ -201,15 +256,18 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
     if (!ex.write(ev)) throw Ended{499, "client_gone", "the client went away"};
   };
   auto send = [&](const json& j) { write("data: " + dump(j) + "\n\n"); };
-  auto delta_event = [&](int index, const std::string& text, const json& reason, const json& lp) {
+  auto delta_event = [&](int index, const ReplyDelta& piece, const json& reason, const json& lp) {
     json j = envelope(tag, chat, true);
     json c;
     if (chat) {
       json d = json::object();
-      if (!text.empty()) d["content"] = text;
+      if (!piece.content.empty()) d["content"] = piece.content;
+      if (!piece.reasoning.empty()) d["reasoning_content"] = piece.reasoning;
+      if (!piece.tool_calls.empty())
+        d["tool_calls"] = tool_calls_json(piece.tool_calls, piece.first_tool_index, true);
       c = {{"index", index}, {"delta", d}};
     } else {
-      c = {{"index", index}, {"text", text}};
+      c = {{"index", index}, {"text", piece.content}};
     }
     if (top >= 0) c["logprobs"] = lp;
     c["finish_reason"] = reason;
@@ -235,8 +293,7 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
     const std::function<void()> step = [&] { check_step(ex, slot, deadline); };
     run_choices(total, [&](int c) {
       completion[static_cast<size_t>(c)] =
-          stream_choice(c, prompt_of(r, c), choice(o, c % r.n), hold, top, chat, send, delta_event,
-                        r.canvas ? send_canvas : nullptr, step);
+          stream_choice(c, r, tag.id, hold, chat, send, delta_event, r.canvas ? send_canvas : nullptr, step);
     });
     for (size_t t : completion) sum += t;
     if (r.include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
@@ -263,12 +320,37 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
 }
 
 // One choice of a streamed request: its deltas, then its finish reason; returns its tokens.
-// c: the choice's index; o: its options (its seed).
+// c: the choice's index; o: its options (its seed). A chat reply that is read (r.reply.parses()) goes
+// through a ReplyStream: its text with special tokens (tool-call markers often are), split into content,
+// reasoning and whole tool calls as it grows.
 template <typename Send, typename Delta>
-size_t ServeApp::stream_choice(int c, const std::vector<int32_t>& ids, const GenerateOptions& o, size_t hold,
-                               int top, bool chat, const Send& send, const Delta& delta_event,
+size_t ServeApp::stream_choice(int c, const ParsedRequest& r, const std::string& tag, size_t hold, bool chat,
+                               const Send& send, const Delta& delta_event,
                                const std::function<void(int, json)>& send_canvas,
                                const std::function<void()>& step) {
+  const GenerateOptions o = choice(r.options, c % r.n);
+  const std::vector<int32_t>& ids = prompt_of(r, c);
+  const int top = r.logprobs;
+  const bool read = chat && r.reply.parses();
+  std::optional<ReplyStream> reader;
+  if (read) reader.emplace(r.reply.tools, r.reply.reasoning, tag);
+  size_t calls_sent = 0;
+  // What the text fed so far gives that can be sent; ids and parallel_tool_calls applied.
+  const auto next = [&](const std::string& text, bool final) {
+    ReplyDelta d = reader->update(r.reply.start + text, final);
+    std::vector<ToolCall> calls;
+    for (size_t k = 0; k < d.tool_calls.size(); ++k) {
+      const size_t index = d.first_tool_index + k;
+      if (!r.reply.parallel && index > 0) continue;
+      ToolCall call = std::move(d.tool_calls[k]);
+      call.id = call_id(tag, c, index, r.reply.tools);
+      calls.push_back(std::move(call));
+    }
+    d.tool_calls = std::move(calls);
+    d.first_tool_index = calls_sent;
+    calls_sent += d.tool_calls.size();
+    return d;
+  };
   std::string sent;
   size_t sent_tokens = 0;  // logprobs: the tokens of the prefix whose text was sent with theirs
   const size_t P = ids.size();
@@ -283,33 +365,43 @@ size_t ServeApp::stream_choice(int c, const std::vector<int32_t>& ids, const Gen
       if (std::find(o.eos_ids.begin(), o.eos_ids.end(), ev.canvas[i]) != o.eos_ids.end()) break;
       prefix.push_back(ev.canvas[i]);
     }
-    std::string text = tk.decode(prefix, true);
+    std::string text = tk.decode(prefix, !read);
     if (const size_t cut = find_stop(text, o.stop); cut != std::string::npos)
       text.resize(cut);
     else
       text.resize(text.size() - std::min(text.size(), hold));
     text = complete_utf8(std::move(text));
     if (text.size() > sent.size() && text.compare(0, sent.size(), sent) == 0) {
+      ReplyDelta d;
+      if (read)
+        d = next(text, false);
+      else
+        d.content = text.substr(sent.size());
+      sent = text;
+      if (d.content.empty() && d.reasoning.empty() && d.tool_calls.empty()) return;  // all held back
       json lp;
       if (top >= 0) {  // the tokens whose text now lies wholly in what was sent
         size_t k = sent_tokens;
         while (k < prefix.size() &&
-               tk.decode(std::span<const int32_t>(prefix).first(k + 1), true).size() <= text.size())
+               tk.decode(std::span<const int32_t>(prefix).first(k + 1), !read).size() <= text.size())
           ++k;
         lp = logprobs_json(chat, prefix, ev.logprobs, sent_tokens, k, top);
         sent_tokens = k;
       }
-      send(delta_event(c, text.substr(sent.size()), nullptr, lp));
-      sent = text;
+      send(delta_event(c, d, nullptr, lp));
     }
   });
-  const std::string rest = out.text.size() > sent.size() && out.text.compare(0, sent.size(), sent) == 0
-                               ? out.text.substr(sent.size())
-                               : std::string();
+  const std::string whole = read ? tk.decode(out.result.tokens, false) : out.text;
+  const bool extends = whole.size() >= sent.size() && whole.compare(0, sent.size(), sent) == 0;
+  ReplyDelta rest;
+  if (read)
+    rest = next(extends ? whole : sent, true);
+  else if (extends)
+    rest.content = whole.substr(sent.size());
   const json lp = top < 0 ? json(nullptr)
                           : logprobs_json(chat, out.result.tokens, out.result.logprobs, sent_tokens,
                                           out.result.tokens.size(), top);
-  send(delta_event(c, rest, finish_reason(out, o), lp));
+  send(delta_event(c, rest, calls_sent > 0 ? std::string("tool_calls") : finish_reason(out, o), lp));
   return out.result.tokens.size();
 }
 

@@ -61,8 +61,8 @@ const std::set<std::string, std::less<>> kShared = {
     "edit_penalty", "canvas"};
 const std::set<std::string, std::less<>> kCompletionOnly = {"prompt", "suffix", "echo", "best_of"};
 const std::set<std::string, std::less<>> kChatOnly = {
-    "messages", "top_logprobs", "response_format", "tools",     "tool_choice", "parallel_tool_calls",
-    "store",    "metadata",     "service_tier",    "modalities"};
+    "messages", "top_logprobs", "response_format", "tools",      "tool_choice",         "parallel_tool_calls",
+    "store",    "metadata",     "service_tier",    "modalities", "chat_template_kwargs"};
 
 void route_fields(const json& body, bool chat) {
   const auto& own = chat ? kChatOnly : kCompletionOnly;
@@ -77,8 +77,8 @@ void route_fields(const json& body, bool chat) {
   }
 }
 
-// OpenAI's fields that this server takes only with the values that change nothing here (no tools to
-// call, no output format but text, nothing stored, one service tier): any other value is a 400, never a
+// OpenAI's fields that this server takes only with the values that change nothing here (no output
+// format but text, nothing stored, one service tier): any other value is a 400, never a
 // silently different answer. best_of is checked with n (parse_request).
 void noop_fields(const json& body) {
   if (given(body, "logit_bias")) {
@@ -93,16 +93,6 @@ void noop_fields(const json& body) {
     const auto type = v["type"].get<std::string>();
     if (type != "text") bad("'response_format' of type '" + type + "' is not supported (only text)");
   }
-  if (given(body, "tools")) {
-    if (!body["tools"].is_array()) bad("'tools' must be an array");
-    if (!body["tools"].empty()) bad("tool calling is not supported ('tools' must be empty)");
-  }
-  if (given(body, "tool_choice")) {
-    const json& v = body["tool_choice"];
-    if (!v.is_string() || (v != "none" && v != "auto"))
-      bad("'tool_choice' must be \"none\" or \"auto\": tool calling is not supported");
-  }
-  if (given(body, "parallel_tool_calls")) (void)bool_field(body, "parallel_tool_calls");
   if (given(body, "store") && bool_field(body, "store"))
     bad("'store': true is not supported (this server keeps no completions)");
   if (given(body, "metadata") && !body["metadata"].is_object()) bad("'metadata' must be an object");
@@ -254,24 +244,6 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   return o;
 }
 
-// A message's content: a string, or OpenAI's array of content parts, of which only text parts
-// ({"type": "text", "text": "..."}) can be honoured; their texts are joined with newlines.
-std::string message_text(const json& content) {
-  if (content.is_string()) return content.get<std::string>();
-  std::string text;
-  for (size_t i = 0; i < content.size(); ++i) {
-    const json& p = content[i];
-    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
-      bad("every content part needs a string 'type'");
-    const auto type = p["type"].get<std::string>();
-    if (type != "text") bad("content parts of type '" + type + "' are not supported (only text)");
-    if (!p.contains("text") || !p["text"].is_string()) bad("a text content part needs a string 'text'");
-    if (i > 0) text += '\n';
-    text += p["text"].get<std::string>();
-  }
-  return text;
-}
-
 // A completions request's prompts: a string, an array of token ids, or an array of strings or of arrays
 // of token ids (each prompt as given: no BOS is added to token ids).
 std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Session& session,
@@ -316,32 +288,6 @@ std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Ses
       bad(what);
   }
   return out;
-}
-
-// A chat request's prompt: its messages, through the chat template when the model has one.
-std::vector<int32_t> chat_prompt(const json& body, const Session& session, const GenerateOptions& o) {
-  std::vector<ChatMessage> msgs;
-  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-    bad("'messages' must be a non-empty array of {\"role\", \"content\"}");
-  const json& all = body["messages"];
-  for (size_t i = 0; i < all.size(); ++i) {
-    const json& m = all[i];
-    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-        !(m["content"].is_string() || m["content"].is_array()))
-      bad("every message needs a string 'role' and a 'content' (a string or an array of text parts)");
-    // A participant's name changes nothing here; tool calls and the like would be dropped: refused.
-    only_fields(m, {"role", "content", "name"}, "messages[" + std::to_string(i) + "].");
-    if (given(m, "name")) (void)str_field(m, "name");
-    const auto role = m["role"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-      bad("message role must be system, developer, user or assistant, got '" + role + "'");
-    msgs.push_back({role == "developer" ? "system" : role, message_text(m["content"])});
-  }
-  try {
-    return session.prompt_ids(msgs, session.has_chat_template(), o);
-  } catch (const Error& e) {
-    bad(e.what());
-  }
 }
 
 }  // namespace
@@ -473,10 +419,14 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     bad("a request may ask for at most " + std::to_string(limits.max_sequences) +
         " choices in all (prompts x n), got " + std::to_string(prompts) + " x " + std::to_string(r.n));
   }
-  if (chat)
-    r.prompts = {chat_prompt(body, session, r.options)};
-  else
+  if (chat) {
+    ChatPrompt c = chat_prompt(nlohmann::ordered_json::parse(body_text), session, r.options);
+    r.prompts = {std::move(c.ids)};
+    r.reply = std::move(c.reply);
+    r.prompt_text = std::move(c.text);
+  } else {
     r.prompts = completion_prompts(body, session, r.options);
+  }
   // OpenAI's logprobs: an integer in completions, a flag plus top_logprobs in chat completions.
   const std::string top_max = std::to_string(kTopLogprobs);
   if (chat) {

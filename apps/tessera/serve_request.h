@@ -34,6 +34,15 @@ std::string error_body(const BadRequest& b);
 constexpr int kMaxChoices = 16;
 constexpr int kMaxSequences = 64;
 
+// How a chat reply is read back into OpenAI's fields (serve_chat.cpp).
+struct ReplyFormat {
+  ToolCallFormat tools = ToolCallFormat::None;  // tool calls parsed in this format (None: no tools offered)
+  ReasoningMarkers reasoning;                   // the thinking block split off (open empty: none)
+  std::string start;     // text the prompt ends with that belongs to the reply (a forced tool call's start)
+  bool parallel = true;  // parallel_tool_calls: false keeps only the first call
+  bool parses() const { return tools != ToolCallFormat::None || !reasoning.open.empty(); }
+};
+
 struct ParsedRequest {
   GenerateOptions options;  // the session's defaults, then the request's fields; validated
   // Token ids of each prompt (chat: one, the chat template applied). A completions "prompt" may be a
@@ -46,7 +55,18 @@ struct ParsedRequest {
   // Log-probabilities of the generated tokens (completions: "logprobs": N; chat: "logprobs": true with
   // "top_logprobs": N) with the N most likely tokens at each; -1: none. options.logprobs is set with it.
   int logprobs = -1;
+  ReplyFormat reply;        // chat
+  std::string prompt_text;  // chat: the rendered prompt (POST /apply-template shows it)
 };
+
+// A chat request's prompt (its messages, tools and switches through the model's chat template) and how its
+// reply is read; a model without a chat template gets the contents concatenated. BadRequest naming the field.
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  std::string text;
+  ReplyFormat reply;
+};
+ChatPrompt chat_prompt(const nlohmann::ordered_json& body, const Session& session, const GenerateOptions& o);
 
 // The server's limits on one request (serve's --max-sequences, --max-tokens), checked before any prompt
 // is tokenized.

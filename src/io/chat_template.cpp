@@ -1,12 +1,16 @@
-// Built-in chat templates; the strings follow the families' official Jinja templates exactly.
+// Chat templates: the model's own, or the built-in one of its family, run by io/jinja.
 #include "io/chat_template.h"
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "io/jinja/jinja.h"
 #include "io/model_files.h"
 
 namespace tessera {
@@ -19,66 +23,114 @@ std::string lower(std::string s) {
   return s;
 }
 
-// Jinja's `trim`: strips leading and trailing whitespace.
-std::string trim(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(ws);
-  return s.substr(b, e - b + 1);
-}
+// The built-in templates (for models that ship none), in Jinja. LLaDA's is LLaDA-8B-Instruct's published
+// template (tests/data/chat_templates) with add_generation_prompt honoured and a role check; ChatML is
+// Qwen2.5-Instruct's published template (tools included) with Dream's default system turn and a role
+// check; LLaDA-MoE's renders what specs/models.md gives.
+const char* const kLlada = R"J(
+{%- for m in messages %}
+  {%- if m.role not in ['system', 'user', 'assistant'] %}
+    {{- raise_exception("chat message role '" ~ m.role ~ "' is not supported by the LLaDA-Instruct template (use one of: system, user, assistant)") }}
+  {%- endif %}
+{%- endfor %}
+{%- set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})J";
 
-void check_role(const ChatMessage& m, std::initializer_list<const char*> allowed, ChatFamily f) {
-  for (const char* r : allowed)
-    if (m.role == r) return;
-  std::string list;
-  for (const char* r : allowed) list += std::string(list.empty() ? "" : ", ") + r;
-  fail("chat message role '" + m.role + "' is not supported by the " + chat_family_name(f) +
-       " template (use one of: " + list + ")");
-}
+const char* const kChatML = R"J(
+{%- for m in messages %}
+  {%- if m.role not in ['system', 'user', 'assistant', 'tool'] %}
+    {{- raise_exception("chat message role '" ~ m.role ~ "' is not supported by the ChatML template (use one of: system, user, assistant, tool)") }}
+  {%- endif %}
+{%- endfor %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %})J";
 
-std::string llada(const std::vector<ChatMessage>& msgs, bool gen) {
-  // LLaDA-8B-Instruct: bos + per message header, trimmed content, <|eot_id|>.
-  std::string out = "<|startoftext|>";
-  for (const auto& m : msgs) {
-    check_role(m, {"system", "user", "assistant"}, ChatFamily::LladaInstruct);
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
-  }
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
-}
+const char* const kLladaMoe = R"J(
+{%- set tags = {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'} %}
+{%- for m in messages %}
+  {%- if m.role not in tags %}
+    {{- raise_exception("chat message role '" ~ m.role ~ "' is not supported by the LLaDA-MoE template (use one of: system, user, assistant)") }}
+  {%- endif %}
+{%- endfor %}
+{%- if not messages or messages[0].role != 'system' %}
+  {{- '<role>SYSTEM</role>detailed thinking off<|role_end|>' }}
+{%- endif %}
+{%- for m in messages %}
+  {{- '<role>' + tags[m.role] + '</role>' + m.content + '<|role_end|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+  {{- '<role>ASSISTANT</role>' }}
+{%- endif %})J";
 
-std::string chatml(const std::vector<ChatMessage>& msgs, bool gen) {
-  std::string out;
-  if (msgs.empty() || msgs[0].role != "system")
-    out += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
-  for (size_t i = 0; i < msgs.size(); ++i) {
-    const auto& m = msgs[i];
-    check_role(m, {"system", "user", "assistant", "tool"}, ChatFamily::ChatML);
-    if (m.role == "tool") {  // consecutive tool results share one user turn
-      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
-    } else {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    }
-  }
-  if (gen) out += "<|im_start|>assistant\n";
-  return out;
-}
+// A base model: the contents as they are.
+const char* const kNone = "{%- for m in messages %}{{ m.content }}{% endfor %}";
 
-std::string llada_moe(const std::vector<ChatMessage>& msgs, bool gen) {
-  std::string out;
-  if (msgs.empty() || msgs[0].role != "system") out += "<role>SYSTEM</role>detailed thinking off<|role_end|>";
-  for (const auto& m : msgs) {
-    check_role(m, {"system", "user", "assistant"}, ChatFamily::LladaMoE);
-    const char* tag = m.role == "system" ? "SYSTEM" : m.role == "user" ? "HUMAN" : "ASSISTANT";
-    out += std::string("<role>") + tag + "</role>" + m.content + "<|role_end|>";
-  }
-  if (gen) out += "<role>ASSISTANT</role>";
-  return out;
-}
 }  // namespace
+
+const char* builtin_chat_template(ChatFamily f) {
+  switch (f) {
+    case ChatFamily::LladaInstruct:
+      return kLlada;
+    case ChatFamily::ChatML:
+      return kChatML;
+    case ChatFamily::LladaMoE:
+      return kLladaMoe;
+    case ChatFamily::None:
+      break;
+  }
+  return kNone;
+}
 
 const char* chat_family_name(ChatFamily f) {
   switch (f) {
@@ -124,21 +176,82 @@ ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
   return ChatFamily::None;
 }
 
+Conversation Conversation::of(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
+  Conversation c;
+  for (const auto& m : msgs) c.messages.push_back({{"role", m.role}, {"content", m.content}});
+  c.add_generation_prompt = add_generation_prompt;
+  return c;
+}
+
+ChatTemplate::ChatTemplate() = default;
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
+ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
+
+ChatTemplate::ChatTemplate(const std::string& source, const std::string& tool_use, std::string origin,
+                           std::string bos, std::string eos, bool builtin)
+    : origin_(std::move(origin)), bos_(std::move(bos)), eos_(std::move(eos)), builtin_(builtin) {
+  main_ = std::make_unique<jinja::Template>(source, origin_);
+  if (!tool_use.empty()) tool_use_ = std::make_unique<jinja::Template>(tool_use, origin_ + " (tool_use)");
+  source_ = source + tool_use;
+  takes_tools_ = source_.find("tools") != std::string::npos;
+  takes_thinking_ = source_.find("enable_thinking") != std::string::npos;
+  tool_format_ = takes_tools_ ? detect_tool_call_format(source_) : ToolCallFormat::None;
+  reasoning_ = detect_reasoning_markers(source_);
+}
+
+ChatTemplate ChatTemplate::of_family(ChatFamily f, std::string bos, std::string eos) {
+  return ChatTemplate(builtin_chat_template(f), "",
+                      std::string("the built-in ") + chat_family_name(f) + " template", std::move(bos),
+                      std::move(eos), true);
+}
+
+ChatTemplate ChatTemplate::for_model(const std::filesystem::path& model_dir, const std::string& bos,
+                                     const std::string& eos, const std::filesystem::path& file) {
+  std::string bos_text = model_special_token(model_dir, "bos_token");
+  std::string eos_text = model_special_token(model_dir, "eos_token");
+  if (bos_text.empty()) bos_text = bos;
+  if (eos_text.empty()) eos_text = eos;
+  if (!file.empty()) {
+    std::ifstream f(file, std::ios::binary);
+    if (!f) fail(file.string() + ": the chat template cannot be read (" + std::strerror(errno) + ")");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return ChatTemplate(text, "", file.string(), std::move(bos_text), std::move(eos_text), false);
+  }
+  std::string main, tool_use;
+  for (const auto& t : model_chat_templates(model_dir)) {
+    if (t.name == "tool_use")
+      tool_use = t.text;
+    else if (main.empty() || t.name == "default")
+      main = t.text;
+  }
+  if (main.empty()) main = tool_use;
+  if (!main.empty())
+    return ChatTemplate(main, main == tool_use ? "" : tool_use,
+                        model_dir.filename().string() + "'s chat template", std::move(bos_text),
+                        std::move(eos_text), false);
+  const ChatFamily f = detect_chat_family(model_dir);
+  if (f == ChatFamily::None) return ChatTemplate();
+  return of_family(f, std::move(bos_text), std::move(eos_text));
+}
+
+std::string ChatTemplate::render(const Conversation& c) const {
+  if (!main_) fail("the model has no chat template (use --raw)");
+  nlohmann::ordered_json ctx = c.kwargs.is_object() ? c.kwargs : nlohmann::ordered_json::object();
+  ctx["messages"] = c.messages;
+  const bool tools = c.tools.is_array() && !c.tools.empty();
+  if (tools) ctx["tools"] = c.tools;
+  ctx["add_generation_prompt"] = c.add_generation_prompt;
+  ctx["bos_token"] = bos_;
+  ctx["eos_token"] = eos_;
+  if (c.enable_thinking) ctx["enable_thinking"] = *c.enable_thinking;
+  return (tools && tool_use_ ? *tool_use_ : *main_).render(ctx);
+}
+
 std::string apply_chat_template(ChatFamily family, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) {
-  switch (family) {
-    case ChatFamily::LladaInstruct:
-      return llada(messages, add_generation_prompt);
-    case ChatFamily::ChatML:
-      return chatml(messages, add_generation_prompt);
-    case ChatFamily::LladaMoE:
-      return llada_moe(messages, add_generation_prompt);
-    case ChatFamily::None:
-      break;
-  }
-  std::string out;
-  for (const auto& m : messages) out += m.content;
-  return out;
+  return ChatTemplate::of_family(family, "<|startoftext|>", "<|endoftext|>")
+      .render(Conversation::of(messages, add_generation_prompt));
 }
 
 }  // namespace tessera

@@ -1,7 +1,10 @@
 #include "io/model_files.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -50,21 +53,57 @@ bool model_adds_bos(const fs::path& model) {
   return tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean() && tc["add_bos_token"].get<bool>();
 }
 
-std::string model_chat_template(const fs::path& model) {
-  if (is_gguf_file(model)) return GgufFile::open(model)->get_string("tokenizer.chat_template", "");
-  const json tc = tokenizer_config(model);
-  std::string tmpl;
-  if (tc.contains("chat_template")) {
-    const auto& ct = tc["chat_template"];
-    if (ct.is_string()) {
-      tmpl = ct.get<std::string>();
-    } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]
-      for (const auto& e : ct)
-        if (e.is_object() && e.contains("template") && e["template"].is_string())
-          tmpl += e["template"].get<std::string>();
-    }
+std::vector<NamedChatTemplate> model_chat_templates(const fs::path& model) {
+  std::vector<NamedChatTemplate> out;
+  if (is_gguf_file(model)) {
+    const auto g = GgufFile::open(model);
+    if (std::string t = g->get_string("tokenizer.chat_template", ""); !t.empty())
+      out.push_back({"default", t});
+    if (std::string t = g->get_string("tokenizer.chat_template.tool_use", ""); !t.empty())
+      out.push_back({"tool_use", t});
+    return out;
   }
+  // transformers' order: chat_template.jinja wins over tokenizer_config.json's chat_template.
+  if (const fs::path f = model / "chat_template.jinja"; fs::exists(f)) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) fail(f.string() + ": cannot be read (" + std::strerror(errno) + ")");
+    std::ostringstream text;
+    text << in.rdbuf();
+    out.push_back({"default", text.str()});
+    return out;
+  }
+  const json tc = tokenizer_config(model);
+  if (!tc.contains("chat_template")) return out;
+  const auto& ct = tc["chat_template"];
+  if (ct.is_string()) {
+    out.push_back({"default", ct.get<std::string>()});
+  } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]
+    for (const auto& e : ct)
+      if (e.is_object() && e.contains("template") && e["template"].is_string())
+        out.push_back({e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>() : "default",
+                       e["template"].get<std::string>()});
+  } else if (!ct.is_null()) {
+    fail((model / "tokenizer_config.json").string() +
+         ": chat_template must be a string or a list of {\"name\", \"template\"}");
+  }
+  return out;
+}
+
+std::string model_chat_template(const fs::path& model) {
+  std::string tmpl;
+  for (const auto& t : model_chat_templates(model)) tmpl += t.text;
   return tmpl;
+}
+
+std::string model_special_token(const fs::path& model, const char* key) {
+  if (is_gguf_file(model)) return "";
+  const json tc = tokenizer_config(model);
+  if (!tc.contains(key)) return "";
+  const json& v = tc[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return "";
 }
 
 }  // namespace tessera

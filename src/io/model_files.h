@@ -4,6 +4,8 @@
 #pragma once
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "io/tokenizer.h"
 
@@ -16,9 +18,19 @@ Tokenizer load_model_tokenizer(const std::filesystem::path& model);
 // tokenizer.ggml.add_bos_token (false when absent).
 bool model_adds_bos(const std::filesystem::path& model);
 
-// The chat template text: tokenizer_config.json's chat_template (the string, or every named
-// template joined), or the GGUF's tokenizer.chat_template; "" when there is none.
+// The model's chat templates, as transformers finds them: DIR/chat_template.jinja, else
+// tokenizer_config.json's chat_template (a string: "default"; or a list of named ones, e.g. "default"
+// and "tool_use"); a GGUF's tokenizer.chat_template ("default") and tokenizer.chat_template.tool_use.
+// Empty when the model ships none.
+struct NamedChatTemplate {
+  std::string name, text;
+};
+std::vector<NamedChatTemplate> model_chat_templates(const std::filesystem::path& model);
+// Every chat template text of the model joined ("" when there is none): for detecting markers.
 std::string model_chat_template(const std::filesystem::path& model);
+// tokenizer_config.json's special token `key` ("bos_token", "eos_token"; a string or {"content": ...});
+// "" when absent and for GGUF files (whose token ids say it).
+std::string model_special_token(const std::filesystem::path& model, const char* key);
 
 // The JSON file at `p`, or an empty object when it does not exist; malformed JSON throws naming the file.
 nlohmann::json read_json_or_empty(const std::filesystem::path& p);

@@ -71,13 +71,22 @@ Session::Session(const LoadOptions& lo) {
   eo.dequantize = lo.dequantize;
   engine_ = Engine::load(dir_, eo);
   tok_ = load_model_tokenizer(dir_);
-  chat_family_ = detect_chat_family(dir_);
-  // A template whose marker tokens the vocabulary lacks cannot be what the model was tuned on.
-  const char* marker = chat_family_ == ChatFamily::LladaInstruct ? "<|start_header_id|>"
-                       : chat_family_ == ChatFamily::ChatML      ? "<|im_start|>"
-                       : chat_family_ == ChatFamily::LladaMoE    ? "<|role_end|>"
-                                                                 : nullptr;
-  if (marker != nullptr && tok_->token_id(marker) < 0) chat_family_ = ChatFamily::None;
+  const auto token_text = [&](int64_t id) {
+    return id >= 0 && static_cast<size_t>(id) < tok_->vocab_size()
+               ? tok_->token_text(static_cast<int32_t>(id))
+               : std::string();
+  };
+  chat_ = ChatTemplate::for_model(dir_, token_text(engine_->config().bos_id),
+                                  token_text(engine_->config().eos_id), lo.chat_template_file);
+  if (chat_.builtin()) {
+    // A built-in template whose marker tokens the vocabulary lacks cannot be what the model was tuned on.
+    const ChatFamily family = detect_chat_family(dir_);
+    const char* marker = family == ChatFamily::LladaInstruct ? "<|start_header_id|>"
+                         : family == ChatFamily::ChatML      ? "<|im_start|>"
+                         : family == ChatFamily::LladaMoE    ? "<|role_end|>"
+                                                             : nullptr;
+    if (marker != nullptr && tok_->token_id(marker) < 0) chat_ = ChatTemplate();
+  }
   add_bos_ = model_adds_bos(dir_) && engine_->config().bos_id >= 0;
   model_block_ = engine_->attention_block();
   // The most text a prompt that fits the context can hold: every token covers at most its own text (4x
@@ -151,8 +160,8 @@ std::string Session::chat_text(const std::vector<ChatMessage>& msgs, bool add_ge
 }
 
 std::string Session::templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
-  if (chat_family_ == ChatFamily::None) fail(dir_ + " has no chat template (use --raw)");
-  return apply_chat_template(chat_family_, msgs, add_generation_prompt);
+  if (chat_.empty()) fail(dir_ + " has no chat template (use --raw)");
+  return chat_.render(Conversation::of(msgs, add_generation_prompt));
 }
 
 std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos) {
@@ -185,6 +194,21 @@ std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, b
          std::to_string(max_prompt_bytes_) + " bytes can fit); it was not tokenized");
   std::vector<int32_t> ids = encode_messages(msgs, use_chat);
   check_prompt(ids, o, true);
+  return ids;
+}
+
+std::vector<int32_t> Session::prompt_ids(const Conversation& c, const std::string& reply_start,
+                                         const GenerateOptions& o, std::string* text_out) const {
+  if (chat_.empty()) fail(dir_ + " has no chat template (use --raw)");
+  // The messages' text was checked when it was parsed; the bound on bytes is checked on the rendered text.
+  const std::string text = chat_.render(c) + reply_start;
+  if (text.size() > max_prompt_bytes_)
+    fail("the prompt of " + std::to_string(text.size()) + " bytes exceeds the model's context of " +
+         std::to_string(engine_->config().max_positions) + " tokens whatever its tokens (at most " +
+         std::to_string(max_prompt_bytes_) + " bytes can fit); it was not tokenized");
+  std::vector<int32_t> ids = tok_->encode(text);
+  check_prompt(ids, o, true);
+  if (text_out != nullptr) *text_out = text;
   return ids;
 }
 

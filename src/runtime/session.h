@@ -27,6 +27,7 @@ struct LoadOptions {
   size_t memory_budget = 0;  // bytes for the weights plus the planned activations; 0 = none
   size_t prefix_cache = 0;   // block-causal models: the cross-request prefix cache's bytes (0: off)
   int threads = 0;  // > 0: OpenMP threads for the process (omp_set_num_threads); 0: OMP_NUM_THREADS or all
+  std::string chat_template_file;  // a Jinja chat template used instead of the model's; empty: the model's
 };
 
 class Session {
@@ -51,6 +52,11 @@ class Session {
   }
   std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
                                   const GenerateOptions& o) const;
+  // A conversation with tools and switches (serve's chat requests) through the chat template; `reply_start`
+  // is text appended after the generation prompt (the start of a forced tool call). Checked as above;
+  // `text`, when given, gets the prompt's text.
+  std::vector<int32_t> prompt_ids(const Conversation& c, const std::string& reply_start,
+                                  const GenerateOptions& o, std::string* text = nullptr) const;
   // The ids of msgs as prompt_ids makes them, unchecked.
   std::vector<int32_t> encode_messages(const std::vector<ChatMessage>& msgs, bool use_chat) const;
   // Whether a prompt of n tokens and the generation of `o` (default: the session's) fit the model's
@@ -70,7 +76,9 @@ class Session {
   // request's block length; these do not, so that other threads may read them while one generates).
   bool block_causal() const { return model_block_ > 0; }
   int model_block() const { return model_block_; }
-  bool has_chat_template() const { return chat_family_ != ChatFamily::None; }
+  bool has_chat_template() const { return !chat_.empty(); }
+  // The model's own chat template, or its family's built-in one (chat_template().builtin()), or none.
+  const ChatTemplate& chat_template() const { return chat_; }
   bool adds_bos() const { return add_bos_; }  // raw prompts start with the model's BOS
   // The ids of an infilling suffix (GenerateOptions::suffix); throws, naming it `what`, for text that is
   // not UTF-8 or whose tokens hold the mask token.
@@ -113,7 +121,7 @@ class Session {
   std::string dir_;
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
-  ChatFamily chat_family_ = ChatFamily::None;
+  ChatTemplate chat_;
   bool add_bos_ = false;
   int model_block_ = 0;
   size_t max_prompt_bytes_ = 0;  // prompt_ids refuses longer text untokenized

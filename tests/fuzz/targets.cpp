@@ -16,6 +16,7 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/serve_request.h"
 #include "core/error.h"
+#include "io/jinja/jinja.h"
 #include "io/llama2c.h"
 #include "io/tokenizer.h"
 
@@ -282,7 +283,30 @@ std::string request(std::span<const uint8_t> data) {
                  [&] { check_output("request", s, s.run(r->prompts.front(), o, {}), o.gen_length); });
 }
 
+std::string jinja(std::span<const uint8_t> data) {
+  static const nlohmann::ordered_json context = nlohmann::ordered_json::parse(R"({
+    "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "tool_call_id": "call00001", "content": "21 C"},
+      {"role": "user", "content": "And Rome?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>", "enable_thinking": false})");
+  jinja::Limits limits;
+  limits.max_steps = 200000;
+  limits.max_output = 1u << 20;
+  return guarded("jinja", [&] {
+    const jinja::Template t(as_text(data), "fuzzed template");
+    const std::string out = t.render(context, limits);
+    if (out.size() > limits.max_output) throw Finding("jinja: output beyond max_output");
+  });
+}
+
 std::string run(std::string_view name, std::span<const uint8_t> data) {
+  if (name == "jinja") return jinja(data);
   if (name == "model") return model(data);
   if (name == "tokenize") return tokenize(data);
   if (name == "llama2c") return llama2c(data);

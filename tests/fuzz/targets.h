@@ -48,6 +48,11 @@ std::string llama2c(std::span<const uint8_t> data);
 // <= 16).
 std::string request(std::span<const uint8_t> data);
 
+// jinja: the bytes are a chat template. Parsed and rendered (io/jinja) with a conversation that has a
+// system turn, tools, a tool call, a tool result and the generation prompt, under small limits (200,000
+// steps, 1 MiB of output): a template that loops or grows without bound is refused, never a hang.
+std::string jinja(std::span<const uint8_t> data);
+
 // Runs the target named `name` (model | tokenize | llama2c | request); Finding for an unknown name.
 std::string run(std::string_view name, std::span<const uint8_t> data);
 

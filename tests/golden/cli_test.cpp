@@ -247,6 +247,29 @@ TEST(Cli, SuffixInfillsRawText) {
                "the suffix holds the mask token");
 }
 
+// --chat-template-file: a Jinja template of the user's instead of the model's. One that writes BOS and the
+// message (as the bundled model's raw prompts start with BOS) gives the raw prompt's tokens; one that does
+// not parse is refused naming its file and line.
+TEST(Cli, ChatTemplateFileReplacesTheModels) {
+  const auto dir = test::temp_dir("cli_chat_template");
+  std::ofstream(dir / "t.jinja") << "{% for m in messages %}{{ bos_token }}{{ m.content }}{% endfor %}";
+  std::ofstream(dir / "bad.jinja") << "{% for m in messages %}\n{{ m.content }";
+  const std::string base = tessera_bin() + " generate" + tiny_model() +
+                           " -p \"Once upon a time\" --gen-length 16 --json --no-progress";
+  std::string raw, templated;
+  ASSERT_EQ(test::run_command(base + " --raw 2>/dev/null", &raw), 0) << raw;
+  ASSERT_EQ(
+      test::run_command(base + " --chat --chat-template-file " + (dir / "t.jinja").string() + " 2>/dev/null",
+                        &templated),
+      0)
+      << templated;
+  EXPECT_EQ(nlohmann::json::parse(templated)["prompt_tokens"], nlohmann::json::parse(raw)["prompt_tokens"]);
+  EXPECT_EQ(nlohmann::json::parse(templated)["tokens"], nlohmann::json::parse(raw)["tokens"]);
+  expect_error(
+      "generate" + tiny_model() + " -p a --chat --chat-template-file " + (dir / "bad.jinja").string(),
+      (dir / "bad.jinja").string() + ":2:");
+}
+
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
 // the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison is reported and fails.
 TEST(Cli, BenchComparesOptionsSideBySide) {

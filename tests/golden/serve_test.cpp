@@ -416,8 +416,9 @@ TEST(Serve, ChatContentPartsAndTheDeveloperRole) {
           "a text content part needs a string 'text'");
   refused({{{"role", "user"}, {"content", {"hi"}}}}, "every content part needs a string 'type'");
   refused({{{"role", "user"}, {"content", 3}}}, "a 'content' (a string or an array of text parts)");
-  refused({{{"role", "tool"}, {"content", "x"}}},
-          "message role must be system, developer, user or assistant");
+  refused({{{"role", "robot"}, {"content", "x"}}},
+          "message role must be system, developer, user, assistant or tool");
+  refused({{{"role", "tool"}, {"content", "x"}}}, "'messages[0].tool_call_id' is required in a tool message");
 }
 
 // A completions "prompt" may be several prompts, and token ids: choice p * n + i is prompt p's choice i,

@@ -104,6 +104,12 @@ TEST(FuzzCorpus, ServerRequestsParseOrAreRefusedClearly) {
   EXPECT_GE(n.seeds, 6);
 }
 
+TEST(FuzzCorpus, ChatTemplatesRenderOrAreRefusedClearly) {
+  const Counts n = replay("jinja");
+  EXPECT_GE(n.seeds, 5);
+  EXPECT_GE(n.regressions, 3);
+}
+
 TEST(FuzzCorpus, AnUnknownTargetIsAFinding) {
   EXPECT_THROW(tessera::fuzz::run("nope", {}), tessera::fuzz::Finding);
 }

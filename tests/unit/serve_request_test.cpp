@@ -92,8 +92,13 @@ TEST(ServeRequest, ValuesThatWouldChangeTheAnswerAreRefused) {
       {true, {{"logit_bias", 3}}, "'logit_bias' must be an object"},
       {true, {{"response_format", {{"type", "json_object"}}}}, "type 'json_object' is not supported"},
       {true, {{"response_format", "text"}}, "must be an object with a string 'type'"},
-      {true, {{"tools", {{{"type", "function"}}}}}, "tool calling is not supported"},
-      {true, {{"tool_choice", "required"}}, "'tool_choice' must be \"none\" or \"auto\""},
+      {true, {{"tools", {{{"type", "function"}}}}}, "'tools[0].function' must be an object"},
+      {true, {{"tool_choice", "required"}}, "'tool_choice' asks for a tool call but 'tools' is empty"},
+      {true, {{"tool_choice", "maybe"}}, "'tool_choice' must be \"none\", \"auto\", \"required\""},
+      {true,
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}},
+       "this model has no chat template, so it cannot be offered tools"},
+      {true, {{"chat_template_kwargs", {{"enable_thinking", true}}}}, "has no thinking switch"},
       {true, {{"parallel_tool_calls", "yes"}}, "'parallel_tool_calls' must be true or false"},
       {true, {{"store", true}}, "'store': true is not supported"},
       {true, {{"metadata", "x"}}, "'metadata' must be an object"},
@@ -118,13 +123,22 @@ TEST(ServeRequest, ValuesThatWouldChangeTheAnswerAreRefused) {
     EXPECT_EQ(b.status, 400) << body.dump();
     EXPECT_NE(b.message.find(c.message), std::string::npos) << body.dump() << " -> " << b.message;
   }
-  // A message's keys: role, content and name; a tool call would be dropped, so it is refused.
+  // A message's keys: role, content and name (and an assistant's tool calls, a tool's call id); a tool call
+  // that the model's template does not read would be dropped, so it is refused.
   json tool = kChat;
-  tool["messages"].push_back({{"role", "assistant"}, {"content", "ok"}, {"tool_calls", json::array()}});
-  EXPECT_NE(refusal(tool, true).message.find("unknown field 'messages[1].tool_calls'"), std::string::npos);
+  tool["messages"].push_back(
+      {{"role", "assistant"},
+       {"content", "ok"},
+       {"tool_calls",
+        {{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}}}});
+  EXPECT_NE(refusal(tool, true).message.find("takes no tool calls ('messages[1].tool_calls'"),
+            std::string::npos)
+      << refusal(tool, true).message;
+  tool["messages"][1]["refund"] = 1;
+  EXPECT_NE(refusal(tool, true).message.find("unknown field 'messages[1].refund'"), std::string::npos);
   json named = kChat;
   named["messages"][0]["name"] = 3;
-  EXPECT_NE(refusal(named, true).message.find("'name' must be a string"), std::string::npos);
+  EXPECT_NE(refusal(named, true).message.find("'messages[0].name' must be a string"), std::string::npos);
 }
 
 // Refusing what the client sent never echoes it whole: a 1 MB number, a 100 KB field name, a huge
