@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "memory/chunk_optimizer.h"
@@ -34,6 +36,10 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_option("--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
       ->check(CLI::PositiveNumber);
+  sub->add_option(
+      "--json-schema", a.json_schema,
+      "structured output: the answer is JSON valid under this JSON Schema (inline JSON or a file; "
+      "'object': any JSON object), written left to right under it");
   sub->add_option("--chat-template-file", a.chat_template_file,
                   "a Jinja chat template to use instead of the model's own (or the built-in one)")
       ->check(CLI::ExistingFile);
@@ -157,6 +163,21 @@ LoadOptions load_options(const SessionArgs& a) {
   return lo;
 }
 
+// --json-schema: "object", inline JSON (starting with '{'), or a file holding the schema.
+std::shared_ptr<const JsonGrammar> json_schema_grammar(const std::string& arg) {
+  if (arg == "object") return JsonGrammar::any_object();
+  std::string text = arg;
+  if (arg.find_first_not_of(" \t\n") == std::string::npos || arg[arg.find_first_not_of(" \t\n")] != '{') {
+    std::ifstream f(arg, std::ios::binary);
+    if (!f) fail("--json-schema: " + arg + " is neither 'object', inline JSON nor a readable file");
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (schema.is_discarded() || !schema.is_object())
+    fail("--json-schema: " + arg + " is not a JSON Schema object");
+  return JsonGrammar::from_schema(schema);
+}
+
 }  // namespace
 
 Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
@@ -191,6 +212,7 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   if (a.suffix) g.suffix = suffix_ids(*a.suffix, "the suffix");
   g.logprobs = a.logprobs.has_value();
   set_logprobs_top(a.logprobs.value_or(0));
+  if (!a.json_schema.empty()) g.constraint = json_output(json_schema_grammar(a.json_schema));
   set_options(g);
 }
 

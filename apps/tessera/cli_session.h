@@ -18,6 +18,7 @@ struct SessionArgs {
   bool dequantize = false;         // GGUF: quantized tensors converted to bf16 at load
   int threads = 0;                 // 0: OMP_NUM_THREADS, else every core
   std::string chat_template_file;  // a Jinja chat template used instead of the model's
+  std::string json_schema;         // structured output: a JSON Schema (inline JSON, or a file), or "object"
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
   std::string memory_budget;   // "24GiB"; empty = none

@@ -138,6 +138,36 @@ std::string tool_call_prefix(ToolCallFormat f, const std::string& name, const st
   return "";
 }
 
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict", "description"}}: the grammar the answer is written under.
+std::shared_ptr<const JsonGrammar> response_format(const ojson& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    bad("'response_format' must be an object with a string 'type'");
+  const auto type = v["type"].get<std::string>();
+  if (type == "text") {
+    only(v, {"type"}, "response_format.");
+    return nullptr;
+  }
+  if (type == "json_object") {
+    only(v, {"type"}, "response_format.");
+    return JsonGrammar::any_object();
+  }
+  if (type != "json_schema")
+    bad("'response_format' of type '" + type + "' is not supported (text, json_object or json_schema)");
+  only(v, {"type", "json_schema"}, "response_format.");
+  if (!given(v, "json_schema") || !v["json_schema"].is_object())
+    bad("'response_format.json_schema' must be an object with a 'schema'");
+  const ojson& js = v["json_schema"];
+  only(js, {"name", "schema", "strict", "description"}, "response_format.json_schema.");
+  if (!given(js, "schema") || !js["schema"].is_object())
+    bad("'response_format.json_schema.schema' must be a JSON Schema object");
+  try {
+    return JsonGrammar::from_schema(js["schema"]);
+  } catch (const Error& e) {
+    bad(std::string("'response_format.json_schema.schema': ") + e.what());
+  }
+}
+
 }  // namespace
 
 ChatPrompt chat_prompt(const ojson& body, const Session& session, const GenerateOptions& o) {
@@ -185,6 +215,15 @@ ChatPrompt chat_prompt(const ojson& body, const Session& session, const Generate
     conv.messages.push_back(std::move(msg));
   }
 
+  if (given(body, "response_format")) {
+    if (const auto g = response_format(body["response_format"])) {
+      try {
+        out.constraint = session.json_output(g);
+      } catch (const Error& e) {
+        bad(e.what());
+      }
+    }
+  }
   const ChatTemplate& tmpl = session.chat_template();
   std::set<std::string> names;
   if (given(body, "tools")) conv.tools = tools_of(body["tools"], names);

@@ -77,21 +77,14 @@ void route_fields(const json& body, bool chat) {
   }
 }
 
-// OpenAI's fields that this server takes only with the values that change nothing here (no output
-// format but text, nothing stored, one service tier): any other value is a 400, never a
+// OpenAI's fields that this server takes only with the values that change nothing here (nothing stored,
+// one service tier): any other value is a 400, never a
 // silently different answer. best_of is checked with n (parse_request).
 void noop_fields(const json& body) {
   if (given(body, "logit_bias")) {
     const json& v = body["logit_bias"];
     if (!v.is_object()) bad("'logit_bias' must be an object");
     if (!v.empty()) bad("'logit_bias' is not supported (only {})");
-  }
-  if (given(body, "response_format")) {
-    const json& v = body["response_format"];
-    if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
-      bad("'response_format' must be an object with a string 'type'");
-    const auto type = v["type"].get<std::string>();
-    if (type != "text") bad("'response_format' of type '" + type + "' is not supported (only text)");
   }
   if (given(body, "store") && bool_field(body, "store"))
     bad("'store': true is not supported (this server keeps no completions)");
@@ -424,6 +417,7 @@ ParsedRequest parse_request(std::string_view body_text, bool chat, const Session
     r.prompts = {std::move(c.ids)};
     r.reply = std::move(c.reply);
     r.prompt_text = std::move(c.text);
+    r.options.constraint = std::move(c.constraint);
   } else {
     r.prompts = completion_prompts(body, session, r.options);
   }

@@ -64,6 +64,7 @@ struct ParsedRequest {
 struct ChatPrompt {
   std::vector<int32_t> ids;
   std::string text;
+  std::shared_ptr<const TokenConstraint> constraint;  // response_format json_object / json_schema
   ReplyFormat reply;
 };
 ChatPrompt chat_prompt(const nlohmann::ordered_json& body, const Session& session, const GenerateOptions& o);

@@ -82,6 +82,21 @@ constexpr Entry kTable[] = {
      {Combination::Approximate,
       "exact on block-causal models (the next block's first forward recomputes the edited one); on "
       "bidirectional models the cache's own approximation"}},
+    {Feature::Structured,
+     Feature::Window,
+     {Combination::Refused,
+      "structured output writes the answer left to right, and the window decides the positions of its own "
+      "active set; turn one of them off"}},
+    {Feature::Structured,
+     Feature::Editing,
+     {Combination::Refused,
+      "token editing rewrites decided tokens, which structured output has checked and taken; turn one of "
+      "them off"}},
+    {Feature::Structured,
+     Feature::Threshold,
+     {Combination::Exact,
+      "the threshold is the confidence a prediction needs to join the left-to-right run after the "
+      "constrained token (default 0.9)"}},
     {Feature::SparseD,
      Feature::Batching,
      {Combination::Alone, "the engine holds one request's patterns: such requests run one at a time"}},
@@ -94,8 +109,8 @@ constexpr Entry kTable[] = {
 
 std::string_view feature_name(Feature f) {
   static constexpr std::array<std::string_view, kFeatures> names = {
-      "KV cache",  "SparseD",  "window",  "cfg",     "infilling", "DES", "LLaDA2 (block-causal)",
-      "threshold", "logprobs", "editing", "batching"};
+      "KV cache",  "SparseD",  "window",  "cfg",      "infilling",        "DES", "LLaDA2 (block-causal)",
+      "threshold", "logprobs", "editing", "batching", "structured output"};
   return names[static_cast<size_t>(f)];
 }
 
@@ -134,6 +149,8 @@ bool uses(const GenerateOptions& o, Feature f, bool block_causal) {
       return o.edit;
     case Feature::Batching:
       return false;
+    case Feature::Structured:
+      return o.constraint != nullptr;
   }
   return false;
 }

@@ -21,8 +21,9 @@ enum class Feature : uint8_t {
   Logprobs,     // --logprobs
   Editing,      // --edit-mode / --edit-threshold (token editing)
   Batching,     // concurrent requests in serve (engine/batcher)
+  Structured,   // structured output (serve's response_format, --json-schema): GenerateOptions::constraint
 };
-constexpr int kFeatures = 11;
+constexpr int kFeatures = 12;
 
 enum class Combination : uint8_t {
   Exact,        // the combination is exact where each part is

@@ -178,6 +178,12 @@ GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, 
                 "generate: internal error, the request was planned for another prompt or options");
   decode::Loop L(den, o, plan, on_step);
   L.parts = decode::choose_parts(o, plan);
+  if (o.constraint) {
+    L.grammar = o.constraint->start();
+    if (L.grammar->min_tokens() > o.gen_length)
+      fail("the answer's " + std::to_string(o.gen_length) + " tokens cannot hold the shortest text of the " +
+           "requested format (" + std::to_string(L.grammar->min_tokens()) + " tokens); allow more tokens");
+  }
   decode::init_canvas(L, prompt);
   if (block_causal)
     decode::run_block_causal(L);

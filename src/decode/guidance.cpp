@@ -9,7 +9,11 @@
 //   token editing's 2-gram penalty (edit_penalty; SGLang's JointThreshold penalty_lambda): the logit of
 //     the token before each candidate in its block (its token at the step's start, a mask or a prompt
 //     token included) is lowered by the penalty; the block's first position is not penalised.
+//   structured output (GenerateOptions::constraint, constrained.cpp): the first candidate, the leftmost
+//     undecided position of the answer, keeps only the tokens the constraint allows there (the text
+//     stays completable in the positions after it); the other candidates are left as they are.
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "decode/policies.h"
@@ -58,6 +62,18 @@ class Cfg final : public Guidance {
         if (p - 1 >= L.block_lo)
           lc_[i * static_cast<size_t>(V) + static_cast<size_t>(L.canvas[p - 1])] -= penalty_;
       }
+    }
+    if (L.grammar && n > 0 && L.pos[0] < L.P + L.G) {
+      const int64_t left = static_cast<int64_t>(L.P) + L.G - L.pos[0] - 1;
+      float* row = lc_.data();
+      bool any = false;
+      for (int64_t t = 0; t < V; ++t) {
+        if (L.grammar->allows(static_cast<int32_t>(t), left))
+          any = true;
+        else
+          row[t] = -std::numeric_limits<float>::infinity();
+      }
+      if (!any) fail("structured output: no token of the vocabulary can continue the answer here");
     }
     const auto R = static_cast<int64_t>(n);
     const Tensor logits(lc_.data(), DType::F32, {R, V});

@@ -7,7 +7,9 @@
 //                      (rows.cpp: full recompute, prefix / dual KV cache; window.cpp: Window-Diffusion)
 //   attention policy   the SparseD phase of each forward (sparse.cpp)
 //   expert policy      the rows DES shares experts over (experts.cpp)
-//   guidance           cfg's two forwards combined on the host (guidance.cpp)
+//   guidance           cfg's two forwards combined on the host, editing's penalty, structured output's
+//                      token mask (guidance.cpp)
+//   constrained        structured output: left to right under a TokenConstraint (constrained.cpp)
 //   canvas             prompt + masks + an infilling suffix (canvas.cpp), and the stop conditions
 //                      (stop.cpp: EOS, stop sequences, the window's early stop)
 // policies.cpp chooses the parts of a request from its options: adding a policy is a new file and one
@@ -134,6 +136,9 @@ struct Loop {
   int64_t forwards = 0;  // forwards run so far
   uint64_t g_extra = 0;  // RNG step counter of the steps that finish a block after its schedule (window)
   SampleParams base;
+  // Structured output: the constraint's state after the answer's decided prefix (constrained.cpp);
+  // guidance masks the leftmost candidate's logits with it.
+  std::unique_ptr<TokenConstraint::State> grammar;
   GenerateResult res;
   // logprobs: those of the last forward's positions (pos), the denoiser's (valid until its next call)
   // or, with cfg, host_lp computed from the guided logits.

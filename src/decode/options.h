@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "decode/constraint.h"
 
 namespace tessera {
 
@@ -100,6 +102,10 @@ struct GenerateOptions {
   // when stop_at_eos) and true skips the later blocks; kept to measure what the default saves.
   std::vector<std::string> stop;
   std::function<bool(std::span<const int32_t>)> stop_when;
+  // Structured output (decode/constrained.cpp): the answer is written left to right under this
+  // constraint (a JSON Schema, any JSON object), each token one that keeps it completable in the
+  // positions left; null: none.
+  std::shared_ptr<const TokenConstraint> constraint;
   bool mid_block_stop = true;
   // Infilling: tokens after the generated span. The canvas is prompt + gen_length masks + suffix and
   // every forward sees the suffix (cfg's unconditional canvas masks it with the prompt); the answer is

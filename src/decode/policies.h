@@ -12,10 +12,11 @@ std::unique_ptr<UnmaskPolicy> make_unmask(const GenerateOptions& o);       // un
 std::unique_ptr<RowPolicy> make_cache_rows(const GenerateOptions& o, const RequestPlan& plan);   // rows.cpp
 std::unique_ptr<RowPolicy> make_window_rows(const GenerateOptions& o, const RequestPlan& plan);  // window.cpp
 std::unique_ptr<AttentionPolicy> make_sparse(const GenerateOptions& o,
-                                             const RequestPlan& plan);           // sparse.cpp
-std::unique_ptr<ExpertPolicy> make_experts(const GenerateOptions& o);            // experts.cpp
-std::unique_ptr<Guidance> make_guidance(const GenerateOptions& o);               // guidance.cpp
-std::unique_ptr<TransferSchedule> make_edit_schedule(const GenerateOptions& o);  // edit.cpp
-std::unique_ptr<UnmaskPolicy> make_edit_sampling();                              // edit.cpp
+                                             const RequestPlan& plan);                  // sparse.cpp
+std::unique_ptr<ExpertPolicy> make_experts(const GenerateOptions& o);                   // experts.cpp
+std::unique_ptr<Guidance> make_guidance(const GenerateOptions& o);                      // guidance.cpp
+std::unique_ptr<TransferSchedule> make_edit_schedule(const GenerateOptions& o);         // edit.cpp
+std::unique_ptr<UnmaskPolicy> make_edit_sampling();                                     // edit.cpp
+std::unique_ptr<TransferSchedule> make_constrained_schedule(const GenerateOptions& o);  // constrained.cpp
 
 }  // namespace tessera::decode

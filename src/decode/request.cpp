@@ -28,7 +28,7 @@ RequestPlan plan_request(const GenerateOptions& o, int64_t prompt_len, bool bloc
   p.canvas = canvas_length(prompt_len, o, block_causal);
   p.attention_block = block_causal ? o.block_length : 0;
   p.logit_rows = block_causal ? o.block_length : std::min(o.block_length, o.gen_length);
-  p.host_logits = o.cfg_scale > 0.0f || o.edit_penalty > 0.0f;
+  p.host_logits = o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint != nullptr;
   p.logprobs = o.logprobs;
   // The KV cache (prefix / dual) or the window's phase cache holds every canvas row.
   if (o.cache != KvCache::None || (o.window && o.window_refresh > 0)) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,8 +14,10 @@
 #include "engine/batcher.h"
 #include "engine/engine.h"
 #include "io/chat_template.h"
+#include "io/json_grammar.h"
 #include "io/model_files.h"
 #include "io/tokenizer.h"
+#include "runtime/json_constraint.h"
 
 namespace tessera {
 
@@ -105,6 +108,9 @@ class Session {
   const GenerateOptions& options() const { return gen_; }
   // The text of chat messages with the model's template (throws Error when it has none).
   std::string chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt = true) const;
+  // Structured output: the constraint of a JSON grammar over this model's vocabulary, ending at its EOS
+  // (GenerateOptions::constraint). Throws Error for a vocabulary that cannot write every completion.
+  std::shared_ptr<const TokenConstraint> json_output(std::shared_ptr<const JsonGrammar> grammar) const;
   // --logprobs N: the most likely tokens reported per generated token.
   int logprobs_top() const { return logprobs_top_; }
   std::string model_dir() const { return dir_; }
@@ -122,6 +128,8 @@ class Session {
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
   ChatTemplate chat_;
+  mutable std::once_flag vocab_once_;  // json_output's table of the tokens' bytes, built on first use
+  mutable std::shared_ptr<const VocabBytes> vocab_bytes_;
   bool add_bos_ = false;
   int model_block_ = 0;
   size_t max_prompt_bytes_ = 0;  // prompt_ids refuses longer text untokenized

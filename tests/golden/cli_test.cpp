@@ -270,6 +270,32 @@ TEST(Cli, ChatTemplateFileReplacesTheModels) {
       (dir / "bad.jinja").string() + ":2:");
 }
 
+// --json-schema: the answer parses and fits the schema (inline, or from a file); a keyword it cannot enforce
+// and a window beside it are one-line errors.
+TEST(Cli, JsonSchemaOutputParses) {
+  const auto dir = test::temp_dir("cli_json_schema");
+  const std::string schema =
+      R"({"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string","maxLength":5}},)"
+      R"("required":["n","s"],"additionalProperties":false})";
+  std::ofstream(dir / "schema.json") << schema;
+  std::string out;
+  ASSERT_EQ(
+      test::run_command(tessera_bin() + " generate" + tiny_model() +
+                            " -p \"Once upon a time\" --gen-length 64 --temperature 0.7 --json --no-progress "
+                            "--json-schema " +
+                            (dir / "schema.json").string() + " 2>/dev/null",
+                        &out),
+      0)
+      << out;
+  const nlohmann::json doc = nlohmann::json::parse(nlohmann::json::parse(out)["text"].get<std::string>());
+  EXPECT_TRUE(doc["n"].is_number_integer() && doc["s"].is_string() && doc.size() == 2) << doc.dump();
+  EXPECT_LE(doc["s"].get<std::string>().size(), 5u * 4);
+  expect_error("generate" + tiny_model() + " -p a --json-schema '{\"type\":\"string\",\"format\":\"date\"}'",
+               "'format' at the root is not supported");
+  expect_error("generate" + tiny_model() + " -p a --json-schema object --window", "structured output writes");
+  expect_error("generate" + tiny_model() + " -p a --json-schema /nonexistent.json", "--json-schema");
+}
+
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
 // the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison is reported and fails.
 TEST(Cli, BenchComparesOptionsSideBySide) {

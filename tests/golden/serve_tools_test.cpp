@@ -183,6 +183,47 @@ TEST_F(ServeTools, AnswersKeepOpenAisShapeStreamedAndNot) {
   EXPECT_EQ(reason, a["choices"][0]["finish_reason"]);
 }
 
+// Structured output through the API: response_format json_schema and json_object give content that parses
+// (and fits the schema), streamed too; a schema keyword that cannot be enforced is a 400 naming it.
+TEST_F(ServeTools, ResponseFormatAnswersParse) {
+  ASSERT_GT(server_->port(), 0);
+  const ojson schema = {
+      {"type", "object"},
+      {"properties", {{"city", {{"type", "string"}, {"maxLength", 10}}}, {"temp", {{"type", "integer"}}}}},
+      {"required", {"city", "temp"}},
+      {"additionalProperties", false}};
+  ojson req = {
+      {"messages", {{{"role", "user"}, {"content", "Weather as JSON"}}}},
+      {"max_tokens", 40},
+      {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", schema}}}}}};
+  const json a = post("/v1/chat/completions", req, 200);
+  const json doc = json::parse(a["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_TRUE(doc["city"].is_string() && doc["temp"].is_number_integer()) << doc.dump();
+  EXPECT_EQ(doc.size(), 2u);
+  req["stream"] = true;
+  const std::string body = post("/v1/chat/completions", req, 200).get<std::string>();
+  std::string content;
+  for (size_t at = body.find("data: "); at != std::string::npos; at = body.find("data: ", at + 1)) {
+    const std::string ev = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+    if (ev == "[DONE]") break;
+    const json d = json::parse(ev)["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(json::parse(content), doc);  // the same seed: the same answer
+  req = {{"messages", {{{"role", "user"}, {"content", "Anything"}}}},
+         {"max_tokens", 24},
+         {"response_format", {{"type", "json_object"}}}};
+  EXPECT_TRUE(
+      json::parse(
+          post("/v1/chat/completions", req, 200)["choices"][0]["message"]["content"].get<std::string>())
+          .is_object());
+  req["response_format"] = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^a"}}}}}};
+  const json e = post("/v1/chat/completions", req, 400);
+  EXPECT_NE(e.dump().find("'pattern'"), std::string::npos) << e.dump();
+}
+
 TEST_F(ServeTools, WhatCannotBeHonouredIsA400NamingTheField) {
   ASSERT_GT(server_->port(), 0);
   const auto refused = [&](ojson req, const std::string& want) {

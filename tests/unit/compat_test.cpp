@@ -14,6 +14,20 @@
 namespace tessera {
 namespace {
 
+// A constraint that allows every token (only its presence matters to validation).
+class AnyText final : public TokenConstraint {
+  struct S final : State {
+    std::unique_ptr<State> clone() const override { return std::make_unique<S>(); }
+    bool allows(int32_t, int64_t) const override { return true; }
+    void take(int32_t) override {}
+    bool complete() const override { return true; }
+    int64_t min_tokens() const override { return 0; }
+  };
+
+ public:
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(); }
+};
+
 // Options that use feature f (block_causal set for the block-causal model).
 void use(GenerateOptions& o, Feature f, bool& block_causal) {
   switch (f) {
@@ -49,6 +63,9 @@ void use(GenerateOptions& o, Feature f, bool& block_causal) {
       o.threshold = 0.5f;
       break;
     case Feature::Batching:
+      break;
+    case Feature::Structured:
+      o.constraint = std::make_shared<AnyText>();
       break;
   }
 }
