@@ -287,6 +287,9 @@ ChatPrompt chat_prompt(const ojson& body, const Session& session, const Generate
     }
     return out;
   }
+  if (!conv.tools.is_null() && out.constraint)
+    bad("'response_format' and 'tools' cannot be combined: the answer is held to the format, so no tool call "
+        "could be written (set 'tool_choice': \"none\" or drop one)");
   if (!conv.tools.is_null()) {
     if (!tmpl.takes_tools()) bad(tmpl.origin() + " takes no tools ('tools' would be dropped)");
     if (tmpl.tool_format() == ToolCallFormat::None)

@@ -248,6 +248,9 @@ TEST_F(ServeTools, WhatCannotBeHonouredIsA400NamingTheField) {
   r = agent_request();
   r["tool_choice"] = "sometimes";
   refused(r, "tool_choice");
+  r = agent_request();
+  r["response_format"] = {{"type", "json_object"}};
+  refused(r, "'response_format' and 'tools' cannot be combined");
 }
 
 // The bundled model has no chat template (it ships none, and its vocabulary lacks the built-in LLaDA
