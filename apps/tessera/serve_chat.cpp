@@ -122,8 +122,8 @@ std::string tool_call_prefix(ToolCallFormat f, const std::string& name, const st
   switch (f) {
     case ToolCallFormat::Hermes:
       return "<tool_call>\n" + (name.empty() ? "" : "{\"name\": " + quoted + ", \"arguments\": ");
-    case ToolCallFormat::Llama3:
-      return name.empty() ? "{\"name\": \"" : "{\"name\": " + quoted + ", \"parameters\": ";
+    case ToolCallFormat::Llama3:  // the whole reply is the call: required starts it with nothing
+      return name.empty() ? "" : "{\"name\": " + quoted + ", \"parameters\": ";
     case ToolCallFormat::Mistral:  // the two generations write the name differently: the marker only
       return "[TOOL_CALLS]";
     case ToolCallFormat::Gemma:
@@ -166,6 +166,53 @@ std::shared_ptr<const JsonGrammar> response_format(const ojson& v) {
   } catch (const Error& e) {
     bad(std::string("'response_format.json_schema.schema': ") + e.what());
   }
+}
+
+// A forced call (tool_choice "required" or a named function) in a format whose call is JSON (Hermes,
+// Llama 3): the answer after the start is held to the tools' schemas, so the call always parses and its
+// arguments fit the function's parameters. Named: the arguments object, then the call's end; required:
+// one of {"name": a tool, "arguments": its parameters}. Returns the grammar and sets `suffix`.
+std::shared_ptr<const JsonGrammar> forced_call_grammar(ToolCallFormat f, const ojson& tools,
+                                                       const std::string& name, std::string& suffix) {
+  const char* args = f == ToolCallFormat::Hermes ? "arguments" : "parameters";
+  const auto params = [](const ojson& fn) {
+    return fn.contains("parameters") ? fn["parameters"] : ojson{{"type", "object"}};
+  };
+  ojson schema;
+  std::string where;
+  if (!name.empty()) {
+    for (size_t i = 0; i < tools.size(); ++i)
+      if (tools[i]["function"]["name"] == name) {
+        schema = params(tools[i]["function"]);
+        where = "tools[" + std::to_string(i) + "].function.parameters";
+      }
+    suffix = f == ToolCallFormat::Hermes ? "}\n</tool_call>" : "}";
+  } else {
+    schema = {{"anyOf", ojson::array()}};
+    for (const ojson& t : tools)
+      schema["anyOf"].push_back(
+          {{"type", "object"},
+           {"properties", {{"name", {{"const", t["function"]["name"]}}}, {args, params(t["function"])}}},
+           {"required", {"name", args}},
+           {"additionalProperties", false}});
+    where = "tools[*].function.parameters";
+    suffix = f == ToolCallFormat::Hermes ? "\n</tool_call>" : "";
+  }
+  try {
+    return JsonGrammar::from_schema(schema);
+  } catch (const Error& e) {
+    bad("'" + where + "' (a forced tool call's arguments are held to it): " + e.what());
+  }
+}
+
+// A budget too small for the answer's format is refused before any work, not in the middle of a stream.
+void check_budget(const ChatPrompt& out, const GenerateOptions& o) {
+  if (!out.constraint) return;
+  const int64_t need = out.constraint->start()->min_tokens();
+  if (need > o.gen_length)
+    bad("'max_tokens' " + std::to_string(o.gen_length) + " cannot hold the shortest answer of the required " +
+        (out.reply.tools == ToolCallFormat::None ? "format" : "tool call") + " (" + std::to_string(need) +
+        " tokens)");
 }
 
 }  // namespace
@@ -279,6 +326,7 @@ ChatPrompt chat_prompt(const ojson& body, const Session& session, const Generate
           " takes no tool calls ('messages[" + std::to_string(i) + "].tool_calls' would be dropped)");
   if (tmpl.empty()) {
     if (!conv.tools.is_null()) bad("this model has no chat template, so it cannot be offered tools");
+    check_budget(out, o);
     for (const ChatMessage& m : plain) out.text += m.content;
     try {
       out.ids = session.prompt_ids(plain, false, o);
@@ -295,10 +343,21 @@ ChatPrompt chat_prompt(const ojson& body, const Session& session, const Generate
     if (tmpl.tool_format() == ToolCallFormat::None)
       bad(tmpl.origin() + " takes tools in a tool-call format this server does not read");
     out.reply.tools = tmpl.tool_format();
-    if (required || !forced.empty())
+    if (required || !forced.empty()) {
       out.reply.start = tool_call_prefix(out.reply.tools, forced, tmpl.source());
+      if (out.reply.tools == ToolCallFormat::Hermes || out.reply.tools == ToolCallFormat::Llama3) {
+        std::string suffix;
+        const auto g = forced_call_grammar(out.reply.tools, conv.tools, forced, suffix);
+        try {
+          out.constraint = session.json_output(g, suffix);
+        } catch (const Error& e) {
+          bad(e.what());
+        }
+      }
+    }
   }
   out.reply.reasoning = tmpl.reasoning();
+  check_budget(out, o);
   std::string& text = out.text;
   try {
     out.ids = session.prompt_ids(conv, out.reply.start, o, &text);

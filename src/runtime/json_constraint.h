@@ -22,10 +22,11 @@ struct VocabBytes {
 };
 
 // The constraint: tokens whose bytes keep the document a valid prefix that min_completion() bytes (one
-// token each) can complete in the positions left; an EOS of `eos` once the document is complete, and only
-// EOS after it.
+// token each) can complete in the positions left; then, when `suffix` is given, exactly those bytes (the end
+// of a forced tool call after its arguments, e.g. "}\n</tool_call>"); an EOS of `eos` once complete, and
+// only EOS after it. Bytes go to the document while it takes them, to the suffix once it is complete.
 std::shared_ptr<const TokenConstraint> json_constraint(std::shared_ptr<const JsonGrammar> grammar,
                                                        std::shared_ptr<const VocabBytes> vocab,
-                                                       std::vector<int32_t> eos);
+                                                       std::vector<int32_t> eos, std::string suffix = "");
 
 }  // namespace tessera

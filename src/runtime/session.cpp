@@ -164,10 +164,10 @@ std::string Session::templated(const std::vector<ChatMessage>& msgs, bool add_ge
   return chat_.render(Conversation::of(msgs, add_generation_prompt));
 }
 
-std::shared_ptr<const TokenConstraint> Session::json_output(
-    std::shared_ptr<const JsonGrammar> grammar) const {
+std::shared_ptr<const TokenConstraint> Session::json_output(std::shared_ptr<const JsonGrammar> grammar,
+                                                            std::string suffix) const {
   std::call_once(vocab_once_, [&] { vocab_bytes_ = VocabBytes::of(*tok_, engine_->config().vocab); });
-  return json_constraint(std::move(grammar), vocab_bytes_, gen_.eos_ids);
+  return json_constraint(std::move(grammar), vocab_bytes_, gen_.eos_ids, std::move(suffix));
 }
 
 std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos) {

@@ -108,9 +108,11 @@ class Session {
   const GenerateOptions& options() const { return gen_; }
   // The text of chat messages with the model's template (throws Error when it has none).
   std::string chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt = true) const;
-  // Structured output: the constraint of a JSON grammar over this model's vocabulary, ending at its EOS
-  // (GenerateOptions::constraint). Throws Error for a vocabulary that cannot write every completion.
-  std::shared_ptr<const TokenConstraint> json_output(std::shared_ptr<const JsonGrammar> grammar) const;
+  // Structured output: the constraint of a JSON grammar (then `suffix`) over this model's vocabulary,
+  // ending at its EOS (GenerateOptions::constraint). Throws Error for a vocabulary that cannot write every
+  // completion.
+  std::shared_ptr<const TokenConstraint> json_output(std::shared_ptr<const JsonGrammar> grammar,
+                                                     std::string suffix = "") const;
   // --logprobs N: the most likely tokens reported per generated token.
   int logprobs_top() const { return logprobs_top_; }
   std::string model_dir() const { return dir_; }

@@ -149,6 +149,7 @@ TEST_F(ServeTools, ThePromptIsTheTemplatesAsJinja2RendersIt) {
   // A named tool_choice: the prompt ends with the start of that call, in the template's format.
   req = agent_request();
   req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  req["max_tokens"] = 32;  // room for the shortest call
   const std::string forced = post("/apply-template", req, 200)["prompt"];
   EXPECT_EQ(forced, oracle(tmpl, base) + "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
 }
@@ -181,6 +182,57 @@ TEST_F(ServeTools, AnswersKeepOpenAisShapeStreamedAndNot) {
   }
   EXPECT_EQ(content, m.value("content", json("")).is_string() ? m["content"].get<std::string>() : "");
   EXPECT_EQ(reason, a["choices"][0]["finish_reason"]);
+}
+
+// A forced call (a named function, or "required") is held to the tools' schemas: even the tiny model, which
+// never learnt to call tools, answers with a call that parses, names a tool and fits its parameters;
+// streamed as a tool-call delta. A budget too small for the shortest call is a 400 before any work.
+TEST_F(ServeTools, ForcedToolCallsAlwaysParse) {
+  ASSERT_GT(server_->port(), 0);
+  ojson req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+               {"tools", {kWeather}},
+               {"max_tokens", 48},
+               {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  const auto check_call = [](const json& call) {
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args.is_object() && args.contains("city") && args["city"].is_string()) << args.dump();
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  };
+  for (const char* seed : {"1", "2"}) {
+    req["seed"] = std::stoi(seed);
+    const json a = post("/v1/chat/completions", req, 200);
+    EXPECT_EQ(a["choices"][0]["finish_reason"], "tool_calls") << a.dump();
+    ASSERT_EQ(a["choices"][0]["message"]["tool_calls"].size(), 1u) << a.dump();
+    check_call(a["choices"][0]["message"]["tool_calls"][0]);
+    EXPECT_TRUE(a["choices"][0]["message"]["content"].is_null());
+  }
+  req["tool_choice"] = "required";
+  req["max_tokens"] = 64;
+  req["stream"] = true;
+  const std::string body = post("/v1/chat/completions", req, 200).get<std::string>();
+  json calls = json::array();
+  std::string reason;
+  for (size_t at = body.find("data: "); at != std::string::npos; at = body.find("data: ", at + 1)) {
+    const std::string ev = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+    if (ev == "[DONE]") break;
+    const json j = json::parse(ev);
+    ASSERT_TRUE(j.contains("choices")) << ev;
+    const json c = j["choices"][0];
+    if (c["delta"].contains("tool_calls"))
+      for (const json& t : c["delta"]["tool_calls"]) calls.push_back(t);
+    if (!c["finish_reason"].is_null()) reason = c["finish_reason"];
+  }
+  ASSERT_EQ(calls.size(), 1u) << body;
+  EXPECT_EQ(calls[0]["index"], 0);
+  check_call(calls[0]);
+  EXPECT_EQ(reason, "tool_calls");
+  req["stream"] = false;
+  req["max_tokens"] = 16;
+  const json e = post("/v1/chat/completions", req, 400);
+  EXPECT_NE(e.dump().find("cannot hold the shortest answer of the required tool call"), std::string::npos)
+      << e.dump();
 }
 
 // Structured output through the API: response_format json_schema and json_object give content that parses
