@@ -191,8 +191,16 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::ChatTemplate(const std::string& source, const std::string& tool_use, std::string origin,
                            std::string bos, std::string eos, bool builtin)
     : origin_(std::move(origin)), bos_(std::move(bos)), eos_(std::move(eos)), builtin_(builtin) {
-  main_ = std::make_unique<jinja::Template>(source, origin_);
-  if (!tool_use.empty()) tool_use_ = std::make_unique<jinja::Template>(tool_use, origin_ + " (tool_use)");
+  // A template that does not parse fails where it is used (a chat prompt), not when the model loads: raw
+  // prompts still work, and the error names the template's line.
+  try {
+    main_ = std::make_unique<jinja::Template>(source, origin_);
+    if (!tool_use.empty()) tool_use_ = std::make_unique<jinja::Template>(tool_use, origin_ + " (tool_use)");
+  } catch (const Error& e) {
+    main_.reset();
+    tool_use_.reset();
+    error_ = e.what();
+  }
   source_ = source + tool_use;
   takes_tools_ = source_.find("tools") != std::string::npos;
   takes_thinking_ = source_.find("enable_thinking") != std::string::npos;
@@ -236,6 +244,7 @@ ChatTemplate ChatTemplate::for_model(const std::filesystem::path& model_dir, con
 }
 
 std::string ChatTemplate::render(const Conversation& c) const {
+  if (!error_.empty()) fail(error_);
   if (!main_) fail("the model has no chat template (use --raw)");
   nlohmann::ordered_json ctx = c.kwargs.is_object() ? c.kwargs : nlohmann::ordered_json::object();
   ctx["messages"] = c.messages;

@@ -59,7 +59,8 @@ class ChatTemplate {
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
 
-  // `source`: Jinja text (parsed here: a template that does not parse throws naming its line);
+  // `source`: Jinja text (parsed here: a template that does not parse is kept with its error, which
+  // render() throws, naming its line);
   // `tool_use`: the model's separate tool template ("" when none); `origin`: where it came from, for
   // messages; bos / eos: the text of the model's special tokens (the variables bos_token, eos_token).
   ChatTemplate(const std::string& source, const std::string& tool_use, std::string origin, std::string bos,
@@ -71,7 +72,7 @@ class ChatTemplate {
   static ChatTemplate for_model(const std::filesystem::path& model_dir, const std::string& bos,
                                 const std::string& eos, const std::filesystem::path& file = {});
 
-  bool empty() const { return main_ == nullptr; }
+  bool empty() const { return main_ == nullptr && error_.empty(); }
   bool builtin() const { return builtin_; }
   const std::string& origin() const { return origin_; }
   const std::string& source() const { return source_; }  // the Jinja text (and the tool_use one's)
@@ -89,6 +90,7 @@ class ChatTemplate {
  private:
   std::unique_ptr<jinja::Template> main_, tool_use_;
   std::string origin_, source_, bos_, eos_;
+  std::string error_;  // the parse error of a template that does not parse
   bool builtin_ = false, takes_tools_ = false, takes_thinking_ = false;
   ToolCallFormat tool_format_ = ToolCallFormat::None;
   ReasoningMarkers reasoning_;

@@ -93,6 +93,16 @@ TEST(ChatTemplate, NoneConcatenatesAndUnknownRoleThrows) {
   }
 }
 
+// A template that does not parse is not a load error: it fails where it is rendered, naming its line.
+TEST(ChatTemplate, ABrokenTemplateFailsWhenRenderedNamingItsLine) {
+  const ChatTemplate t("{% for m in messages %}\n{{ m.content }", "", "broken.jinja", "<s>", "</s>", false);
+  EXPECT_FALSE(t.empty());
+  test::expect_error([&] { t.render(Conversation::of({{"user", "hi"}})); }, "broken.jinja:2:");
+  const ChatTemplate ok("{% for m in messages %}{{ bos_token }}{{ m.content }}{% endfor %}", "", "ok.jinja",
+                        "<s>", "</s>", false);
+  EXPECT_EQ(ok.render(Conversation::of({{"user", "hi"}})), "<s>hi");
+}
+
 void write(const std::filesystem::path& p, const std::string& s) {
   std::ofstream(p) << s;
 }
