@@ -9,10 +9,23 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "test_util.h"
 
 namespace tessera::test {
+
+// The events of an SSE body ("data: X" lines), [DONE] included.
+inline std::vector<std::string> events(const std::string& body) {
+  std::vector<std::string> ev;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    ev.push_back(body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return ev;
+}
 
 // `tessera serve --port 0 ARGS`, logging to DIR/serve.log; port() once it listens (up to 20 s; ready()
 // without a port for a Unix socket).

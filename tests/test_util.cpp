@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -25,6 +27,16 @@ std::filesystem::path source_dir() {
 std::string python() {
   if (const char* e = std::getenv("TESSERA_PYTHON")) return e;
   return TESSERA_PYTHON;
+}
+
+bool python_has(const std::string& module) {
+  std::string log;
+  return run_command(python() + " -c 'import " + module + "'", &log) == 0;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 namespace {

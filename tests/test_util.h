@@ -13,6 +13,10 @@ namespace tessera::test {
 std::filesystem::path shared_dir();
 std::filesystem::path source_dir();
 std::string python();
+// Whether Python (python()) can import `module` (the oracles: jinja2, jsonschema).
+bool python_has(const std::string& module);
+// The bytes of a file ("" when it cannot be read).
+std::string read_text(const std::filesystem::path& p);
 // A fresh empty temporary directory, removed at process exit.
 std::filesystem::path temp_dir(const std::string& name);
 // Runs a shell command; returns its exit code and fills *out with stdout+stderr.

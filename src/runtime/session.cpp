@@ -190,14 +190,18 @@ int64_t Session::canvas_length(int64_t prompt_len, const GenerateOptions& o) con
   return tessera::canvas_length(prompt_len, o, block_causal());
 }
 
-std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
-                                         const GenerateOptions& o) const {
-  size_t bytes = 0;
-  for (const auto& m : msgs) bytes += m.content.size();
+void Session::check_prompt_bytes(size_t bytes) const {
   if (bytes > max_prompt_bytes_)
     fail("the prompt of " + std::to_string(bytes) + " bytes exceeds the model's context of " +
          std::to_string(engine_->config().max_positions) + " tokens whatever its tokens (at most " +
          std::to_string(max_prompt_bytes_) + " bytes can fit); it was not tokenized");
+}
+
+std::vector<int32_t> Session::prompt_ids(const std::vector<ChatMessage>& msgs, bool use_chat,
+                                         const GenerateOptions& o) const {
+  size_t bytes = 0;
+  for (const auto& m : msgs) bytes += m.content.size();
+  check_prompt_bytes(bytes);
   std::vector<int32_t> ids = encode_messages(msgs, use_chat);
   check_prompt(ids, o, true);
   return ids;
@@ -208,10 +212,7 @@ std::vector<int32_t> Session::prompt_ids(const Conversation& c, const std::strin
   if (chat_.empty()) fail(dir_ + " has no chat template (use --raw)");
   // The messages' text was checked when it was parsed; the bound on bytes is checked on the rendered text.
   const std::string text = chat_.render(c) + reply_start;
-  if (text.size() > max_prompt_bytes_)
-    fail("the prompt of " + std::to_string(text.size()) + " bytes exceeds the model's context of " +
-         std::to_string(engine_->config().max_positions) + " tokens whatever its tokens (at most " +
-         std::to_string(max_prompt_bytes_) + " bytes can fit); it was not tokenized");
+  check_prompt_bytes(text.size());
   std::vector<int32_t> ids = tok_->encode(text);
   check_prompt(ids, o, true);
   if (text_out != nullptr) *text_out = text;

@@ -121,6 +121,8 @@ class Session {
   int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o) const;
 
  private:
+  // Throws, before tokenizing, for prompt text longer than any prompt that fits the context.
+  void check_prompt_bytes(size_t bytes) const;
   // chat_text without its UTF-8 check of the messages.
   std::string templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
   // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.

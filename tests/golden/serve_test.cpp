@@ -60,17 +60,7 @@ void expect_refused(httplib::Client& c, const std::string& path, const json& bod
   EXPECT_NE(e["error"]["message"].get<std::string>().find(msg), std::string::npos) << e.dump();
 }
 
-// The events of an SSE body ("data: X" lines), [DONE] included.
-std::vector<std::string> events(const std::string& body) {
-  std::vector<std::string> ev;
-  size_t at = 0;
-  while ((at = body.find("data: ", at)) != std::string::npos) {
-    const size_t end = body.find("\n\n", at);
-    ev.push_back(body.substr(at + 6, end - at - 6));
-    at = end;
-  }
-  return ev;
-}
+using test::events;
 
 TEST(Serve, OpenAiCompatibleCompletionsChatAndErrors) {
   TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 1");

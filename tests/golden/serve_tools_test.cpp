@@ -22,19 +22,15 @@ using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 using test::ServerProcess;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 // The bundled model with Qwen3's chat template in its tokenizer_config.json.
 fs::path qwen3_templated_model() {
   const fs::path src = test::source_dir() / "models" / "tessera-tiny";
   const fs::path dir = test::temp_dir("serve_tools_model");
   for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
     fs::create_symlink(src / f, dir / f);
-  ojson tc = ojson::parse(read_text(src / "tokenizer_config.json"));
-  tc["chat_template"] = read_text(test::source_dir() / "tests/data/chat_templates/Qwen-Qwen3-0.6B.jinja");
+  ojson tc = ojson::parse(test::read_text(src / "tokenizer_config.json"));
+  tc["chat_template"] =
+      test::read_text(test::source_dir() / "tests/data/chat_templates/Qwen-Qwen3-0.6B.jinja");
   std::ofstream(dir / "tokenizer_config.json") << tc.dump(2);
   return dir;
 }
@@ -44,20 +40,14 @@ std::string oracle(const std::string& template_text, const ojson& context) {
   const fs::path dir = test::temp_dir("serve_tools_oracle");
   std::ofstream(dir / "in.json") << ojson{{"template", template_text}, {"context", context}}.dump();
   std::string log;
-  const int rc =
-      test::run_command(std::string(TESSERA_PYTHON) + " -B " +
-                            (test::source_dir() / "tests/reference/chat_oracle.py").string() + " render < " +
-                            (dir / "in.json").string() + " > " + (dir / "out.json").string(),
-                        &log);
+  const int rc = test::run_command(
+      test::python() + " -B " + (test::source_dir() / "tests/reference/chat_oracle.py").string() +
+          " render < " + (dir / "in.json").string() + " > " + (dir / "out.json").string(),
+      &log);
   EXPECT_EQ(rc, 0) << log;
-  const ojson out = ojson::parse(read_text(dir / "out.json"));
+  const ojson out = ojson::parse(test::read_text(dir / "out.json"));
   EXPECT_TRUE(out.contains("expected")) << out.dump();
   return out.value("expected", "");
-}
-
-bool have_jinja2() {
-  std::string log;
-  return test::run_command(std::string(TESSERA_PYTHON) + " -c 'import jinja2'", &log) == 0;
 }
 
 const ojson kWeather = {
@@ -112,9 +102,10 @@ ojson agent_request() {
 }
 
 TEST_F(ServeTools, ThePromptIsTheTemplatesAsJinja2RendersIt) {
-  if (!have_jinja2()) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
+  if (!test::python_has("jinja2")) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
   ASSERT_GT(server_->port(), 0);
-  const std::string tmpl = read_text(test::source_dir() / "tests/data/chat_templates/Qwen-Qwen3-0.6B.jinja");
+  const std::string tmpl =
+      test::read_text(test::source_dir() / "tests/data/chat_templates/Qwen-Qwen3-0.6B.jinja");
   // What transformers gets from the same conversation: the developer turn as system, null content as "",
   // the arguments as an object, the model's special tokens.
   ojson messages = agent_request()["messages"];
@@ -172,8 +163,7 @@ TEST_F(ServeTools, AnswersKeepOpenAisShapeStreamedAndNot) {
   s["stream"] = true;
   const std::string body = post("/v1/chat/completions", s, 200).get<std::string>();
   std::string content, reason;
-  for (size_t at = body.find("data: "); at != std::string::npos; at = body.find("data: ", at + 1)) {
-    const std::string ev = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+  for (const std::string& ev : test::events(body)) {
     if (ev == "[DONE]") break;
     const json j = json::parse(ev);
     const json& d = j["choices"][0]["delta"];
@@ -214,8 +204,7 @@ TEST_F(ServeTools, ForcedToolCallsAlwaysParse) {
   const std::string body = post("/v1/chat/completions", req, 200).get<std::string>();
   json calls = json::array();
   std::string reason;
-  for (size_t at = body.find("data: "); at != std::string::npos; at = body.find("data: ", at + 1)) {
-    const std::string ev = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+  for (const std::string& ev : test::events(body)) {
     if (ev == "[DONE]") break;
     const json j = json::parse(ev);
     ASSERT_TRUE(j.contains("choices")) << ev;
@@ -255,8 +244,7 @@ TEST_F(ServeTools, ResponseFormatAnswersParse) {
   req["stream"] = true;
   const std::string body = post("/v1/chat/completions", req, 200).get<std::string>();
   std::string content;
-  for (size_t at = body.find("data: "); at != std::string::npos; at = body.find("data: ", at + 1)) {
-    const std::string ev = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+  for (const std::string& ev : test::events(body)) {
     if (ev == "[DONE]") break;
     const json d = json::parse(ev)["choices"][0]["delta"];
     if (d.contains("content")) content += d["content"].get<std::string>();

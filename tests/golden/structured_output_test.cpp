@@ -34,18 +34,9 @@ const char* const kSchemas[] = {
         "label": {"type": ["string", "null"]}}, "required": ["from", "to"]})",
 };
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-bool have_jsonschema() {
-  std::string log;
-  return test::run_command(std::string(TESSERA_PYTHON) + " -c 'import jsonschema'", &log) == 0;
-}
-
 TEST(StructuredOutput, EveryAnswerValidatesOnTheBundledModels) {
-  if (!have_jsonschema()) GTEST_SKIP() << "Python's jsonschema is missing (Debian: python3-jsonschema)";
+  if (!test::python_has("jsonschema"))
+    GTEST_SKIP() << "Python's jsonschema is missing (Debian: python3-jsonschema)";
   ojson cases = ojson::array();
   size_t generated = 0;
   for (const char* model : {"tessera-tiny", "tessera-tiny-moe"}) {
@@ -76,13 +67,13 @@ TEST(StructuredOutput, EveryAnswerValidatesOnTheBundledModels) {
   const auto dir = test::temp_dir("structured_output");
   std::ofstream(dir / "cases.json") << cases.dump();
   std::string log;
-  ASSERT_EQ(test::run_command(std::string(TESSERA_PYTHON) + " -B " +
+  ASSERT_EQ(test::run_command(test::python() + " -B " +
                                   (test::source_dir() / "tests/reference/validate_json.py").string() + " < " +
                                   (dir / "cases.json").string() + " > " + (dir / "verdicts.json").string(),
                               &log),
             0)
       << log;
-  const ojson verdicts = ojson::parse(read_text(dir / "verdicts.json"));
+  const ojson verdicts = ojson::parse(test::read_text(dir / "verdicts.json"));
   ASSERT_EQ(verdicts.size(), cases.size());
   size_t valid = 0;
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -21,18 +21,13 @@ namespace fs = std::filesystem;
 ojson oracle_cases(const fs::path& dir) {
   const fs::path out = test::temp_dir("jinja_oracle") / "cases.json";
   std::string log;
-  const std::string cmd = std::string(TESSERA_PYTHON) + " -B " +
+  const std::string cmd = test::python() + " -B " +
                           (test::source_dir() / "tests/reference/chat_oracle.py").string() + " cases " +
                           dir.string() + " > " + out.string();
   const int rc = test::run_command(cmd, &log);
   if (rc != 0) return ojson{{"failed", cmd + "\n" + log}};
   std::ifstream f(out);
   return ojson::parse(f);
-}
-
-bool have_jinja2() {
-  std::string log;
-  return test::run_command(std::string(TESSERA_PYTHON) + " -c 'import jinja2'", &log) == 0;
 }
 
 void compare(const fs::path& dir, size_t at_least) {
@@ -46,8 +41,7 @@ void compare(const fs::path& dir, size_t at_least) {
     SCOPED_TRACE(name + ": " + c["case"].get<std::string>());
     auto& t = parsed[name];
     if (!t) {
-      std::ifstream f(dir / name, std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const std::string text = test::read_text(dir / name);
       ASSERT_NO_THROW(t = std::make_unique<jinja::Template>(text, name));
     }
     if (c.contains("expected")) {
@@ -69,13 +63,13 @@ void compare(const fs::path& dir, size_t at_least) {
 }
 
 TEST(JinjaOracle, RealChatTemplatesRenderAsJinja2Does) {
-  if (!have_jinja2()) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
+  if (!test::python_has("jinja2")) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
   compare(test::source_dir() / "tests/data/chat_templates", 20 * 50);
 }
 
 // tessera's own templates for models that ship none, under jinja2 too.
 TEST(JinjaOracle, BuiltInTemplatesRenderAsJinja2Does) {
-  if (!have_jinja2()) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
+  if (!test::python_has("jinja2")) GTEST_SKIP() << "Python's jinja2 is missing (Debian: python3-jinja2)";
   const fs::path dir = test::temp_dir("jinja_builtin");
   for (ChatFamily f : {ChatFamily::LladaInstruct, ChatFamily::ChatML, ChatFamily::LladaMoE, ChatFamily::None})
     std::ofstream(dir / (std::string(chat_family_name(f)) + ".jinja")) << builtin_chat_template(f);
