@@ -16,6 +16,7 @@ struct Registry {
 };
 
 void add_generate(CLI::App& app, Registry& reg);
+void add_chat(CLI::App& app, Registry& reg);
 void add_inspect(CLI::App& app, Registry& reg);
 void add_convert(CLI::App& app, Registry& reg);
 void add_plan(CLI::App& app, Registry& reg);

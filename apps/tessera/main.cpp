@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tessera 0.1.0");
   tessera::cli::Registry reg;
   tessera::cli::add_generate(app, reg);
+  tessera::cli::add_chat(app, reg);
   tessera::cli::add_inspect(app, reg);
   tessera::cli::add_convert(app, reg);
   tessera::cli::add_plan(app, reg);

@@ -1,0 +1,118 @@
+// tessera chat
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "apps/tessera/cli_session.h"
+#include "apps/tessera/commands.h"
+#include "apps/tessera/generate_output.h"
+
+namespace tessera::cli {
+
+namespace {
+
+// tessera chat: one user turn per line, answered with the whole conversation as the prompt. Lines that
+// start with '/' are commands (a message that starts with '/' is written "//..."); messages and command
+// replies go to stderr, answers to stdout. When the conversation outgrows the model's context, its
+// oldest exchanges are dropped (the system message stays); a turn that fails (too long alone, say) is
+// reported and leaves the conversation as it was, and the chat goes on.
+int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
+  const bool templ = s.has_chat_template();
+  if (!templ)
+    std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
+  else if (s.chat_template().builtin())
+    std::fprintf(stderr, "note: %s ships no chat template; using %s\n", s.model_dir().c_str(),
+                 s.chat_template().origin().c_str());
+  std::vector<ChatMessage> history;  // a system message first, if set
+  const bool interactive = isatty(fileno(stdin)) != 0;
+  const auto first_turn = [&] { return !history.empty() && history[0].role == "system" ? size_t{1} : 0; };
+  std::string line;
+  while (true) {
+    if (interactive) std::fprintf(stderr, "you> ");
+    if (!std::getline(in, line) || line.empty()) break;
+    if (line[0] == '/' && line.rfind("//", 0) != 0) {
+      const size_t sp = line.find(' ');
+      const std::string cmd = line.substr(0, sp), arg = sp == std::string::npos ? "" : line.substr(sp + 1);
+      if (cmd == "/quit" || cmd == "/exit" || cmd == "/bye") break;
+      if (cmd == "/help") {
+        std::fprintf(stderr,
+                     "/clear        forget the conversation (the system message stays)\n"
+                     "/undo         forget the last exchange\n"
+                     "/system TEXT  set the system message (/system alone removes it)\n"
+                     "/quit         end (also /exit, /bye, an empty line or EOF)\n"
+                     "//text        send a message that starts with '/'\n");
+      } else if (cmd == "/clear") {
+        history.resize(first_turn());
+        std::fprintf(stderr, "(conversation cleared)\n");
+      } else if (cmd == "/undo") {
+        if (history.size() >= first_turn() + 2) {
+          history.resize(history.size() - 2);
+          std::fprintf(stderr, "(last exchange forgotten)\n");
+        } else {
+          std::fprintf(stderr, "(nothing to undo)\n");
+        }
+      } else if (cmd == "/system") {
+        if (first_turn() == 1) history.erase(history.begin());
+        if (!arg.empty()) history.insert(history.begin(), ChatMessage{"system", arg});
+        std::fprintf(stderr, arg.empty() ? "(system message removed)\n" : "(system message set)\n");
+      } else {
+        std::fprintf(stderr, "unknown command %s: /help lists the commands\n", cmd.c_str());
+      }
+      continue;
+    }
+    if (line[0] == '/') line.erase(0, 1);             // "//text" sends "/text"
+    const std::vector<ChatMessage> before = history;  // what a failed turn leaves
+    history.push_back({"user", line});
+    Session::Output o;
+    std::vector<int32_t> ids;
+    try {
+      ids = s.encode_messages(history, templ);
+      size_t dropped = 0;
+      while (!s.fits_context(ids.size()) && history.size() >= first_turn() + 3) {
+        const auto at = history.begin() + static_cast<std::ptrdiff_t>(first_turn());
+        history.erase(at, at + 2);  // the oldest exchange: a user turn and its answer
+        dropped += 2;
+        ids = s.encode_messages(history, templ);
+      }
+      s.check_prompt(ids, s.options(), true);
+      if (dropped > 0) {
+        std::fprintf(stderr,
+                     "(the %zu oldest messages were dropped to fit the model's context of %lld tokens)\n",
+                     dropped, static_cast<long long>(s.config().max_positions));
+      }
+      FILE* tty = (!a.no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
+      o = s.run(ids, tty);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s (the message was not kept; the conversation is as it was)\n", e.what());
+      history = before;
+      continue;
+    }
+    if (a.json) {
+      std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
+    } else {
+      std::printf("%s\n", o.text.c_str());
+      if (s.options().logprobs) print_logprobs(o, s, stdout);
+      print_stats(o, s, stderr);
+    }
+    std::fflush(stdout);
+    history.push_back({"assistant", o.text});
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_chat(CLI::App& app, Registry& reg) {
+  auto* chat = app.add_subcommand(
+      "chat", "Multi-turn chat on standard input (an empty line or EOF ends; /help lists the commands)");
+  auto c = std::make_shared<SessionArgs>();
+  add_session_options(chat, *c);
+  reg.handlers.emplace_back(chat, [c] {
+    Session s(*c);
+    return run_chat(s, *c, std::cin);
+  });
+}
+
+}  // namespace tessera::cli
