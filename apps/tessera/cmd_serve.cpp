@@ -1,6 +1,8 @@
 // tessera serve: an OpenAI-compatible HTTP server over one Session (HTTP layer: http_server.h; the
 // completions: serve_completion.cpp).
-//   GET  /health (open without a key; with the batching and admission counts), /v1/models, /v1/models/ID,
+//   GET  / (the web page: a chat that shows the canvas denoising; its files under /web/NAME; both open
+//        without a key; web_assets.h; --web-dir DIR, --no-web),
+//        /health (open without a key; with the batching and admission counts), /v1/models, /v1/models/ID,
 //        /metrics (Prometheus text format: requests by result, in flight, waiting, refused, tokens,
 //        seconds, packed forwards, connections, memory), /slots (the requests waiting and running)
 //   POST /tokenize {"content": text, "add_special": bool, "with_pieces": bool}, /detokenize {"tokens":
@@ -52,6 +54,7 @@
 
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_app.h"
+#include "apps/tessera/web_assets.h"
 #include "core/error.h"
 #include "core/utf8.h"
 #include "memory/chunk_optimizer.h"
@@ -241,6 +244,7 @@ void ServeApp::add_routes(http::Server& svr) {
     });
   }
   if (log_ != nullptr) svr.access_log([this](const http::Access& a) { log_access(a); });
+  if (!args_.no_web) add_web_routes(svr, args_.web_dir);
   svr.route(
       "GET", "/health", [this](http::Exchange& ex) { ex.reply(json_response(health_json())); }, Run::Inline);
   svr.route(
@@ -319,7 +323,7 @@ void ServeApp::add_routes(http::Server& svr) {
 }
 
 // Before routing: a CORS preflight of a --cors origin is answered; with keys, every route but /health
-// needs one.
+// and the web page's files needs one.
 bool ServeApp::before(const http::Request& req, http::Response& res) const {
   if (req.method == "OPTIONS" && !args_.cors.empty() && cors_allowed(req)) {
     res.status = 204;
@@ -331,7 +335,9 @@ bool ServeApp::before(const http::Request& req, http::Response& res) const {
     res.headers.push_back({"Access-Control-Max-Age", "600"});
     return true;
   }
-  if (key_digests_.empty() || req.path == "/health" || authorized(req)) return false;
+  if (key_digests_.empty() || req.path == "/health" || (!args_.no_web && is_web_path(req.path)) ||
+      authorized(req))
+    return false;
   const bool sent = req.header("Authorization") != nullptr;
   res = error_response(
       {401, "authentication_error",
@@ -571,6 +577,11 @@ void add_serve(CLI::App& app, Registry& reg) {
                  o + "'";
         return "";
       });
+  auto* web_dir = sub->add_option("--web-dir", a->web_dir,
+                                  "serve the web page at / from this directory's files instead of the ones "
+                                  "compiled in (for working on apps/tessera/web)")
+                      ->check(CLI::ExistingDirectory);
+  sub->add_flag("--no-web", a->no_web, "no web page at / (the API only)")->excludes(web_dir);
   reg.handlers.emplace_back(sub, [a] {
     ServeApp s(*a);
     return s.run();

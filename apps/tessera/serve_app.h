@@ -41,6 +41,8 @@ struct ServeArgs {
   std::string api_key_file;
   std::string ssl_cert, ssl_key;
   std::string access_log = "-";  // a file, "-" (stderr) or "off"
+  std::string web_dir;           // the web page's files from here (default: those compiled in)
+  bool no_web = false;           // no web page at /
 };
 
 class ServeApp {
