@@ -86,6 +86,10 @@ TEST(ServeWeb, PageAndFilesWithTypesAndETags) {
                            "/web/..%2fCMakeLists.txt", "/web/%2e%2e/CMakeLists.txt", "/web/.git",
                            "/web/web_assets.h", "/web//etc/passwd", "/index.html", "/app.js", "/webx"})
     expect_not_found(c, path);
+  auto long_name = c.Get("/web/" + std::string(6000, 'a') + ".js");  // the error does not echo it whole
+  ASSERT_TRUE(long_name);
+  EXPECT_EQ(long_name->status, 404);
+  EXPECT_LT(long_name->body.size(), 1024u);
 }
 
 // The page is open without the key (it asks the user for it); the API is not.
