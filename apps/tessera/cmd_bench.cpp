@@ -1,7 +1,7 @@
 // tessera bench: generation speed of engine options side by side, in one run, on one prompt.
 //   tessera bench [-m DIR | --geometry NAME] [--prompt-len 512 | -p TEXT] [--gen-length 128]
 //                 [--block-length 32] [--steps N] [--threshold X] [--temperature T] [--cache C]
-//                 [--eos] [--stop TEXT]... [--compare SPEC]... [--batch N] [--json F]
+//                 [--eos] [--stop TEXT]... [--compare SPEC]... [--batch N] [--json] [--json-out F] [--svg F]
 // The baseline is the options given; each --compare SPEC (the keys of tessera eval) changes some of
 // them. Per row: wall time (best of --reps after one warm-up forward over the whole canvas), tokens/s,
 // speed-up over the baseline, forwards, the query rows the forwards computed (what the work follows)
@@ -15,18 +15,24 @@
 // --batch N adds a throughput comparison: N requests with the baseline's options (N prompts of the same
 // length) one after another, then all at once through the Batcher (packed forwards), with the share of
 // requests whose tokens are identical in both.
+// Every --compare SPEC is checked before anything is measured; on a terminal a progress line shows on
+// stderr, and each row is printed (and flushed) as soon as it is measured.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
+#include "apps/tessera/svg.h"
 #include "core/error.h"
 #include "engine/batcher.h"
 #include "io/model_files.h"
@@ -40,13 +46,15 @@ using json = nlohmann::json;
 namespace {
 
 struct BenchArgs {
-  std::string model, geometry, prompt, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
+  std::string model, geometry, prompt, json_out, svg, device = "cpu", precision = "auto",
+                                                      alg = "low_confidence";
   std::string cache = "none";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1, batch = 0;
   float threshold = 0.0f, temperature = 0.0f;
   uint64_t seed = 0;
   bool dequantize = false;
   bool profile = false;
+  bool json = false;              // --json: the JSON on stdout instead of the table
   bool eos = false;               // --eos: the answers end at the model's EOS
   std::vector<std::string> stop;  // --stop: ... or before a stop sequence
   std::vector<std::string> compare;
@@ -78,8 +86,10 @@ std::unique_ptr<Engine> make_engine(const BenchArgs& a, const EngineOptions& eng
 }
 
 // cut: cuts every answer before the first of o.stop (o.stop_when says when the decided tokens hold one).
+// progress("step 3/64") while it runs.
 Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, int reps,
-            const Tokenizer* cut) {
+            const Tokenizer* cut, const std::function<void(const std::string&)>& progress) {
+  progress("warm-up forward");
   {  // warm-up: one forward over the whole canvas commits the workspace and starts the threads
     std::vector<int32_t> canvas = prompt, pos(static_cast<size_t>(o.gen_length)), tok(pos.size());
     std::vector<float> conf(pos.size());
@@ -94,7 +104,11 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     size_t peak = 0;
     e.reset_op_seconds();
     const auto t0 = std::chrono::steady_clock::now();
-    GenerateResult res = generate(e, prompt, o, [&](const StepEvent&) {
+    const std::string rep_text =
+        reps > 1 ? " (rep " + std::to_string(rep + 1) + "/" + std::to_string(reps) + ")" : std::string();
+    progress("step 0/" + std::to_string(o.steps) + rep_text);
+    GenerateResult res = generate(e, prompt, o, [&](const StepEvent& ev) {
+      progress("step " + std::to_string(ev.step + 1) + "/" + std::to_string(o.steps) + rep_text);
       rows += static_cast<double>(e.last_step().shape.n_query);
       keys += static_cast<double>(e.last_step().shape.n_kv);
       peak = std::max(peak, e.last_step().planned_peak);
@@ -131,17 +145,21 @@ struct BatchRow {
 
 // N requests one after another, then concurrently through a Batcher of N.
 BatchRow measure_batch(Engine& e, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o,
-                       int reps) {
+                       int reps, Progress& progress) {
   const size_t n = prompts.size();
   std::vector<std::vector<int32_t>> seq(n), bat(n);
   BatchRow r;
   for (int rep = 0; rep < reps; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < n; ++i) seq[i] = generate(e, prompts[i], o).tokens;
+    for (size_t i = 0; i < n; ++i) {
+      progress.show("batch: one after another, request " + std::to_string(i + 1) + "/" + std::to_string(n));
+      seq[i] = generate(e, prompts[i], o).tokens;
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep == 0 || s < r.sequential) r.sequential = s;
   }
   for (int rep = 0; rep < reps; ++rep) {
+    progress.show("batch: " + std::to_string(n) + " requests at once");
     Batcher b(e, static_cast<int>(n));
     std::vector<std::thread> th;
     std::vector<std::exception_ptr> err(n);
@@ -168,9 +186,95 @@ BatchRow measure_batch(Engine& e, const std::vector<std::vector<int32_t>>& promp
   return r;
 }
 
+// The table's row of r (r0: the baseline); and its JSON.
+double tokens_per_second(const Row& r) {
+  return r.seconds > 0 ? static_cast<double>(r.tokens.size()) / r.seconds : 0.0;
+}
+double forwards_per_token(const Row& r) {
+  return r.tokens.empty() ? 0.0 : static_cast<double>(r.forwards) / static_cast<double>(r.tokens.size());
+}
+
+void print_row(const Row& r, const Row& r0, bool moe, bool profile) {
+  std::printf("%-28s %9.3f %9.1f %7.2fx %6d %8.3f %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(),
+              r.seconds, tokens_per_second(r), r0.seconds / r.seconds, r.steps, forwards_per_token(r),
+              r.query_rows, r.key_rows, human_bytes(static_cast<double>(r.weights)).c_str(),
+              human_bytes(static_cast<double>(r.activation_peak)).c_str(),
+              human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
+  if (moe) std::printf(" %8.1f", r.experts);
+  if (profile)
+    std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
+  std::printf("\n");
+  if (profile) std::printf("    ops: %s\n", format_op_seconds(r.op_seconds).c_str());
+  std::fflush(stdout);  // each row as soon as it is measured, also into a pipe
+}
+
+json row_json(const Row& r, const Row& r0) {
+  json op_json = json::object();
+  for (int k = 0; k < graph::kOpKinds; ++k) {
+    if (r.op_seconds[static_cast<size_t>(k)] > 0)
+      op_json[graph::op_name(static_cast<graph::OpKind>(k))] = r.op_seconds[static_cast<size_t>(k)];
+  }
+  return {{"option", r.label},
+          {"seconds", r.seconds},
+          {"tokens", r.tokens.size()},
+          {"tokens_per_second", tokens_per_second(r)},
+          {"speedup", r0.seconds / r.seconds},
+          {"steps", r.steps},
+          {"forwards", r.forwards},
+          {"forwards_per_token", forwards_per_token(r)},
+          {"query_rows", r.query_rows},
+          {"key_rows", r.key_rows},
+          {"weight_bytes", r.weights},
+          {"activation_peak_bytes", r.activation_peak},
+          {"kv_cache_bytes", r.kv_cache},
+          {"agreement", r.agreement},
+          {"experts_per_moe_layer", r.experts},
+          {"moe_seconds", r.moe_seconds},
+          {"op_seconds", std::move(op_json)}};
+}
+
+// --svg: tokens/s, time per step, speed-up and agreement per option.
+void write_chart(const std::string& path, const std::string& title, const std::string& subtitle,
+                 const std::vector<Row>& rows, const std::string& batch_note) {
+  std::vector<std::string> labels;
+  svg::Metric tps{"tokens/s", {}, 1, true}, step{"ms per step", {}, 2, false}, speed{"speed-up", {}, 2, true},
+      agree{"agreement", {}, 3, true};
+  for (const Row& r : rows) {
+    labels.push_back(r.label);
+    tps.values.push_back(tokens_per_second(r));
+    step.values.push_back(r.steps > 0 ? 1000.0 * r.seconds / r.steps : NAN);
+    speed.values.push_back(rows.front().seconds / r.seconds);
+    agree.values.push_back(r.agreement);
+  }
+  std::vector<std::string> notes = {
+      "tokens/s: generated tokens per second of wall time (best of the repetitions); ms per step: that time "
+      "over the denoising steps run",
+      "speed-up: the baseline's time over the row's; agreement: share of the row's tokens equal to the "
+      "baseline's, position by position (1 = identical)"};
+  if (!batch_note.empty()) notes.push_back(batch_note);
+  svg::save(path, "--svg", svg::bar_chart(title, subtitle, labels, {tps, step, speed, agree}, notes));
+}
+
 int run_bench(const BenchArgs& a) {
   TESSERA_CHECK(a.model.empty() || a.geometry.empty(), "give -m DIR or --geometry NAME, not both");
   TESSERA_CHECK(a.reps >= 1, "--reps must be >= 1");
+  TESSERA_CHECK(a.batch == 0 || a.batch >= 2, "--batch needs at least 2 requests");
+  TESSERA_CHECK(a.batch == 0 || (!a.eos && a.stop.empty()),
+                "--batch measures whole generations; give it without --eos and --stop");
+  TESSERA_CHECK(a.prompt.empty() || a.geometry.empty(),
+                "-p needs a model with a tokenizer (-m DIR), not --geometry");
+  TESSERA_CHECK(a.stop.empty() || a.geometry.empty(),
+                "--stop needs a model with a tokenizer (-m DIR), not --geometry");
+  // Every --compare spec's keys and values, before the model loads (the full check follows it).
+  for (const std::string& spec : a.compare) {
+    const Candidate c = parse_spec(spec, GenerateOptions{}, EngineOptions{});
+    if (!c.suffix)
+      fail("--compare '" + spec +
+           "': suffix=off compares infilling in tessera eval --suffix-len; bench has "
+           "no suffix");
+  }
+  Progress progress("bench");
+  progress.show("loading " + (a.geometry.empty() ? model_dir(a) : a.geometry));
   EngineOptions eng;
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
@@ -178,15 +282,8 @@ int run_bench(const BenchArgs& a) {
   eng.profile_ops = a.profile;
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
-  TESSERA_CHECK(a.batch == 0 || a.batch >= 2, "--batch needs at least 2 requests");
-  TESSERA_CHECK(a.batch == 0 || (!a.eos && a.stop.empty()),
-                "--batch measures whole generations; give it without --eos and --stop");
   // --batch: prompt r of the batch (r = 0 is the benchmark's prompt; with -p every request has it).
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(std::max(a.batch, 1)));
-  TESSERA_CHECK(a.prompt.empty() || a.geometry.empty(),
-                "-p needs a model with a tokenizer (-m DIR), not --geometry");
-  TESSERA_CHECK(a.stop.empty() || a.geometry.empty(),
-                "--stop needs a model with a tokenizer (-m DIR), not --geometry");
   std::optional<Tokenizer> tok;  // -p, --stop: the model's, loaded once
   if (!a.prompt.empty() || !a.stop.empty()) tok = load_model_tokenizer(model_dir(a));
   if (!a.prompt.empty()) {  // as tessera generate --raw encodes it
@@ -226,26 +323,56 @@ int run_bench(const BenchArgs& a) {
          (block_causal ? " (padded to whole blocks: " + std::to_string(canvas) + ")" : std::string()) +
          " exceeds the model's context of " + std::to_string(cfg.max_positions));
   }
+  // The comparisons as generate would check them, before anything is measured.
+  const std::vector<Candidate> candidates = check_specs(a.compare, base, eng, cfg.vocab, block_causal);
 
+  const std::string what = a.geometry.empty() ? model_dir(a) : a.geometry + " (synthetic weights)";
+  char header[512];
+  std::snprintf(
+      header, sizeof header,
+      "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d", what.c_str(),
+      base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
+      std::string(name(base.alg)).c_str(),
+      (std::string(base.threshold > 0 ? ", threshold " + std::to_string(base.threshold).substr(0, 4) : "") +
+       (base.temperature > 0 ? ", temperature " + std::to_string(base.temperature).substr(0, 4) : ""))
+          .c_str(),
+      std::string(name(base.cache)).c_str(), a.reps);
+  if (!a.json) {
+    std::printf("%s\n", header);
+    std::printf("%-28s %9s %9s %8s %6s %8s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
+                "speed-up", "steps", "fwd/tok", "query rows", "key rows", "weights", "act. peak", "KV cache",
+                "agreement");
+    if (moe) std::printf(" %8s", "experts");
+    if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  const size_t n_rows = candidates.size() + 1;
+  const auto progress_of = [&](const std::string& label, size_t i) {
+    return [&progress, label, i, n_rows](const std::string& doing) {
+      progress.show(label + " (" + std::to_string(i) + "/" + std::to_string(n_rows) + "): " + doing);
+    };
+  };
   std::vector<Row> rows;
   const Tokenizer* cut = a.stop.empty() ? nullptr : &*tok;
-  Row b = measure(*base_engine, prompt, base, a.reps, cut);
+  Row b = measure(*base_engine, prompt, base, a.reps, cut, progress_of("baseline", 1));
   b.label = "baseline";
   b.weights = base_engine->model().weight_bytes();
   rows.push_back(std::move(b));
+  progress.clear();
+  if (!a.json) print_row(rows.front(), rows.front(), moe, a.profile);
   int failures = 0;
-  json comparisons = json::array();
-  for (const std::string& spec : a.compare) {
+  json comparisons = json::array({row_json(rows.front(), rows.front())});
+  for (size_t ci = 0; ci < candidates.size(); ++ci) {
+    const Candidate& c = candidates[ci];
     try {
-      Candidate c = parse_spec(spec, base, eng);
-      TESSERA_CHECK(c.suffix,
-                    "suffix=off compares infilling in tessera eval --suffix-len; bench has no suffix");
-      TESSERA_CHECK(c.gen.gen_length == base.gen_length, "a comparison must generate the same length");
-      validate_generate_options(c.gen, cfg.vocab, block_causal);
       std::unique_ptr<Engine> own;
-      if (c.own_engine) own = make_engine(a, c.eng);
-      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps, cut);
-      r.label = spec;
+      if (c.own_engine) {
+        progress.show(c.label + ": loading an engine of its own");
+        own = make_engine(a, c.eng);
+      }
+      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps, cut, progress_of(c.label, ci + 2));
+      r.label = c.label;
       r.weights = (own ? *own : *base_engine).model().weight_bytes();
       size_t same = 0;
       for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
@@ -254,68 +381,19 @@ int run_bench(const BenchArgs& a) {
       const size_t base_n = rows.front().tokens.size();
       r.agreement = base_n > 0 ? static_cast<double>(same) / static_cast<double>(base_n)
                                : (r.tokens.empty() ? 1.0 : 0.0);
+      progress.clear();
+      if (!a.json) print_row(r, rows.front(), moe, a.profile);
+      comparisons.push_back(row_json(r, rows.front()));
       rows.push_back(std::move(r));
     } catch (const Error& e) {
-      std::fprintf(stderr, "tessera bench: comparison '%s' cannot run: %s\n", spec.c_str(), e.what());
-      comparisons.push_back({{"option", spec}, {"error", e.what()}});
+      progress.clear();
+      std::fprintf(stderr, "tessera bench: comparison '%s' cannot run: %s\n", c.label.c_str(), e.what());
+      comparisons.push_back({{"option", c.label}, {"error", e.what()}});
       ++failures;
     }
   }
-
-  const std::string what = a.geometry.empty() ? model_dir(a) : a.geometry + " (synthetic weights)";
-  std::printf(
-      "%s on %s: prompt %zu tokens, gen %d, block %d, steps %d, %s%s, cache %s, best of %d\n", what.c_str(),
-      base_engine->backend().name().c_str(), prompt.size(), base.gen_length, base.block_length, base.steps,
-      std::string(name(base.alg)).c_str(),
-      (std::string(base.threshold > 0 ? ", threshold " + std::to_string(base.threshold).substr(0, 4) : "") +
-       (base.temperature > 0 ? ", temperature " + std::to_string(base.temperature).substr(0, 4) : ""))
-          .c_str(),
-      std::string(name(base.cache)).c_str(), a.reps);
-  std::printf("%-28s %9s %9s %8s %6s %8s %11s %11s %10s %11s %10s %9s", "option", "seconds", "tokens/s",
-              "speed-up", "steps", "fwd/tok", "query rows", "key rows", "weights", "act. peak", "KV cache",
-              "agreement");
-  if (moe) std::printf(" %8s", "experts");
-  if (a.profile) std::printf(" %9s %8s", "MoE s", "MoE x");
-  std::printf("\n");
-  const Row& r0 = rows.front();
-  for (const Row& r : rows) {
-    const double tps = static_cast<double>(r.tokens.size()) / r.seconds;
-    const double fpt =
-        r.tokens.empty() ? 0.0 : static_cast<double>(r.forwards) / static_cast<double>(r.tokens.size());
-    std::printf("%-28s %9.3f %9.1f %7.2fx %6d %8.3f %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(),
-                r.seconds, tps, r0.seconds / r.seconds, r.steps, fpt, r.query_rows, r.key_rows,
-                human_bytes(static_cast<double>(r.weights)).c_str(),
-                human_bytes(static_cast<double>(r.activation_peak)).c_str(),
-                human_bytes(static_cast<double>(r.kv_cache)).c_str(), r.agreement);
-    if (moe) std::printf(" %8.1f", r.experts);
-    if (a.profile)
-      std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
-    std::printf("\n");
-    if (a.profile) std::printf("    ops: %s\n", format_op_seconds(r.op_seconds).c_str());
-    json op_json = json::object();
-    for (int k = 0; k < graph::kOpKinds; ++k) {
-      if (r.op_seconds[static_cast<size_t>(k)] > 0)
-        op_json[graph::op_name(static_cast<graph::OpKind>(k))] = r.op_seconds[static_cast<size_t>(k)];
-    }
-    comparisons.push_back({{"option", r.label},
-                           {"seconds", r.seconds},
-                           {"tokens", r.tokens.size()},
-                           {"tokens_per_second", tps},
-                           {"speedup", r0.seconds / r.seconds},
-                           {"steps", r.steps},
-                           {"forwards", r.forwards},
-                           {"forwards_per_token", fpt},
-                           {"query_rows", r.query_rows},
-                           {"key_rows", r.key_rows},
-                           {"weight_bytes", r.weights},
-                           {"activation_peak_bytes", r.activation_peak},
-                           {"kv_cache_bytes", r.kv_cache},
-                           {"agreement", r.agreement},
-                           {"experts_per_moe_layer", r.experts},
-                           {"moe_seconds", r.moe_seconds},
-                           {"op_seconds", std::move(op_json)}});
-  }
   json batch_json = nullptr;
+  std::string batch_note;
   if (a.batch >= 2) {
     GenerateOptions bo = base;
     bo.moe_stats = false;  // the unique-expert counts are engine state: not with batching
@@ -323,19 +401,28 @@ int run_bench(const BenchArgs& a) {
                       .shares_forwards(),
                   "--batch: the baseline's options hold engine state across forwards (SparseD patterns or "
                   "DES); requests with them run one at a time");
-    const BatchRow br = measure_batch(*base_engine, prompts, bo, a.reps);
+    const BatchRow br = measure_batch(*base_engine, prompts, bo, a.reps, progress);
+    progress.clear();
     const double tokens = static_cast<double>(a.batch) * a.gen_length;
     const double mean = br.stats.forwards > 0
                             ? static_cast<double>(br.stats.sequences) / static_cast<double>(br.stats.forwards)
                             : 0.0;
-    std::printf("\n%d requests (the baseline's options, prompts of %zu tokens):\n", a.batch, prompt.size());
-    std::printf("%-28s %9s %9s %8s %9s %10s\n", "", "seconds", "tokens/s", "speed-up", "forwards",
-                "identical");
-    std::printf("%-28s %9.3f %9.1f %7.2fx %9s %10s\n", "one after another", br.sequential,
-                tokens / br.sequential, 1.0, "", "");
-    std::printf("%-28s %9.3f %9.1f %7.2fx %9lld %7d/%d   (mean batch %.2f)\n", "batched", br.batched,
-                tokens / br.batched, br.sequential / br.batched, static_cast<long long>(br.stats.forwards),
-                br.identical, a.batch, mean);
+    if (!a.json) {
+      std::printf("\n%d requests (the baseline's options, prompts of %zu tokens):\n", a.batch, prompt.size());
+      std::printf("%-28s %9s %9s %8s %9s %10s\n", "", "seconds", "tokens/s", "speed-up", "forwards",
+                  "identical");
+      std::printf("%-28s %9.3f %9.1f %7.2fx %9s %10s\n", "one after another", br.sequential,
+                  tokens / br.sequential, 1.0, "", "");
+      std::printf("%-28s %9.3f %9.1f %7.2fx %9lld %7d/%d   (mean batch %.2f)\n", "batched", br.batched,
+                  tokens / br.batched, br.sequential / br.batched, static_cast<long long>(br.stats.forwards),
+                  br.identical, a.batch, mean);
+      std::fflush(stdout);
+    }
+    char note[200];
+    std::snprintf(note, sizeof note,
+                  "--batch %d: %.1f tokens/s one after another, %.1f batched (%.2fx, mean batch %.2f)",
+                  a.batch, tokens / br.sequential, tokens / br.batched, br.sequential / br.batched, mean);
+    batch_note = note;
     batch_json = {{"requests", a.batch},
                   {"sequential_seconds", br.sequential},
                   {"batched_seconds", br.batched},
@@ -344,24 +431,25 @@ int run_bench(const BenchArgs& a) {
                   {"mean_batch", mean},
                   {"identical_requests", br.identical}};
   }
-  if (!a.json_path.empty()) {
-    std::ofstream f(a.json_path);
-    if (!f) fail("cannot write " + a.json_path);
-    f << json{{"model", what},
-              {"device", base_engine->backend().name()},
-              {"prompt_tokens", prompt.size()},
-              {"gen_length", base.gen_length},
-              {"block_length", base.block_length},
-              {"steps", base.steps},
-              {"alg", name(base.alg)},
-              {"threshold", base.threshold},
-              {"cache", name(base.cache)},
-              {"reps", a.reps},
-              {"rows", comparisons},
-              {"batch", batch_json}}
-             .dump(1)
-      << "\n";
+  const json out = {{"model", what},
+                    {"device", base_engine->backend().name()},
+                    {"prompt_tokens", prompt.size()},
+                    {"gen_length", base.gen_length},
+                    {"block_length", base.block_length},
+                    {"steps", base.steps},
+                    {"alg", name(base.alg)},
+                    {"threshold", base.threshold},
+                    {"cache", name(base.cache)},
+                    {"reps", a.reps},
+                    {"rows", comparisons},
+                    {"batch", batch_json}};
+  if (a.json) std::printf("%s\n", out.dump(1).c_str());
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    if (!f || !(f << out.dump(1) << "\n")) fail("--json-out: cannot write " + a.json_out);
   }
+  if (!a.svg.empty())
+    write_chart(a.svg, "tessera bench: generation speed per option", header, rows, batch_note);
   return failures > 0 ? 1 : 0;
 }
 
@@ -371,6 +459,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand(
       "bench",
       "Generation speed of engine options side by side (KV cache, threshold, chunking, precision, ...)");
+  sub->option_defaults()->always_capture_default();
   auto a = std::make_shared<BenchArgs>();
   sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
   sub->add_option("--geometry", a->geometry,
@@ -381,15 +470,15 @@ void add_bench(CLI::App& app, Registry& reg) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--gen-length", a->gen_length, "tokens to generate")->check(CLI::PositiveNumber);
   sub->add_option("--block-length", a->block_length, "block length")->check(CLI::PositiveNumber);
-  sub->add_option("--steps", a->steps, "denoising steps (default: gen-length)");
+  sub->add_option("--steps", a->steps, "denoising steps (0: gen-length)");
   sub->add_option("--alg", a->alg, "unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
   sub->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(in_range(0, 100));
   sub->add_option("--seed", a->seed, "sampling seed");
   sub->add_option("--threshold", a->threshold, "confidence-threshold decoding (0 = off)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0, 1));
   sub->add_option("--cache", a->cache, "KV cache of the baseline")
       ->check(CLI::IsMember({"none", "prefix", "dual"}));
   sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -400,22 +489,36 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("--reps", a->reps, "timed generations per row (the best counts)")
       ->check(CLI::PositiveNumber);
   sub->add_option(
-      "--compare", a->compare,
-      "options to compare with the baseline, e.g. \"cache=dual\" or \"threshold=0.9,cache=prefix\" "
-      "(repeatable; keys as in tessera eval)");
+         "--compare", a->compare,
+         "options to compare with the baseline, e.g. \"cache=dual\" or \"threshold=0.9,cache=prefix\" "
+         "(repeatable; keys as in tessera eval; all checked before anything runs)")
+      ->option_text("SPEC");
   sub->add_option("--batch", a->batch,
                   "also time N requests with the baseline's options one after another and batched (packed "
-                  "forwards)")
-      ->check(CLI::Range(2, 256));
+                  "forwards; 0: no)")
+      ->check(in_range(0, 256));
   sub->add_flag("--eos", a->eos,
                 "the answers end at the model's EOS (default: every row generates gen-length tokens)");
   sub->add_option("--stop", a->stop,
                   "the answers end before this text (repeatable; needs the model's tokenizer); tokens/s "
                   "counts the answer's tokens");
-  sub->add_option("--json", a->json_path, "write the results as JSON");
+  sub->add_flag("--json", a->json, "print the results as JSON on stdout instead of the table");
+  sub->add_option("--json-out", a->json_out, "also write the JSON to FILE")->check(svg::writable_file());
+  sub->add_option("--svg", a->svg,
+                  "draw the table as bar charts (tokens/s, ms per step, speed-up, agreement) to FILE")
+      ->check(svg::writable_file());
   sub->add_flag("--profile", a->profile,
                 "time every op (synchronising the device after each): the seconds of each op kind per row, "
                 "and the MoE router + expert FFN time");
+  sub->footer(
+      "Columns: seconds (best of --reps), tokens/s, speed-up over the baseline, steps run, forwards per "
+      "token, query rows computed and key rows attended over all forwards, weights, the largest planned "
+      "activation peak, the KV cache held, agreement (share of tokens equal to the "
+      "baseline's).\n\nExamples:\n"
+      "  tessera bench --compare cache=prefix --compare cache=dual --compare threshold=0.9\n"
+      "  tessera bench --geometry llada-mid --prompt-len 256 --compare k-logits=4 --json-out bench.json "
+      "--svg "
+      "bench.svg");
   reg.handlers.emplace_back(sub, [a] { return run_bench(*a); });
 }
 

@@ -1,10 +1,13 @@
 // tessera eval: the fidelity harness (src/eval/fidelity.h) on a model's held-out text.
-//   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json F]
+//   tessera eval -m DIR [--heldout FILE] [--compare "steps=16"] [--compare "threshold=0.9"] [--json]
+//                [--json-out F] [--svg F]
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
 // des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, suffix,
 // logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, precision, dequantize, device, k-ffn,
-// k-logits, memory-budget) measured against the exact path.
+// k-logits, memory-budget) measured against the exact path; every spec is checked before anything is
+// measured. On a terminal a progress line shows on stderr; each table row is printed (and flushed) as
+// soon as it is measured.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +19,7 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
+#include "apps/tessera/svg.h"
 #include "core/error.h"
 #include "eval/fidelity.h"
 #include "memory/chunk_optimizer.h"
@@ -27,13 +31,14 @@ using json = nlohmann::json;
 namespace {
 
 struct EvalArgs {
-  std::string model, heldout, json_path, device = "cpu", precision = "auto", alg = "low_confidence";
+  std::string model, heldout, json_out, svg, device = "cpu", precision = "auto", alg = "low_confidence";
   int64_t seqs = 32, seq_len = 128, prompts = 8, prompt_len = 32, gen_length = 32, suffix_len = 0;
   int steps = 0, block_length = 0, n_seeds = 2;
   uint64_t seed = 0;
   std::vector<double> ratios = {0.15, 0.5, 0.9};
   std::vector<std::string> compare;
   bool no_generation = false;
+  bool json = false;  // --json: the JSON on stdout instead of the tables
 };
 
 json side_json(const eval::GenSide& s) {
@@ -47,7 +52,42 @@ json side_json(const eval::GenSide& s) {
   return j;
 }
 
+constexpr const char* kInfillLegend[] = {
+    "mask: share of each sequence masked; masked: positions scored; accuracy: the model's most likely token "
+    "is the held-out one;",
+    "NLL: mean -log p(held-out token); unigram acc: accuracy of always guessing the most frequent token"};
+constexpr const char* kGenLegend[] = {
+    "agreement: share of generated tokens equal to the exact path's, position by position (1 = identical)",
+    "NLL(exact): mean negative log-likelihood of the generated tokens under the exact model "
+    "(pseudo-likelihood; lower = likelier text)",
+    "ref match: share of generated tokens equal to the held-out continuation (the task metric)",
+    "tokens/s: generated tokens per second of wall time; steps, forwards: summed over prompts and seeds"};
+
+// eval::generate_all one case at a time, with the progress line.
+eval::Generations generate_cases(Engine& e, const GenerateOptions& o, const std::vector<eval::GenCase>& cases,
+                                 const std::vector<uint64_t>& seeds, bool suffix, Progress& progress,
+                                 const std::string& label) {
+  eval::Generations all;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    progress.show(label + ": prompt " + std::to_string(i + 1) + "/" + std::to_string(cases.size()));
+    eval::Generations g = eval::generate_all(e, o, {cases[i]}, seeds, suffix);
+    all.seconds += g.seconds;
+    all.steps += g.steps;
+    all.forwards += g.forwards;
+    all.moe += g.moe;
+    for (auto& t : g.tokens) all.tokens.push_back(std::move(t));
+  }
+  progress.show(label + ": scoring under the exact model");
+  return all;
+}
+
+double tokens_per_second(const eval::GenSide& s) {
+  return s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;
+}
+
 int run_eval(const EvalArgs& a) {
+  for (double r : a.ratios) TESSERA_CHECK(r > 0.0 && r <= 1.0, "--ratios: each mask ratio must be in (0, 1]");
+  for (const std::string& spec : a.compare) parse_spec(spec, GenerateOptions{}, EngineOptions{});
   const std::string dir = a.model.empty() ? default_model_dir() : a.model;
   // Default held-out text: MODEL/heldout.jsonl, else heldout.jsonl beside the model directory (the
   // bundled models share models/heldout.jsonl, the test split of their training corpus).
@@ -64,6 +104,8 @@ int run_eval(const EvalArgs& a) {
          " does not exist (pass --heldout FILE: .jsonl with a \"text\" field per line, or plain text with "
          "documents separated by blank lines)");
   }
+  Progress progress("eval");
+  progress.show("loading " + dir);
   EngineOptions eng;
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
@@ -71,21 +113,45 @@ int run_eval(const EvalArgs& a) {
   const Tokenizer tok = load_model_tokenizer(dir);
   const auto seqs = eval::load_heldout(heldout, tok, a.seq_len, a.seqs);
   const int32_t uni = eval::unigram_token(seqs);
+  // The exact path's options and every comparison, checked before anything is measured.
+  GenerateOptions base;
+  base.gen_length = static_cast<int>(a.gen_length);
+  base.steps = a.steps > 0 ? a.steps : base.gen_length;
+  base.block_length = a.block_length > 0 ? a.block_length : base.gen_length;
+  base.alg = parse_unmask(a.alg);
+  base.stop_at_eos = false;  // compare the whole generated span position by position
+  if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
+  std::vector<Candidate> candidates;
+  if (!a.no_generation) {
+    validate_generate_options(base, exact->vocab_size());
+    candidates = check_specs(a.compare, base, eng, exact->vocab_size(), exact->attention_block() > 0);
+  }
   json out = {
       {"model", dir},   {"heldout", heldout.string()}, {"sequences", seqs.size()}, {"seq_len", a.seq_len},
       {"seed", a.seed}, {"unigram_token", uni}};
 
-  std::printf("infilling: %zu held-out sequences of %lld tokens (%s), one forward per batch\n", seqs.size(),
-              static_cast<long long>(a.seq_len), heldout.filename().string().c_str());
-  std::printf("%8s %8s %10s %8s %12s\n", "mask", "masked", "accuracy", "NLL", "unigram acc");
+  if (!a.json) {
+    std::printf("infilling: %zu held-out sequences of %lld tokens (%s), one forward per batch\n", seqs.size(),
+                static_cast<long long>(a.seq_len), heldout.filename().string().c_str());
+    std::printf("%8s %8s %10s %8s %12s\n", "mask", "masked", "accuracy", "NLL", "unigram acc");
+    std::fflush(stdout);
+  }
   json inf = json::array();
-  for (double r : a.ratios) {
-    TESSERA_CHECK(r > 0.0 && r <= 1.0, "--ratios: each mask ratio must be in (0, 1]");
+  std::vector<eval::InfillResult> infills;
+  for (size_t i = 0; i < a.ratios.size(); ++i) {
+    const double r = a.ratios[i];
+    progress.show("infilling: mask ratio " + svg::fixed(r, 2) + " (" + std::to_string(i + 1) + "/" +
+                  std::to_string(a.ratios.size()) + ")");
     const auto t0 = std::chrono::steady_clock::now();
     const eval::InfillResult x = eval::infill(*exact, seqs, r, a.seed, uni);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%8.2f %8lld %10.4f %8.4f %12.4f\n", r, static_cast<long long>(x.masked), x.accuracy, x.nll,
-                x.unigram_accuracy);
+    progress.clear();
+    if (!a.json) {
+      std::printf("%8.2f %8lld %10.4f %8.4f %12.4f\n", r, static_cast<long long>(x.masked), x.accuracy, x.nll,
+                  x.unigram_accuracy);
+      std::fflush(stdout);
+    }
+    infills.push_back(x);
     inf.push_back({{"mask_ratio", r},
                    {"masked", x.masked},
                    {"accuracy", x.accuracy},
@@ -93,61 +159,83 @@ int run_eval(const EvalArgs& a) {
                    {"unigram_accuracy", x.unigram_accuracy},
                    {"seconds", sec}});
   }
+  if (!a.json) {
+    for (const char* l : kInfillLegend) std::printf("  %s\n", l);
+    std::fflush(stdout);
+  }
   out["infilling"] = inf;
 
   int failures = 0;
+  std::vector<std::string> labels;
+  std::vector<eval::GenSide> sides;
+  std::string setup;
   if (!a.no_generation) {
-    GenerateOptions base;
-    base.gen_length = static_cast<int>(a.gen_length);
-    base.steps = a.steps > 0 ? a.steps : base.gen_length;
-    base.block_length = a.block_length > 0 ? a.block_length : base.gen_length;
-    base.alg = parse_unmask(a.alg);
-    base.stop_at_eos = false;  // compare the whole generated span position by position
-    if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
-    validate_generate_options(base, exact->vocab_size());
     const auto cases = eval::generation_cases(seqs, a.prompts, a.prompt_len, a.gen_length, a.suffix_len);
     std::vector<uint64_t> seeds;
     for (int s = 0; s < a.n_seeds; ++s) seeds.push_back(a.seed + static_cast<uint64_t>(s));
-    std::printf(
-        "\ngeneration: %zu prompts of %lld tokens x %zu seeds, %d tokens each%s; exact path: %s, %d steps, "
-        "block %d, %s\n",
+    char buf[512];
+    std::snprintf(
+        buf, sizeof buf,
+        "%zu prompts of %lld tokens x %zu seeds, %d tokens each%s; exact path: %s, %d steps, block %d, %s",
         cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length,
         a.suffix_len > 0 ? (", infilling before " + std::to_string(a.suffix_len) + " suffix tokens").c_str()
                          : "",
         std::string(name(base.alg)).c_str(), base.steps, base.block_length, a.precision.c_str());
+    setup = buf;
     const bool moe = exact->supports_expert_sharing();
-    std::printf("%-28s %10s %10s %10s %10s %8s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
-                "tokens/s", "steps", "forwards", moe ? "  experts (block)" : "");
+    if (!a.json) {
+      std::printf("\ngeneration: %s\n", setup.c_str());
+      std::printf("%-28s %10s %10s %10s %10s %8s %8s%s\n", "option", "agreement", "NLL(exact)", "ref match",
+                  "tokens/s", "steps", "forwards", moe ? "  experts (block)" : "");
+      std::fflush(stdout);
+    }
     json gens = json::array();
-    auto print_row = [moe](const std::string& label, const eval::GenSide& s) {
+    auto print_row = [&](const std::string& label, const eval::GenSide& s) {
+      progress.clear();
+      labels.push_back(label);
+      sides.push_back(s);
+      if (a.json) return;
       std::printf("%-28s %10.4f %10.4f %10.4f %10.1f %8lld %8lld", label.c_str(), s.agreement, s.nll,
-                  s.reference_match, s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0,
-                  static_cast<long long>(s.steps), static_cast<long long>(s.forwards));
+                  s.reference_match, tokens_per_second(s), static_cast<long long>(s.steps),
+                  static_cast<long long>(s.forwards));
       if (moe) std::printf("  %7.2f (%5.2f)", s.experts, s.experts_block);
       std::printf("\n");
+      std::fflush(stdout);  // each row as soon as it is measured, also into a pipe
     };
-    const eval::Generations ex = eval::generate_all(*exact, base, cases, seeds);
+    const size_t n_rows = candidates.size() + 1;
+    const auto row_name = [&](const std::string& label, size_t i) {
+      return label + " (" + std::to_string(i) + "/" + std::to_string(n_rows) + ")";
+    };
+    const eval::Generations ex =
+        generate_cases(*exact, base, cases, seeds, true, progress, row_name("exact", 1));
     const eval::GenSide ex_side = eval::score(*exact, ex, ex, cases, seeds.size(), a.gen_length);
     print_row("exact", ex_side);
     out["exact"] = side_json(ex_side);
-    for (const std::string& spec : a.compare) {
+    for (size_t ci = 0; ci < candidates.size(); ++ci) {
+      const Candidate& c = candidates[ci];
       try {
-        Candidate c = parse_spec(spec, base, eng);
-        TESSERA_CHECK(c.gen.gen_length == base.gen_length, "a comparison must generate the same length");
-        validate_generate_options(c.gen, exact->vocab_size());
         std::unique_ptr<Engine> own;
-        if (c.own_engine) own = Engine::load(dir, c.eng);
-        const eval::Generations g = eval::generate_all(own ? *own : *exact, c.gen, cases, seeds, c.suffix);
+        if (c.own_engine) {
+          progress.show(row_name(c.label, ci + 2) + ": loading an engine of its own");
+          own = Engine::load(dir, c.eng);
+        }
+        const eval::Generations g = generate_cases(own ? *own : *exact, c.gen, cases, seeds, c.suffix,
+                                                   progress, row_name(c.label, ci + 2));
         const eval::GenSide side = eval::score(*exact, g, ex, cases, seeds.size(), a.gen_length);
         print_row(c.label, side);
         json j = side_json(side);
-        j["option"] = spec;
+        j["option"] = c.label;
         gens.push_back(j);
       } catch (const Error& e) {
-        std::fprintf(stderr, "tessera eval: comparison '%s' cannot run: %s\n", spec.c_str(), e.what());
-        gens.push_back({{"option", spec}, {"error", e.what()}});
+        progress.clear();
+        std::fprintf(stderr, "tessera eval: comparison '%s' cannot run: %s\n", c.label.c_str(), e.what());
+        gens.push_back({{"option", c.label}, {"error", e.what()}});
         ++failures;
       }
+    }
+    if (!a.json) {
+      for (const char* l : kGenLegend) std::printf("  %s\n", l);
+      std::fflush(stdout);
     }
     out["generation"] = {{"prompts", cases.size()},
                          {"seeds", seeds},
@@ -162,10 +250,48 @@ int run_eval(const EvalArgs& a) {
                            {"precision", a.precision}}},
                          {"comparisons", gens}};
   }
-  if (!a.json_path.empty()) {
-    std::ofstream f(a.json_path);
-    if (!f) fail("cannot write " + a.json_path);
-    f << out.dump(1) << "\n";
+  progress.clear();
+  if (a.json) std::printf("%s\n", out.dump(1).c_str());
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    if (!f || !(f << out.dump(1) << "\n")) fail("--json-out: cannot write " + a.json_out);
+  }
+  if (!a.svg.empty()) {
+    std::string chart;
+    std::string infill_note = "infilling accuracy:";
+    for (const auto& x : infills)
+      infill_note += " " + svg::fixed(x.accuracy, 3) + " at mask " + svg::fixed(x.mask_ratio, 2) + ",";
+    infill_note.back() = ' ';
+    infill_note += "(unigram baseline " +
+                   (infills.empty() ? std::string("-") : svg::fixed(infills[0].unigram_accuracy, 3)) + ")";
+    if (!a.no_generation) {
+      svg::Metric agree{"agreement", {}, 3, true}, ref{"ref match", {}, 3, true},
+          nll{"NLL(exact)", {}, 3, false}, tps{"tokens/s", {}, 1, true};
+      for (const auto& s : sides) {
+        agree.values.push_back(s.agreement);
+        ref.values.push_back(s.reference_match);
+        nll.values.push_back(s.nll);
+        tps.values.push_back(tokens_per_second(s));
+      }
+      std::vector<std::string> notes(std::begin(kGenLegend), std::end(kGenLegend));
+      notes.push_back(infill_note);
+      chart = svg::bar_chart("tessera eval: " + dir + " against its exact path", setup, labels,
+                             {agree, ref, nll, tps}, notes);
+    } else {
+      svg::Metric acc{"accuracy", {}, 3, true}, nll{"NLL", {}, 3, false}, uni_acc{"unigram acc", {}, 3, true};
+      std::vector<std::string> rows;
+      for (const auto& x : infills) {
+        rows.push_back("mask " + svg::fixed(x.mask_ratio, 2));
+        acc.values.push_back(x.accuracy);
+        nll.values.push_back(x.nll);
+        uni_acc.values.push_back(x.unigram_accuracy);
+      }
+      chart = svg::bar_chart(
+          "tessera eval: " + dir + ", infilling held-out text",
+          std::to_string(seqs.size()) + " sequences of " + std::to_string(a.seq_len) + " tokens", rows,
+          {acc, nll, uni_acc}, std::vector<std::string>(std::begin(kInfillLegend), std::end(kInfillLegend)));
+    }
+    svg::save(a.svg, "--svg", chart);
   }
   return failures > 0 ? 1 : 0;
 }
@@ -176,6 +302,7 @@ void add_eval(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("eval",
                                  "Measure quality on held-out text: infilling, and generation fidelity "
                                  "of engine options against the exact path");
+  sub->option_defaults()->always_capture_default();
   auto a = std::make_shared<EvalArgs>();
   sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
   sub->add_option(
@@ -192,8 +319,8 @@ void add_eval(CLI::App& app, Registry& reg) {
                   "(compare suffix=off: the same generation without it)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--gen-length", a->gen_length, "generated tokens")->check(CLI::PositiveNumber);
-  sub->add_option("--steps", a->steps, "exact path: denoising steps (default: gen-length)");
-  sub->add_option("--block-length", a->block_length, "exact path: block length (default: gen-length)");
+  sub->add_option("--steps", a->steps, "exact path: denoising steps (0: gen-length)");
+  sub->add_option("--block-length", a->block_length, "exact path: block length (0: gen-length)");
   sub->add_option("--alg", a->alg, "exact path: unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
@@ -204,9 +331,28 @@ void add_eval(CLI::App& app, Registry& reg) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_option("--compare", a->compare,
                   "engine options to compare with the exact path, e.g. \"steps=16\" or "
-                  "\"threshold=0.9,block-length=8\" (repeatable)");
+                  "\"threshold=0.9,block-length=8\" (repeatable; all checked before anything runs)")
+      ->option_text("SPEC");
   sub->add_flag("--no-generation", a->no_generation, "infilling only");
-  sub->add_option("--json", a->json_path, "write the results as JSON");
+  sub->add_flag("--json", a->json, "print the results as JSON on stdout instead of the tables");
+  sub->add_option("--json-out", a->json_out, "also write the JSON to FILE")->check(svg::writable_file());
+  sub->add_option(
+         "--svg", a->svg,
+         "draw the generation table as bar charts (agreement, ref match, NLL, tokens/s per option) to FILE")
+      ->check(svg::writable_file());
+  std::string footer = "Infilling columns:\n";
+  for (const char* l : kInfillLegend) footer += std::string("  ") + l + "\n";
+  footer += "Generation columns:\n";
+  for (const char* l : kGenLegend) footer += std::string("  ") + l + "\n";
+  footer +=
+      "\n--compare keys: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
+      "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
+      "window-refresh, "
+      "window-early-stop, mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, max-post-steps, "
+      "edit-penalty, precision, dequantize, device, k-ffn, k-logits, memory-budget\n\nExamples:\n"
+      "  tessera eval --compare steps=16 --compare k-logits=4 --json-out eval.json --svg eval.svg\n"
+      "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5";
+  sub->footer(footer);
   reg.handlers.emplace_back(sub, [a] { return run_eval(*a); });
 }
 

@@ -1,10 +1,12 @@
 // tessera plan: the memory plan of one step of a real geometry, without weights: activation peak,
 // live lower bound, peak-to-average ratio, the chunk counts the lazy chunking optimizer picks for a
-// budget, planning and search time, and the largest context that fits; optionally the memory
-// timeline as SVG (op index across, offset up, one rectangle per tensor).
+// budget, planning and search time, and the largest context that fits; optionally the memory over the
+// forward as SVG (op index across, memory up, one rectangle per tensor, the weights below; the
+// unchunked plan beside the chunked one). Exit status 3 when the plan does not fit the budget.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -13,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
+#include "apps/tessera/svg.h"
 #include "core/error.h"
 #include "io/config.h"
 #include "io/gguf.h"
@@ -26,13 +30,15 @@ namespace {
 
 using json = nlohmann::json;
 
+constexpr int kDoesNotFit = 3;  // exit status: the plan does not fit the budget
+
 struct PlanArgs {
-  std::string model, geometry, budget, svg, device = "cpu";
+  std::string model, geometry, budget, svg, json_out, device = "cpu";
   int64_t context = 0;
   double mask_ratio = 0.5;
   bool json = false;
-  bool cache = false;  // a KV cache (--cache prefix|dual) is held for the request
-  int64_t sparse = 0;  // > 0: SparseD patterns with tiles of this many positions are held
+  std::string cache = "none";  // a KV cache (prefix | dual) is held for the request
+  int64_t sparse = 0;          // > 0: SparseD patterns with tiles of this many positions are held
 };
 
 // One planned step with its figures.
@@ -63,7 +69,11 @@ json stats_json(const Planned& p) {
           {"plan_ms", p.plan_ms}};
 }
 
-// ---- SVG timeline ------------------------------------------------------------------------------
+std::string hb(double b) {
+  return human_bytes(b);
+}
+
+// ---- SVG: memory over one forward ----------------------------------------------------------------
 
 struct Kind {
   const char* label;
@@ -83,134 +93,173 @@ int kind_of(const graph::TensorDecl& d) {
   return 1;  // q, k, v, attn_out, K/V staging
 }
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
-  return o;
-}
+constexpr const char* kBudgetColour = "#0060c0";
+constexpr const char* kPeakColour = "#c00000";
+constexpr const char* kBoundColour = "#505050";
 
-// Tick steps: 1, 2 or 5 times a power of ten for op indices; a power of two for bytes.
-double nice_step(double range, int n) {
-  double unit = 1;
-  while (unit * 10 <= range / n) unit *= 10;
-  for (double m : {1.0, 2.0, 5.0}) {
-    if (unit * m >= range / n) return unit * m;
-  }
-  return unit * 10;
-}
-double byte_step(double range, int n) {
-  double step = 1;
-  while (step < range / n) step *= 2;
-  return step;
-}
+// What the picture shows beside the plans.
+struct Picture {
+  std::string title, subtitle, subtitle2;
+  size_t weights = 0, kv = 0, patterns = 0;  // held below the activations for the whole forward
+  size_t budget = 0;                         // the total the user gave (0: none)
+  bool fits = true;
+  std::string chosen_heading;
+};
 
-void write_svg(const std::string& path, const graph::GraphTemplate& g, const Planned& p,
-               const std::string& title, size_t activation_budget) {
-  const double W = 1400, H = 720, left = 96, right = 200, top = 56, bottom = 64;
-  const double pw = W - left - right, ph = H - top - bottom;
-  const int n_ops = static_cast<int>(g.ops().size()) + 1;  // outputs live one past the last op
-  // The budget line is drawn when it is within twice the peak (else the tensors would be squeezed).
-  const size_t shown =
-      activation_budget <= 2 * p.prog.peak ? std::max(activation_budget, p.prog.peak) : p.prog.peak;
-  const double ymax = static_cast<double>(std::max<size_t>(shown, 1)) * 1.08;
-  const auto X = [&](double t) { return left + t * pw / n_ops; };
-  const auto Y = [&](double off) { return top + ph - off * ph / ymax; };
-  std::ofstream f(path);
-  if (!f) fail("--svg: cannot write " + path);
-  char buf[512];
-  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 "
-    << W << " " << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-       "fill=\"white\"/>\n";
-  f << "<text x=\"" << left << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" << esc(title)
-    << "</text>\n";
-  std::string sub = "activation peak " + human_bytes(static_cast<double>(p.prog.peak)) +
-                    ", live lower bound " + human_bytes(static_cast<double>(p.stats.lower_bound)) +
-                    ", peak / average live " + std::to_string(p.stats.peak_to_average()).substr(0, 4) + "x";
-  if (activation_budget > 0)
-    sub += ", activation budget " + human_bytes(static_cast<double>(activation_budget));
-  f << "<text x=\"" << left << "\" y=\"44\" fill=\"#404040\">" << esc(sub) << "</text>\n";
-  // Tensors: one rectangle per buffer (aliases share their root's), tooltip with name, size, ops.
-  const auto& decls = g.tensors();
-  for (size_t i = 0; i < decls.size(); ++i) {
-    const graph::TensorDecl& d = decls[i];
-    const graph::InstTensor& t = p.prog.tensors[i];
-    if (d.kind == graph::TensorKind::Weight || d.alias_of >= 0 || t.bytes == 0) continue;
-    const double x0 = X(t.first), x1 = std::max(X(t.last + 1), x0 + 1.0);
-    const double y1 = Y(static_cast<double>(t.offset)), y0 = Y(static_cast<double>(t.offset + t.bytes));
-    std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.2f\" fill=\"%s\" stroke=\"white\" "
-                  "stroke-width=\"0.3\"><title>%s: %s, ops %d-%d, offset %s</title></rect>\n",
-                  x0, y0, x1 - x0, std::max(y1 - y0, 0.5), kKinds[kind_of(d)].colour,
-                  esc(d.full_name()).c_str(), human_bytes(static_cast<double>(t.bytes)).c_str(), t.first,
-                  t.last, human_bytes(static_cast<double>(t.offset)).c_str());
-    f << buf;
-  }
-  // Axes, ticks and grid.
-  f << "<g stroke=\"black\"><line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw
-    << "\" y2=\"" << top + ph << "\"/><line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left
-    << "\" y2=\"" << top + ph << "\"/></g>\n";
-  const double xs = nice_step(n_ops, 10);
-  for (double t = 0; t <= n_ops; t += xs) {
-    std::snprintf(buf, sizeof buf,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/><text x=\"%.1f\" "
-                  "y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n",
-                  X(t), top + ph, X(t), top + ph + 5, X(t), top + ph + 19, t);
-    f << buf;
-  }
-  const double ys = byte_step(ymax, 8);
-  for (double o = 0; o <= ymax; o += ys) {
-    std::snprintf(
-        buf, sizeof buf,
-        "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#dddddd\"/><text x=\"%.1f\" "
-        "y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-        left, Y(o), left + pw, Y(o), left - 6, Y(o) + 4, human_bytes(o).c_str());
-    f << buf;
-  }
-  std::snprintf(
-      buf, sizeof buf,
-      "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">op index (%d ops)</text>\n<text "
-      "transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">offset in the workspace</text>\n",
-      left + pw / 2, H - 18, n_ops - 1, top + ph / 2);
-  f << buf;
-  // Peak, lower bound and budget lines.
-  const auto hline = [&](double v, const char* colour, const char* dash, const std::string& label) {
-    if (v > ymax) return;
-    std::snprintf(buf, sizeof buf,
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
-                  "stroke-dasharray=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%s</text>\n",
-                  left, Y(v), left + pw, Y(v), colour, dash, left + pw + 6, Y(v) + 4, colour,
-                  esc(label).c_str());
-    f << buf;
+// One panel: a plan's tensors over op index, its peak and lower bound, the budget; the labels of its
+// lines in the column to its right, kept apart by svg::spread.
+struct Panel {
+  const Planned* plan;
+  std::string heading;
+  double x, w;  // plot area
+};
+
+void write_svg(const std::string& path, const graph::GraphTemplate& g, const std::vector<Panel>& panels,
+               const Picture& pic) {
+  const double top = 128, ph = 420, band = 64, left = 96, label_col = 230;
+  const double act0 = top + ph;     // the activations' zero (the top of the held memory)
+  const double axis = act0 + band;  // memory 0 and the op axis
+  const double W = panels.back().x + panels.back().w + label_col + 10, H = axis + 128;
+  const size_t base = pic.weights + pic.kv + pic.patterns;
+  size_t peak_max = 1;
+  for (const Panel& p : panels) peak_max = std::max(peak_max, p.plan->prog.peak);
+  // The activation scale: the largest peak, and the budget when it is not far above it (else it is
+  // marked at the top, off the scale).
+  const double act_budget = pic.budget > base ? static_cast<double>(pic.budget - base) : 0;
+  const bool budget_on_scale = pic.budget > 0 && act_budget <= 3.0 * static_cast<double>(peak_max);
+  const double ymax = std::max(static_cast<double>(peak_max), budget_on_scale ? act_budget : 0.0) * 1.08;
+  // Y of a total memory figure: the held memory in the band (not to scale), the activations above it.
+  const auto Y = [&](double total) {
+    const double b = static_cast<double>(base);
+    if (total <= b) return axis - (b > 0 ? total / b : 0.0) * band;
+    return act0 - std::min(total - b, ymax) * ph / ymax;
   };
-  hline(static_cast<double>(p.prog.peak), "#c00000", "6 3",
-        "peak " + human_bytes(static_cast<double>(p.prog.peak)));
-  if (p.stats.lower_bound + ymax / 40 < p.prog.peak)
-    hline(static_cast<double>(p.stats.lower_bound), "#404040", "2 2",
-          "lower bound " + human_bytes(static_cast<double>(p.stats.lower_bound)));
-  if (activation_budget > 0)
-    hline(static_cast<double>(activation_budget), "#0060c0", "10 4",
-          "budget " + human_bytes(static_cast<double>(activation_budget)));
-  // Legend (the kinds present), at the bottom right, clear of the peak and budget labels.
-  bool present[std::size(kKinds)] = {};
-  for (size_t i = 0; i < decls.size(); ++i) {
-    if (decls[i].kind != graph::TensorKind::Weight && p.prog.tensors[i].bytes > 0)
-      present[kind_of(decls[i])] = true;
+  const int n_ops = static_cast<int>(g.ops().size()) + 1;  // outputs live one past the last op
+  svg::Doc d(W, H);
+  d.text(20, 30, pic.title, "font-size=\"17\" font-weight=\"bold\"");
+  d.text(20, 52, pic.subtitle, "fill=\"#303030\"");
+  d.text(20, 70, pic.subtitle2, std::string("fill=\"") + (pic.fits ? "#303030" : kPeakColour) + "\"");
+  // Y ticks (total memory), shared by the panels.
+  const double ys = svg::byte_step(ymax, 6);
+  for (double t = std::ceil(static_cast<double>(base) / ys) * ys; t <= static_cast<double>(base) + ymax;
+       t += ys) {
+    if (t <= static_cast<double>(base)) continue;
+    for (const Panel& p : panels) d.line(p.x, Y(t), p.x + p.w, Y(t), "#e6e6e6");
+    d.text(left - 8, Y(t) + 4, hb(t), "text-anchor=\"end\" font-size=\"11\"");
   }
-  double ly = top + ph - 20.0 * static_cast<double>(std::count(std::begin(present), std::end(present), true));
+  d.text(left - 8, axis + 4, "0", "text-anchor=\"end\" font-size=\"11\"");
+  d << "<text transform=\"translate(16 " << svg::fixed(top + ph / 2, 1)
+    << ") rotate(-90)\" text-anchor=\"middle\">memory (activations above the weights)</text>\n";
+  bool present[std::size(kKinds)] = {};
+  for (const Panel& p : panels) {
+    const auto X = [&](double t) { return p.x + t * p.w / n_ops; };
+    d.text(p.x, top - 34, p.heading, "font-size=\"13\" font-weight=\"bold\"");
+    // Tensors: one rectangle per buffer (aliases share their root's), hover text with name, size, ops.
+    const auto& decls = g.tensors();
+    for (size_t i = 0; i < decls.size(); ++i) {
+      const graph::TensorDecl& dt = decls[i];
+      const graph::InstTensor& t = p.plan->prog.tensors[i];
+      if (dt.kind == graph::TensorKind::Weight || dt.alias_of >= 0 || t.bytes == 0) continue;
+      present[kind_of(dt)] = true;
+      const double x0 = X(t.first), x1 = std::max(X(t.last + 1), x0 + 0.8);
+      const double lo = static_cast<double>(base + t.offset), hi = lo + static_cast<double>(t.bytes);
+      if (lo - static_cast<double>(base) > ymax) continue;
+      d.rect(x0, Y(hi), x1 - x0, std::max(Y(lo) - Y(hi), 0.5), kKinds[kind_of(dt)].colour,
+             "stroke=\"white\" stroke-width=\"0.3\"",
+             dt.full_name() + ": " + hb(static_cast<double>(t.bytes)) + ", ops " + std::to_string(t.first) +
+                 "-" + std::to_string(t.last) + ", offset " + hb(static_cast<double>(t.offset)));
+    }
+    // The memory held through the whole forward: weights, then the KV cache and SparseD patterns.
+    double y = axis;
+    const double b = static_cast<double>(std::max<size_t>(base, 1));
+    for (const auto& [bytes, fill, name] : std::vector<std::tuple<size_t, const char*, std::string>>{
+             {pic.weights, "#d0d0d0", "weights"},
+             {pic.kv, "#bcd4e6", "KV cache"},
+             {pic.patterns, "#e6d3bc", "SparseD patterns"}}) {
+      if (bytes == 0) continue;
+      const double h = static_cast<double>(bytes) / b * band;
+      d.rect(p.x, y - h, p.w, h, fill, "class=\"held\" stroke=\"white\"",
+             name + " " + hb(static_cast<double>(bytes)) + ": held through the whole forward");
+      if (h >= 13)
+        d.text(p.x + 6, y - h / 2 + 4, name + " " + hb(static_cast<double>(bytes)), "font-size=\"11\"");
+      y -= h;
+    }
+    // The axis break between the held memory (not to scale) and the activations.
+    d << "<path d=\"M" << svg::fixed(p.x - 6, 1) << " " << svg::fixed(act0 + 3, 1) << " l4 -6 l4 6 l4 -6\" "
+      << "fill=\"none\" stroke=\"black\"/>\n";
+    d.line(p.x, top, p.x, axis, "black");
+    d.line(p.x, axis, p.x + p.w, axis, "black");
+    const double xs = svg::nice_step(n_ops, 6);
+    for (double t = 0; t <= n_ops; t += xs) {
+      d.line(X(t), axis, X(t), axis + 4, "black");
+      d.text(X(t), axis + 17, svg::fixed(t, 0), "text-anchor=\"middle\" font-size=\"11\"");
+    }
+    d.text(p.x + p.w / 2, axis + 34, "op index (" + std::to_string(n_ops - 1) + " ops in one forward)",
+           "text-anchor=\"middle\"");
+    // Lines and their labels, placed by the collision rule in the column right of the panel.
+    struct Mark {
+      double total;
+      std::string text;
+      const char* colour;
+      const char* dash;
+      bool on_scale;
+    };
+    const size_t peak = p.plan->prog.peak;
+    std::vector<Mark> marks = {{static_cast<double>(base + peak),
+                                "peak " + hb(static_cast<double>(base + peak)), kPeakColour, "7 3", true}};
+    if (p.plan->stats.lower_bound + ymax / 30 < peak)
+      marks.push_back({static_cast<double>(base + p.plan->stats.lower_bound),
+                       "lower bound " + hb(static_cast<double>(base + p.plan->stats.lower_bound)),
+                       kBoundColour, "2 2", true});
+    if (pic.budget > 0)
+      marks.push_back({static_cast<double>(pic.budget),
+                       "budget " + hb(static_cast<double>(pic.budget)) + (budget_on_scale ? "" : " (above)"),
+                       kBudgetColour, "11 4", budget_on_scale});
+    std::vector<double> want;
+    for (const Mark& m : marks) want.push_back(m.on_scale ? Y(m.total) : top - 10);
+    const std::vector<double> at = svg::spread(want, 18, 3, top - 10, axis - 9);
+    for (size_t i = 0; i < marks.size(); ++i) {
+      const Mark& m = marks[i];
+      if (m.on_scale) {
+        d.line(p.x, want[i], p.x + p.w, want[i], m.colour,
+               std::string("class=\"mark\" stroke-width=\"1.6\" stroke-dasharray=\"") + m.dash + "\"");
+      }
+      d.line(p.x + p.w, want[i], p.x + p.w + 12, at[i], m.colour, "stroke-width=\"0.8\"");
+      d.label(p.x + p.w + 12, at[i], m.text, m.colour, 11.5);
+    }
+  }
+  // Legend: tensor kinds and line styles.
+  double lx = 20, ly = axis + 66;
   for (size_t k = 0; k < std::size(kKinds); ++k) {
     if (!present[k]) continue;
-    std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"12\" fill=\"%s\"/><text x=\"%.1f\" "
-                  "y=\"%.1f\">%s</text>\n",
-                  left + pw + 16, ly, kKinds[k].colour, left + pw + 36, ly + 10, kKinds[k].label);
-    f << buf;
-    ly += 20;
+    d.rect(lx, ly - 10, 14, 12, kKinds[k].colour);
+    d.text(lx + 19, ly, kKinds[k].label);
+    lx += 32 + svg::text_width(kKinds[k].label, 12);
   }
-  f << "</svg>\n";
+  lx = 20;
+  ly += 24;
+  for (const auto& [colour, dash, name] : std::vector<std::tuple<const char*, const char*, std::string>>{
+           {kBudgetColour, "11 4", "budget you gave (weights included)"},
+           {kPeakColour, "7 3", "peak: weights + held memory + activations at the fullest op"},
+           {kBoundColour, "2 2", "live lower bound (no placement can go below)"}}) {
+    d.line(lx, ly - 4, lx + 28, ly - 4, colour,
+           std::string("stroke-width=\"1.6\" stroke-dasharray=\"") + dash + "\"");
+    d.text(lx + 34, ly, name);
+    lx += 60 + svg::text_width(name, 12);
+  }
+  d.text(20, ly + 22, "hover a rectangle for its tensor; the weights band is not to scale",
+         "font-size=\"11\" fill=\"#707070\"");
+  d.save(path, "--svg");
 }
 
 // ---- the command ----------------------------------------------------------------------------------
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3)
+    s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
 
 int run_plan(const PlanArgs& a) {
   ModelConfig c;
@@ -242,8 +291,9 @@ int run_plan(const PlanArgs& a) {
                          : cuda && gguf->dequantized_bytes > 0 ? gguf->dequantized_bytes
                                                                : gguf->bytes;
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
+  const bool cache = a.cache != "none";
   const size_t per_token =
-      a.cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
+      cache ? static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act)))) : 0;
   const size_t kv = per_token * static_cast<size_t>(a.context);
   const auto patterns = [&](int64_t L) {
     return a.sparse > 0 ? static_cast<size_t>(c.sparse_pattern_bytes(L, a.sparse)) : size_t{0};
@@ -267,43 +317,100 @@ int run_plan(const PlanArgs& a) {
   }
   const Planned chosen = plan_step(g, s, choice.k_ffn, choice.k_logits);
   const std::string dtype = std::string(dtype_name(act));
+  const std::string why_not =
+      act_budget == 0 ? (held > 0 ? "the weights and the memory held for the request exceed the budget"
+                                  : "the weights alone exceed the budget")
+                      : "the floor " + hb(static_cast<double>(floor)) + " exceeds the activation budget " +
+                            hb(static_cast<double>(act_budget));
 
   if (!a.svg.empty()) {
-    char title[256];
-    std::snprintf(title, sizeof title, "%s: context %lld, mask ratio %.2f, K_ffn %lld, K_logits %lld",
-                  name.c_str(), static_cast<long long>(a.context), a.mask_ratio,
-                  static_cast<long long>(choice.k_ffn), static_cast<long long>(choice.k_logits));
-    write_svg(a.svg, g, chosen, title, act_budget);
-  }
-  if (a.json) {
-    json j = {{"model", name},
-              {"device", a.device},
-              {"layers", c.n_layers},
-              {"hidden", c.hidden},
-              {"intermediate", c.intermediate},
-              {"vocab", c.vocab},
-              {"dtype", dtype},
-              {"weight_bytes", weights},
-              {"context", a.context},
-              {"mask_ratio", a.mask_ratio},
-              {"n_logits", s.n_logits},
-              {"unchunked", stats_json(unchunked)},
-              {"chosen", stats_json(chosen)},
-              {"floor_bytes", floor},
-              {"kv_cache_bytes", kv},
-              {"sparse_pattern_bytes", patterns(a.context)}};
+    Picture pic;
+    const std::string who =
+        a.model.empty() ? "geometry " + a.geometry : std::filesystem::path(a.model).filename().string();
+    pic.title = (who.empty() ? a.model : who) + ": memory over one forward of a " + with_commas(a.context) +
+                "-token canvas";
+    char sub[320];
+    std::snprintf(sub, sizeof sub,
+                  "%lld layers, hidden %lld, FFN %lld, vocab %lld, %s on %s; %.0f%% of the canvas masked: "
+                  "%lld positions need logits",
+                  static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
+                  static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
+                  a.device.c_str(), 100 * a.mask_ratio, static_cast<long long>(s.n_logits));
+    pic.subtitle = sub;
+    pic.weights = weights;
+    pic.kv = kv;
+    pic.patterns = patterns(a.context);
+    pic.budget = budget;
+    pic.fits = choice.fits;
+    std::string held_text = "weights " + hb(static_cast<double>(weights));
+    if (kv > 0) held_text += " + KV cache " + hb(static_cast<double>(kv));
+    if (pic.patterns > 0) held_text += " + SparseD patterns " + hb(static_cast<double>(pic.patterns));
+    const std::string peaks = "activation peak " + hb(static_cast<double>(unchunked.prog.peak));
+    std::vector<Panel> panels;
     if (budget > 0) {
-      j["budget_bytes"] = budget;
-      j["activation_budget_bytes"] = act_budget;
-      j["fits"] = choice.fits;
-      j["search_ms"] = choice.search_ms;
-      j["search_plans"] = choice.plans;
-      j["l_max"] = l_max;
+      pic.subtitle2 = act_budget == 0 ? "budget " + hb(static_cast<double>(budget)) + " < " + held_text +
+                                            ": no room for activations: DOES NOT FIT"
+                                      : "budget " + hb(static_cast<double>(budget)) + " = " + held_text +
+                                            " + up to " + hb(static_cast<double>(act_budget)) +
+                                            " for activations; chunking takes the " + peaks + " to " +
+                                            hb(static_cast<double>(chosen.prog.peak)) +
+                                            (choice.fits ? ": fits" : ": DOES NOT FIT (" + why_not + ")");
+      panels.push_back({&unchunked, "without chunking: " + peaks, 96, 470});
+      const auto chunks = [](int64_t k) {
+        return k == 1 ? std::string(" whole") : " in " + std::to_string(k) + " chunks";
+      };
+      const std::string how = choice.fits       ? "chunked to fit"
+                              : act_budget == 0 ? "does not fit, whatever the chunking"
+                                                : "chunked as far as it goes, does not fit";
+      panels.push_back(
+          {&chosen,
+           how + ": FFN" + chunks(choice.k_ffn) + ", logits" + chunks(choice.k_logits) + " (same scale)",
+           96 + 470 + 230 + 34, 470});
+    } else {
+      pic.subtitle2 = held_text + " below the activations (no --memory-budget: no chunking chosen)";
+      panels.push_back({&unchunked, "one forward without chunking: " + peaks, 96, 940});
     }
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
+    write_svg(a.svg, g, panels, pic);
   }
-  const auto hb = [](double b) { return human_bytes(b); };
+  json j = {{"model", name},
+            {"device", a.device},
+            {"layers", c.n_layers},
+            {"hidden", c.hidden},
+            {"intermediate", c.intermediate},
+            {"vocab", c.vocab},
+            {"dtype", dtype},
+            {"weight_bytes", weights},
+            {"context", a.context},
+            {"mask_ratio", a.mask_ratio},
+            {"n_logits", s.n_logits},
+            {"cache", a.cache},
+            {"unchunked", stats_json(unchunked)},
+            {"chosen", stats_json(chosen)},
+            {"floor_bytes", floor},
+            {"kv_cache_bytes", kv},
+            {"sparse_pattern_bytes", patterns(a.context)}};
+  if (budget > 0) {
+    j["budget_bytes"] = budget;
+    j["activation_budget_bytes"] = act_budget;
+    j["fits"] = choice.fits;
+    j["search_ms"] = choice.search_ms;
+    j["search_plans"] = choice.plans;
+    j["l_max"] = l_max;
+  }
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    if (!f || !(f << j.dump(2) << "\n")) fail("--json-out: cannot write " + a.json_out);
+  }
+  const auto verdict = [&] {
+    if (choice.fits) return 0;
+    std::fprintf(stderr, "tessera: plan: does not fit the budget of %s: %s\n",
+                 hb(static_cast<double>(budget)).c_str(), why_not.c_str());
+    return kDoesNotFit;
+  };
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return verdict();
+  }
   const std::string how =
       gguf ? (cuda ? "the GGUF's tensors, quantized ones converted to " + dtype + " at load"
                    : std::string("the GGUF's tensors, quantized ones kept on the CPU"))
@@ -314,18 +421,19 @@ int run_plan(const PlanArgs& a) {
               hb(static_cast<double>(weights)).c_str(), how.c_str());
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));
-  if (a.cache) {
-    std::printf("KV cache %s (--cache: K and V of every layer, %s, for the whole canvas)\n",
-                hb(static_cast<double>(kv)).c_str(), dtype.c_str());
+  if (cache) {
+    std::printf("KV cache %s (--cache %s: K and V of every layer, %s, for the whole canvas)\n",
+                hb(static_cast<double>(kv)).c_str(), a.cache.c_str(), dtype.c_str());
   }
   if (a.sparse > 0) {
     std::printf("SparseD patterns %s (--sparse-block %lld: one byte per layer, head and tile)\n",
                 hb(static_cast<double>(patterns(a.context))).c_str(), static_cast<long long>(a.sparse));
   }
   if (budget > 0) {
-    std::printf("budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),
-                hb(static_cast<double>(act_budget)).c_str(),
-                held > 0 ? " (after the weights and the memory held for the request)" : "");
+    std::printf(
+        "budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),
+        hb(static_cast<double>(act_budget)).c_str(),
+        held > 0 ? " (after the weights and the memory held for the request)" : " (after the weights)");
   }
   char col[64];
   std::snprintf(col, sizeof col, "lazy (K_ffn %lld, K_logits %lld)", static_cast<long long>(choice.k_ffn),
@@ -334,16 +442,8 @@ int run_plan(const PlanArgs& a) {
   const auto row = [&](const char* label, const std::string& u, const std::string& l) {
     std::printf("%-22s %-14s %s\n", label, u.c_str(), budget > 0 ? l.c_str() : "");
   };
-  const auto times = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.2fx", v);
-    return std::string(b);
-  };
-  const auto ms = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3f ms", v);
-    return std::string(b);
-  };
+  const auto times = [](double v) { return svg::fixed(v, 2) + "x"; };
+  const auto ms = [](double v) { return svg::fixed(v, 3) + " ms"; };
   row("activation peak", hb(static_cast<double>(unchunked.stats.peak)),
       hb(static_cast<double>(chosen.stats.peak)));
   row("lower bound (live)", hb(static_cast<double>(unchunked.stats.lower_bound)),
@@ -353,18 +453,12 @@ int run_plan(const PlanArgs& a) {
   std::printf("%-22s %s (FFN and logits at one row per chunk)\n", "non-chunkable floor",
               hb(static_cast<double>(floor)).c_str());
   if (budget == 0) {
-    std::printf("(give --budget SIZE for the lazy chunking choice and the largest context that fits)\n");
+    std::printf(
+        "(give --memory-budget SIZE for the lazy chunking choice and the largest context that fits)\n");
     return 0;
   }
   std::printf("%-22s %d plans, %s\n", "chunk search", choice.plans, ms(choice.search_ms).c_str());
-  if (!choice.fits) {
-    std::printf(
-        "%-22s DOES NOT FIT: %s\n", "verdict",
-        act_budget == 0
-            ? (held > 0 ? "the weights and the memory held for the request exceed the budget"
-                        : "the weights alone exceed the budget")
-            : ("the floor " + hb(static_cast<double>(floor)) + " exceeds the activation budget").c_str());
-  }
+  std::printf("%-22s %s\n", "verdict", choice.fits ? "fits" : ("DOES NOT FIT: " + why_not).c_str());
   std::printf("%-22s %lld tokens at mask ratio %.2f\n", "L_max (this budget)", static_cast<long long>(l_max),
               a.mask_ratio);
   if (cuda) {
@@ -372,7 +466,8 @@ int run_plan(const PlanArgs& a) {
         "(the CUDA context and cuBLASLt are not in the budget: 0.55 GiB more on an H100; see "
         "docs/PERF.md)\n");
   }
-  return 0;
+  std::fflush(stdout);
+  return verdict();
 }
 
 }  // namespace
@@ -380,6 +475,7 @@ int run_plan(const PlanArgs& a) {
 void add_plan(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand(
       "plan", "Plan the activation memory of one step (real dimensions, no weights): peak, chunking, L_max");
+  sub->option_defaults()->always_capture_default();
   auto a = std::make_shared<PlanArgs>();
   auto* m = sub->add_option("-m,--model", a->model, "model directory (reads only its config.json)");
   sub->add_option("--geometry", a->geometry, "a named geometry instead of a model directory")
@@ -388,23 +484,36 @@ void add_plan(CLI::App& app, Registry& reg) {
       ->excludes(m);
   sub->add_option("--context", a->context, "tokens in the canvas (prompt + generation)")->required();
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of the canvas that is masked (needs logits)")
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--budget", a->budget,
+      ->check(in_range(0, 1));
+  sub->add_option("--memory-budget,--budget", a->budget,
                   "total memory budget, weights included (24GiB, 512MiB, 1.5GB or bytes): picks K_ffn / "
-                  "K_logits and reports L_max")
+                  "K_logits and reports L_max; --budget is an alias")
       ->check(size_validator());
-  sub->add_flag("--json", a->json, "print one JSON object");
-  sub->add_flag("--cache", a->cache,
-                "a KV cache (generate --cache prefix|dual) is held: count it in the budget");
   sub->add_option(
-         "--sparse-block", a->sparse,
-         "SparseD patterns (generate --sparse) with tiles of this many positions are held: count them")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--svg", a->svg, "write the memory timeline of the chosen plan to FILE (SVG)");
+         "--cache", a->cache,
+         "the KV cache generate --cache MODE holds (prefix and dual hold the whole canvas): count it "
+         "in the budget")
+      ->check(CLI::IsMember({"none", "prefix", "dual"}));
+  sub->add_option("--sparse-block", a->sparse,
+                  "SparseD patterns (generate --sparse) with tiles of this many positions are held: count "
+                  "them (0: none)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--device", a->device,
                   "plan the step as this device runs it (cuda: bf16 K / V staging for its attention, "
                   "quantized GGUF tensors converted at load); no GPU is needed")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_flag("--json", a->json, "print the result as JSON on stdout instead of the table");
+  sub->add_option("--json-out", a->json_out, "also write the JSON to FILE")->check(svg::writable_file());
+  sub->add_option("--svg", a->svg,
+                  "draw the memory over one forward to FILE (SVG): the tensors by op, the weights below, the "
+                  "budget, the peaks of the unchunked and the chunked plan side by side")
+      ->check(svg::writable_file());
+  sub->footer(
+      "Exit status: 0 when the plan fits the budget (or none is given), 3 when it does not (the reason on "
+      "stderr), 1 on an error.\n\nExamples:\n"
+      "  tessera plan --geometry llada-8b --context 32768 --memory-budget 24GiB --svg plan.svg\n"
+      "  tessera plan -m /models/LLaDA-8B-Instruct --context 8192 --cache prefix --memory-budget 20GiB "
+      "--json");
   reg.handlers.emplace_back(sub, [a] {
     if (a->model.empty() && a->geometry.empty()) fail("plan: give -m DIR or --geometry NAME");
     return run_plan(*a);

@@ -1,12 +1,38 @@
 #include "apps/tessera/compare.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
+#include "apps/tessera/cli_parse.h"
 #include "core/error.h"
 #include "memory/chunk_optimizer.h"
 
 namespace tessera::cli {
+namespace {
+
+// clang-format off
+constexpr std::array<std::string_view, 33> kKeys = {
+    "steps", "block-length", "threshold", "alg", "cfg", "temperature", "cache", "sparse", "sparse-block",
+    "sparse-rho", "sparse-skip", "des", "des-k", "des-beta", "des-scope", "window", "window-ex", "window-in",
+    "window-refresh", "window-early-stop", "mid-block-stop", "suffix", "logprobs", "edit-mode",
+    "edit-threshold", "max-post-steps", "edit-penalty", "precision", "dequantize", "device", "k-ffn",
+    "k-logits", "memory-budget"};
+// clang-format on
+
+std::string known_keys() {
+  std::string s;
+  for (std::string_view k : kKeys) s += (s.empty() ? "" : ", ") + std::string(k);
+  return s;
+}
+
+}  // namespace
 
 Precision parse_precision(const std::string& p) {
   if (p == "bf16") return Precision::BF16;
@@ -16,57 +42,76 @@ Precision parse_precision(const std::string& p) {
 }
 
 Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const EngineOptions& base_eng) {
+  const std::string where = "--compare '" + spec + "': ";
+  if (spec.empty()) fail(where + "empty; give key=value[,key=value...] (keys: " + known_keys() + ")");
   Candidate c{spec, base, base_eng, false};
   EditFlags edit;  // applied once every key is read (a preset, then the values given)
   std::stringstream ss(spec);
   std::string kv;
   while (std::getline(ss, kv, ',')) {
     const size_t eq = kv.find('=');
-    if (eq == std::string::npos) fail("--compare '" + spec + "': expected key=value, got '" + kv + "'");
+    if (eq == std::string::npos || eq == 0)
+      fail(where + "expected key=value, got '" + kv + "' (keys: " + known_keys() + ")");
     const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (std::find(kKeys.begin(), kKeys.end(), k) == kKeys.end()) {
+      const auto near = closest(k, std::vector<std::string>(kKeys.begin(), kKeys.end()));
+      fail(where + "unknown option '" + k + "'" + (near ? " (did you mean '" + *near + "'?)" : "") +
+           "; known: " + known_keys());
+    }
     auto on_off = [&] {
-      if (v != "on" && v != "off")
-        fail("--compare '" + spec + "': " + k + " must be on or off, got '" + v + "'");
+      if (v != "on" && v != "off") fail(k + " must be on or off, got '" + v + "'");
       return v == "on";
+    };
+    // A whole number: std::stoi alone would read "8x" as 8.
+    auto integer = [&] {
+      size_t used = 0;
+      const long long x = std::stoll(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
+      if (x < INT32_MIN || x > INT32_MAX) throw std::out_of_range(v);
+      return static_cast<int>(x);
+    };
+    auto real = [&] {
+      size_t used = 0;
+      const float x = std::stof(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
+      return x;
     };
     try {
       if (k == "steps") {
-        c.gen.steps = std::stoi(v);
+        c.gen.steps = integer();
       } else if (k == "block-length") {
-        c.gen.block_length = std::stoi(v);
+        c.gen.block_length = integer();
       } else if (k == "threshold") {
-        c.gen.threshold = std::stof(v);
+        c.gen.threshold = real();
         edit.threshold = c.gen.threshold;
       } else if (k == "alg") {
         c.gen.alg = parse_unmask(v);
       } else if (k == "cfg") {
-        c.gen.cfg_scale = std::stof(v);
+        c.gen.cfg_scale = real();
       } else if (k == "temperature") {
-        c.gen.temperature = std::stof(v);
+        c.gen.temperature = real();
       } else if (k == "cache") {
         c.gen.cache = parse_kv_cache(v);
       } else if (k == "sparse") {
         c.gen.sparse = on_off();
       } else if (k == "sparse-block") {
-        c.gen.sparse_block = std::stoi(v);
+        c.gen.sparse_block = integer();
         c.gen.sparse = true;
       } else if (k == "sparse-rho") {
-        c.gen.sparse_rho = std::stof(v);
+        c.gen.sparse_rho = real();
         c.gen.sparse = true;
       } else if (k == "des") {
-        if (v != "off" && v != "seq" && v != "vote")
-          fail("--compare '" + spec + "': des must be off, seq or vote, got '" + v + "'");
         c.gen.des = parse_des(v);
       } else if (k == "des-k") {
-        c.gen.des_k = std::stoi(v);
+        c.gen.des_k = integer();
         if (c.gen.des == DesMode::Off) c.gen.des = DesMode::Seq;
       } else if (k == "des-beta") {
-        c.gen.des_beta = std::stof(v);
+        c.gen.des_beta = real();
         if (c.gen.des == DesMode::Off) c.gen.des = DesMode::Vote;
       } else if (k == "des-scope") {
         c.gen.des_scope = parse_des_scope(v);
       } else if (k == "sparse-skip") {
-        c.gen.sparse_skip = std::stof(v);
+        c.gen.sparse_skip = real();
         c.gen.sparse = true;
       } else if (k == "suffix") {
         c.suffix = on_off();
@@ -82,16 +127,16 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
       } else if (k == "window-ex" || k == "window-in" || k == "window-refresh") {
         (k == "window-ex"   ? c.gen.window_ex
          : k == "window-in" ? c.gen.window_in
-                            : c.gen.window_refresh) = std::stoi(v);
+                            : c.gen.window_refresh) = integer();
         c.gen.window = true;
       } else if (k == "edit-mode") {
         edit.mode = parse_edit_mode(v);
       } else if (k == "edit-threshold") {
-        edit.edit_threshold = std::stof(v);
+        edit.edit_threshold = real();
       } else if (k == "max-post-steps") {
-        edit.max_post = std::stoi(v);
+        edit.max_post = integer();
       } else if (k == "edit-penalty") {
-        edit.penalty = std::stof(v);
+        edit.penalty = real();
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -99,40 +144,74 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.eng.dequantize = on_off();
         c.own_engine = true;
       } else if (k == "device") {
+        if (v != "cpu" && v != "cuda") fail("device must be cpu or cuda, got '" + v + "'");
         c.eng.device = v;
         c.own_engine = true;
       } else if (k == "k-ffn") {
-        c.eng.k_ffn = std::stoll(v);
+        c.eng.k_ffn = integer();
         c.own_engine = true;
       } else if (k == "k-logits") {
-        c.eng.k_logits = std::stoll(v);
+        c.eng.k_logits = integer();
         c.own_engine = true;
       } else if (k == "memory-budget") {
         c.eng.memory_budget = memory::parse_size(v);
         c.own_engine = true;
-      } else {
-        fail(
-            "--compare '" + spec + "': unknown option '" + k +
-            "' (known: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
-            "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
-            "window-refresh, window-early-stop, mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, "
-            "max-post-steps, edit-penalty, precision, dequantize, "
-            "device, k-ffn, k-logits, memory-budget)");
       }
     } catch (const std::invalid_argument&) {
-      fail("--compare '" + spec + "': '" + v + "' is not a number for " + k);
+      fail(where + "'" + v + "' is not a number for " + k);
     } catch (const std::out_of_range&) {
-      fail("--compare '" + spec + "': '" + v + "' is out of range for " + k);
+      fail(where + "'" + v + "' is out of range for " + k);
+    } catch (const Error& e) {
+      fail(where + e.what());
     }
   }
   try {
     apply_edit_flags(edit, c.gen);
   } catch (const Error& e) {
-    fail("--compare '" + spec + "': " + e.what());
+    fail(where + e.what());
   }
-  TESSERA_CHECK(c.eng.k_ffn >= 1 && c.eng.k_logits >= 1,
-                "--compare '" + spec + "': chunk counts must be >= 1");
+  TESSERA_CHECK(c.eng.k_ffn >= 1 && c.eng.k_logits >= 1, where + "chunk counts must be >= 1");
   return c;
+}
+
+std::vector<Candidate> check_specs(const std::vector<std::string>& specs, const GenerateOptions& base,
+                                   const EngineOptions& eng, int64_t vocab, bool block_causal) {
+  std::vector<Candidate> out;
+  for (const std::string& spec : specs) {
+    Candidate c = parse_spec(spec, base, eng);
+    if (c.gen.gen_length != base.gen_length)
+      fail("--compare '" + spec + "': a comparison must generate the same length");
+    try {
+      validate_generate_options(c.gen, vocab, block_causal);
+    } catch (const Error& e) {
+      fail("--compare '" + spec + "': " + e.what());
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// ---- Progress --------------------------------------------------------------------------------------------
+
+Progress::Progress(std::string command, bool quiet)
+    : command_(std::move(command)), on_(!quiet && isatty(fileno(stderr)) != 0) {}
+
+Progress::~Progress() {
+  clear();
+}
+
+void Progress::show(const std::string& what) {
+  if (!on_) return;
+  std::fprintf(stderr, "\r\x1b[K[%s] %s", command_.c_str(), what.c_str());
+  std::fflush(stderr);
+  shown_ = true;
+}
+
+void Progress::clear() {
+  if (!on_ || !shown_) return;
+  std::fprintf(stderr, "\r\x1b[K");
+  std::fflush(stderr);
+  shown_ = false;
 }
 
 }  // namespace tessera::cli

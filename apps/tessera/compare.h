@@ -1,11 +1,12 @@
 // --compare SPEC of tessera eval and tessera bench: a comma-separated list of key=value options (steps,
-// block-length, threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des,
+// block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des,
 // des-k, des-beta, des-scope, window, window-ex, window-in, window-refresh, window-early-stop,
 // mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, precision,
-// device, k-ffn, k-logits, memory-budget) applied to a base
-// configuration.
+// dequantize, device, k-ffn, k-logits, memory-budget) applied to a base configuration; and the progress
+// line both commands show on a terminal while they measure.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "decode/generate.h"
 #include "engine/engine.h"
@@ -23,7 +24,30 @@ struct Candidate {
   bool suffix = true;       // tessera eval --suffix-len: infill (suffix=off: continue without the suffix)
 };
 
-// Throws Error naming the spec and the offending key or value.
+// Throws Error naming the spec and the offending key (with the closest known key) or value.
 Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const EngineOptions& base_eng);
+// Every spec parsed against `base` and checked as generate would check it (validate_generate_options:
+// vocab of the model, block_causal), same generation length: the first bad one throws, naming it, before
+// any measurement. What only an engine can tell (a device that is not built in, a memory budget below
+// the step's floor) is found when the comparison runs.
+std::vector<Candidate> check_specs(const std::vector<std::string>& specs, const GenerateOptions& base,
+                                   const EngineOptions& eng, int64_t vocab, bool block_causal);
+
+// One progress line on stderr, rewritten in place, when stderr is a terminal (and not `quiet`):
+// "[eval] exact: prompt 3/8". Cleared by clear() and on destruction.
+class Progress {
+ public:
+  explicit Progress(std::string command, bool quiet = false);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  bool on() const { return on_; }
+  void show(const std::string& what);
+  void clear();
+
+ private:
+  std::string command_;
+  bool on_ = false, shown_ = false;
+};
 
 }  // namespace tessera::cli

@@ -297,12 +297,12 @@ TEST(Cli, JsonSchemaOutputParses) {
 }
 
 // tessera bench: every row generates the same length on the same prompt; on block-causal LLaDA2 in f32
-// the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison is reported and fails.
+// the KV caches are exact (agreement 1) and compute fewer rows; a bad comparison fails before any work.
 TEST(Cli, BenchComparesOptionsSideBySide) {
   TESSERA_TINY_OR_SKIP(dir, "llada2", "--seed 7");
   const auto json_path = test::temp_dir("cli_bench") / "bench.json";
   const std::string base = tessera_bin() + " bench -m " + dir.string() +
-                           " --precision f32 --prompt-len 20 --gen-length 24 --block-length 8 --json " +
+                           " --precision f32 --prompt-len 20 --gen-length 24 --block-length 8 --json-out " +
                            json_path.string();
   std::string out;
   ASSERT_EQ(test::run_command(base + " --compare cache=prefix --compare cache=dual 2>&1", &out), 0) << out;
@@ -319,7 +319,7 @@ TEST(Cli, BenchComparesOptionsSideBySide) {
   }
   EXPECT_NE(out.find("cache=dual"), std::string::npos) << out;
   test::expect_command_error(base + " --compare cache=lru 2>&1",
-                             "comparison 'cache=lru' cannot run: unknown KV cache 'lru'");
+                             "--compare 'cache=lru': unknown KV cache 'lru'");
   expect_error("bench -m " + dir.string() + " --geometry llada-mid",
                "give -m DIR or --geometry NAME, not both");
 }
@@ -337,10 +337,11 @@ TEST(Cli, BenchEndsTheAnswersAtEosAndStopSequences) {
             0)
       << out;
   const auto gen = nlohmann::json::parse(out);
-  ASSERT_EQ(test::run_command(tessera_bin() + " bench --eos --stop , --compare mid-block-stop=off --json " +
-                                  json_path.string() + opts + " 2>&1",
-                              &out),
-            0)
+  ASSERT_EQ(
+      test::run_command(tessera_bin() + " bench --eos --stop , --compare mid-block-stop=off --json-out " +
+                            json_path.string() + opts + " 2>&1",
+                        &out),
+      0)
       << out;
   std::ifstream f(json_path);
   const auto rows = nlohmann::json::parse(f)["rows"];

@@ -170,15 +170,20 @@ TEST(Eval, CliTableJsonAndExitStatusOnTheBundledModel) {
   const std::string base = tessera_bin() + " eval -m " + m.string() +
                            " --seqs 8 --seq-len 128 --prompts 2 --seeds 1 --prompt-len 16 --gen-length 16";
   std::string out;
-  // A comparison that cannot run: the others still run, the table is printed, the exit status is 1.
-  EXPECT_EQ(test::run_command(base + " --compare k-logits=3 --compare steps=8 --compare nonsense=1 --json " +
-                                  (d / "e.json").string(),
+  // A comparison that cannot run (a memory budget below the step's floor): the others still run, the
+  // table is printed, the exit status is 1. A spec that does not parse fails before any work.
+  const auto weights = static_cast<size_t>(fs::file_size(m / "model.safetensors"));
+  const std::string too_small = "memory-budget=" + std::to_string(weights + 65536);
+  EXPECT_EQ(test::run_command(base + " --compare k-logits=3 --compare steps=8 --compare " + too_small +
+                                  " --json-out " + (d / "e.json").string(),
                               &out),
             1)
       << out;
-  EXPECT_NE(out.find("comparison 'nonsense=1' cannot run: --compare 'nonsense=1': unknown option 'nonsense'"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("comparison '" + too_small + "' cannot run:"), std::string::npos) << out;
+  std::string bad;
+  EXPECT_EQ(test::run_command(base + " --compare k-logits=3 --compare nonsense=1", &bad), 1) << bad;
+  EXPECT_NE(bad.find("--compare 'nonsense=1': unknown option 'nonsense'"), std::string::npos) << bad;
+  EXPECT_EQ(bad.find("infilling"), std::string::npos) << "nothing runs before the specs are checked: " << bad;
   EXPECT_NE(out.find("unigram acc"), std::string::npos) << out;
   std::ifstream f(d / "e.json");
   const auto j = nlohmann::json::parse(f);
@@ -200,9 +205,8 @@ TEST(Eval, CliTableJsonAndExitStatusOnTheBundledModel) {
   EXPECT_TRUE(cmp[2].contains("error"));
   // Every comparison valid: exit 0 (a memory budget 200 kB above the weights chunks the step's logits: still
   // exact); a budget below the step's floor cannot run; a held-out file that does not exist: a clear error.
-  const auto weights = static_cast<size_t>(fs::file_size(m / "model.safetensors"));
   ASSERT_EQ(test::run_command(base + " --ratios 0.5 --compare k-ffn=2 --compare memory-budget=" +
-                                  std::to_string(weights + 200000) + " --json " + (d / "b.json").string(),
+                                  std::to_string(weights + 200000) + " --json-out " + (d / "b.json").string(),
                               &out),
             0)
       << out;
