@@ -232,13 +232,14 @@ async function completionStopAndErrors(browser) {
 
   // Token editing: the tokens a step rewrites are highlighted on the canvas (where the API's stream has
   // rewrites for that request).
-  const editing = { max_tokens: 64, steps: 64, edit_mode: 'speed' };
+  const editing = { temperature: 0, seed: 1, max_tokens: 64, steps: 64, alg: 'low_confidence', edit_mode: 'speed' };
   const stream = await fetch(arg.open + '/v1/completions', { method: 'POST', body: JSON.stringify(
       { ...editing, prompt: 'Once upon a time', stream: true, canvas: true }) });
+  assert.equal(stream.status, 200);
   const rewrites = ((await stream.text()).match(/"edits":\[\{/g) || []).length;
   await throttle(page, 100 * 1024);
   const edits = await ask(page, '/v1/completions', editing, 'Once upon a time');
-  assert.equal(edits.edit_mode, 'speed');
+  for (const [k, v] of Object.entries(editing)) assert.equal(edits[k], v, `the page sent ${k}`);
   if (rewrites > 0) {
     await page.waitForFunction(() => document.querySelector('.canvas.live .cell.edited'), { polling: 10 });
     const cell = await page.$eval('.canvas.live .cell.edited', (e) => e.title);
@@ -249,6 +250,7 @@ async function completionStopAndErrors(browser) {
 
   // Stop: the fetch is aborted mid-generation; the page is ready for the next message.
   await page.select('#sampler [name=edit_mode]', '');
+  await page.select('#sampler [name=alg]', '');
   await throttle(page, 20 * 1024);
   await ask(page, '/v1/completions', { max_tokens: 256, steps: 256 }, 'The old man said');
   await page.waitForFunction(() => window.lastAnswer().masks > 0, { timeout: 20000 }).catch(async (e) => {
