@@ -501,7 +501,8 @@ void add_bench(CLI::App& app, Registry& reg) {
                 "the answers end at the model's EOS (default: every row generates gen-length tokens)");
   sub->add_option("--stop", a->stop,
                   "the answers end before this text (repeatable; needs the model's tokenizer); tokens/s "
-                  "counts the answer's tokens");
+                  "counts the answer's tokens")
+      ->default_str("");
   sub->add_flag("--json", a->json, "print the results as JSON on stdout instead of the table");
   sub->add_option("--json-out", a->json_out, "also write the JSON to FILE")->check(svg::writable_file());
   sub->add_option("--svg", a->svg,

@@ -482,7 +482,9 @@ void add_plan(CLI::App& app, Registry& reg) {
       ->check(CLI::IsMember({"llada-8b", "dream-7b", "llada-moe-7b", "llada2-mini", "llada-mid",
                              "llada-moe-mid", "llada2-mid"}))
       ->excludes(m);
-  sub->add_option("--context", a->context, "tokens in the canvas (prompt + generation)")->required();
+  sub->add_option("--context", a->context, "tokens in the canvas (prompt + generation)")
+      ->required()
+      ->default_str("");
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of the canvas that is masked (needs logits)")
       ->check(in_range(0, 1));
   sub->add_option("--memory-budget,--budget", a->budget,
