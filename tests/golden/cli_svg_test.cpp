@@ -131,20 +131,24 @@ void expect_labels_apart(const json& parsed) {
   }
 }
 
-// generate --order-svg: one cell per (generated position, step run); the decided cells are the positions
-// each step decided (the --canvas stream's "changed", less its edits), the edit cells its edits; the
-// prompt length and the block boundaries are marked; the prompt's <, & and " are escaped.
+// generate --order-svg (the decoding options named: the model's defaults may change): one cell per
+// (generated position, step run); the decided cells are the positions each step decided (the --canvas
+// stream's "changed", less its edits), the edit cells its edits; the prompt length and the block
+// boundaries are marked; the prompt's <, & and " are escaped.
 TEST(CliSvg, OrderGridHasACellPerPositionAndStepAndMarksEdits) {
   const fs::path d = test::temp_dir("cli_svg_order");
   const fs::path svg = d / "order.svg";
   std::string out;
-  ASSERT_EQ(run_stdout(bin() + " generate -m " + tiny() +
-                           " --raw -p 'Once <upon> & a \"time\"' --gen-length 32 --steps 32 "
-                           "--block-length 16 --threshold 0.7 --edit-mode quality --json --canvas "
-                           "--order-svg " +
-                           svg.string(),
-                       &out),
-            0)
+  ASSERT_EQ(
+      run_stdout(
+          bin() + " generate -m " + tiny() +
+              " --raw -p 'Once <upon> & a \"time\"' --gen-length 32 --steps 32 "
+              "--block-length 16 --alg low_confidence --temperature 0 --threshold 0.7 --edit-mode quality "
+              "--json --canvas "
+              "--order-svg " +
+              svg.string(),
+          &out),
+      0)
       << out;
   std::vector<json> events;
   json result;
