@@ -214,14 +214,22 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   set_options(g);
 }
 
-Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty) {
+Session::Output Session::run(const std::vector<int32_t>& prompt, FILE* tty,
+                             const std::function<void()>& after_step) {
   std::optional<LiveView> view;
-  if (tty != nullptr) view.emplace(tty, tokenizer(), prompt.size(), engine().mask_token());
-  Output o = run(prompt, options(), [&](const StepEvent& ev) {
-    if (view) view->draw(ev, options().steps);
-  });
-  if (view) view->clear();
-  return o;
+  if (tty != nullptr)
+    view.emplace(tty, tokenizer(), options(), prompt.size(), engine().mask_token(), block_causal());
+  try {
+    Output o = run(prompt, options(), [&](const StepEvent& ev) {
+      if (view) view->draw(ev);
+      if (after_step) after_step();
+    });
+    if (view) view->clear();
+    return o;
+  } catch (...) {
+    if (view) view->clear();
+    throw;
+  }
 }
 
 }  // namespace tessera::cli

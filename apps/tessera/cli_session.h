@@ -56,8 +56,10 @@ class Session : public tessera::Session {
   // Loads the model of the flags and sets the options they give over the model's defaults.
   explicit Session(const SessionArgs& a);
   using tessera::Session::run;
-  // Generates with the session's options and a live view on `tty` (nullptr: none).
-  Output run(const std::vector<int32_t>& prompt, FILE* tty);
+  // Generates with the session's options and a live view on `tty` (nullptr: none). `after_step`, when
+  // given, runs after every step and may throw to end the generation (chat's Ctrl-C); the view is
+  // erased however the generation ends.
+  Output run(const std::vector<int32_t>& prompt, FILE* tty, const std::function<void()>& after_step = {});
 };
 
 }  // namespace tessera::cli

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "apps/tessera/chat_input.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/generate_output.h"
@@ -14,10 +15,11 @@ namespace tessera::cli {
 namespace {
 
 // tessera chat: one user turn per line, answered with the whole conversation as the prompt. Lines that
-// start with '/' are commands (a message that starts with '/' is written "//..."); messages and command
-// replies go to stderr, answers to stdout. When the conversation outgrows the model's context, its
-// oldest exchanges are dropped (the system message stays); a turn that fails (too long alone, say) is
-// reported and leaves the conversation as it was, and the chat goes on.
+// start with '/' are commands (a message that starts with '/' is written "//..."); empty lines are
+// skipped; messages and command replies go to stderr, answers to stdout. When the conversation outgrows
+// the model's context, its oldest exchanges are dropped (the system message stays); a turn that fails
+// (too long alone, say) or that the user stops (Ctrl-C on a terminal) leaves the conversation as it was,
+// and the chat goes on.
 int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
   const bool templ = s.has_chat_template();
   if (!templ)
@@ -26,12 +28,12 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
     std::fprintf(stderr, "note: %s ships no chat template; using %s\n", s.model_dir().c_str(),
                  s.chat_template().origin().c_str());
   std::vector<ChatMessage> history;  // a system message first, if set
-  const bool interactive = isatty(fileno(stdin)) != 0;
+  ChatInput input(in);
   const auto first_turn = [&] { return !history.empty() && history[0].role == "system" ? size_t{1} : 0; };
-  std::string line;
   while (true) {
-    if (interactive) std::fprintf(stderr, "you> ");
-    if (!std::getline(in, line) || line.empty()) break;
+    const std::optional<std::string> next = input.next();
+    if (!next) break;
+    std::string line = *next;
     if (line[0] == '/' && line.rfind("//", 0) != 0) {
       const size_t sp = line.find(' ');
       const std::string cmd = line.substr(0, sp), arg = sp == std::string::npos ? "" : line.substr(sp + 1);
@@ -41,8 +43,17 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
                      "/clear        forget the conversation (the system message stays)\n"
                      "/undo         forget the last exchange\n"
                      "/system TEXT  set the system message (/system alone removes it)\n"
-                     "/quit         end (also /exit, /bye, an empty line or EOF)\n"
+                     "/quit         end (also /exit, /bye, Ctrl-D or the end of the input)\n"
                      "//text        send a message that starts with '/'\n");
+        if (input.interactive()) {
+          const std::string h = ChatInput::history_path();
+          std::fprintf(
+              stderr,
+              "Ctrl-C         stop the answer being written; at the prompt, clear the line (twice on "
+              "an empty line: end)\n"
+              "Up / Down      earlier lines (kept in %s); the usual Emacs keys edit the line\n",
+              h.empty() ? "this session only" : h.c_str());
+        }
       } else if (cmd == "/clear") {
         history.resize(first_turn());
         std::fprintf(stderr, "(conversation cleared)\n");
@@ -83,7 +94,12 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
                      dropped, static_cast<long long>(s.config().max_positions));
       }
       FILE* tty = (!a.no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
-      o = s.run(ids, tty);
+      input.begin_answer();
+      o = s.run(ids, tty, [&] { input.check_stop(); });
+    } catch (const AnswerStopped&) {
+      std::fprintf(stderr, "(answer stopped)\n");
+      history = before;
+      continue;
     } catch (const Error& e) {
       std::fprintf(stderr, "error: %s (the message was not kept; the conversation is as it was)\n", e.what());
       history = before;
@@ -92,7 +108,9 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
     if (a.json) {
       std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
     } else {
-      std::printf("%s\n", o.text.c_str());
+      const bool empty = o.text.find_first_not_of(" \t\r\n") == std::string::npos;
+      if (empty) std::fprintf(stderr, "(empty answer)\n");
+      if (!empty || isatty(fileno(stdout)) == 0) std::printf("%s\n", o.text.c_str());
       if (s.options().logprobs) print_logprobs(o, s, stdout);
       print_stats(o, s, stderr);
     }
@@ -106,11 +124,14 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
 
 void add_chat(CLI::App& app, Registry& reg) {
   auto* chat = app.add_subcommand(
-      "chat", "Multi-turn chat on standard input (an empty line or EOF ends; /help lists the commands)");
+      "chat",
+      "Multi-turn chat on standard input (/quit, Ctrl-D or EOF ends; /help lists the commands). On a "
+      "terminal: line editing and history (Up / Down), Ctrl-C stops an answer");
   auto c = std::make_shared<SessionArgs>();
   add_session_options(chat, *c);
   reg.handlers.emplace_back(chat, [c] {
     Session s(*c);
+    s.print_notes();
     return run_chat(s, *c, std::cin);
   });
 }

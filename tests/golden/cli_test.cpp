@@ -385,10 +385,11 @@ ChatRun run_chat(const std::string& input, const std::string& flags) {
 
 // The commands: /help and an unknown one answer on stderr and send nothing; /undo forgets the last
 // exchange (the same turn again gets the same prompt and answer); /clear starts over (the first turn's
-// prompt and answer again); /system puts a message before the turns; /quit ends before later lines.
+// prompt and answer again); /system puts a message before the turns; an empty line is skipped; /quit
+// ends before later lines.
 TEST(Cli, ChatCommandsShapeTheConversation) {
   const ChatRun r = run_chat(
-      "Once upon a time\n/help\n/bogus\nhello there\n/undo\nhello there\n/clear\nOnce upon a time\n"
+      "Once upon a time\n/help\n/bogus\nhello there\n/undo\n\nhello there\n/clear\nOnce upon a time\n"
       "/system You are a storyteller.\nThe dog\n//slash\n/quit\nnever sent\n",
       "--gen-length 16");
   ASSERT_EQ(r.rc, 0) << r.log;
@@ -411,6 +412,25 @@ TEST(Cli, ChatCommandsShapeTheConversation) {
                            "(last exchange forgotten)", "(conversation cleared)", "(system message set)"}) {
     EXPECT_NE(r.log.find(want), std::string::npos) << want << "\n" << r.log;
   }
+}
+
+// An answer with no text says so on stderr (every printable ASCII character a stop sequence: the
+// answer ends before its first one, so only white space is left) and the chat goes on.
+TEST(Cli, ChatSaysWhenAnAnswerIsEmpty) {
+  std::string stops;
+  for (char c = '!'; c <= '~'; ++c) stops += c == '\'' ? " --stop \"'\"" : std::string(" --stop '") + c + "'";
+  const auto dir = test::temp_dir("cli_chat_empty");
+  std::ofstream(dir / "in.txt") << "Once upon a time\nThe dog\n";
+  std::string out;
+  const int rc = test::run_command(tessera_bin() + " chat" + tiny_model() + " --gen-length 16 --no-progress" +
+                                       stops + " < " + (dir / "in.txt").string() + " 2>&1",
+                                   &out);
+  ASSERT_EQ(rc, 0) << out;
+  size_t n = 0;
+  for (size_t at = out.find("(empty answer)"); at != std::string::npos;
+       at = out.find("(empty answer)", at + 1))
+    ++n;
+  EXPECT_EQ(n, 2u) << out;
 }
 
 // A conversation that outgrows the context drops its oldest exchanges and goes on; a turn too long
