@@ -28,3 +28,17 @@ install(FILES ${CMAKE_BINARY_DIR}/tesseraConfig.cmake ${CMAKE_BINARY_DIR}/tesser
 file(RELATIVE_PATH TESSERA_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
 configure_file(${CMAKE_SOURCE_DIR}/cmake/tessera.pc.in ${CMAKE_BINARY_DIR}/tessera.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/tessera.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# What the tessera command finds beside itself once installed (PREFIX/bin/tessera): the bundled models
+# (PREFIX/share/tessera/models: the default model), the web page's files (also compiled into the binary)
+# and the bash completion, written by the built binary from its own definition of the commands.
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/models/ DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera/models)
+if(EXISTS ${CMAKE_SOURCE_DIR}/apps/tessera/web)
+  install(DIRECTORY ${CMAKE_SOURCE_DIR}/apps/tessera/web/ DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera/web)
+endif()
+add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/completion/tessera
+                   COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/completion
+                   COMMAND tessera completion bash > ${CMAKE_BINARY_DIR}/completion/tessera
+                   DEPENDS tessera)
+add_custom_target(tessera_completion ALL DEPENDS ${CMAKE_BINARY_DIR}/completion/tessera)
+install(FILES ${CMAKE_BINARY_DIR}/completion/tessera DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/live_view.h"
 #include "core/error.h"
 #include "memory/chunk_optimizer.h"
@@ -11,28 +12,34 @@
 namespace tessera::cli {
 
 void add_session_options(CLI::App* sub, SessionArgs& a) {
-  sub->add_option("-m,--model", a.model, "model directory (default: the bundled default model)");
-  sub->add_option("--gen-length", a.gen_length, "tokens to generate");
-  sub->add_option("--steps", a.steps, "denoising steps");
-  sub->add_option("--block-length", a.block_length, "semi-autoregressive block length");
-  sub->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0, 100.0));
+  sub->add_option("-m,--model", a.model,
+                  "model directory or GGUF file (default: the bundled default model, models/tessera-tiny)");
+  sub->add_option("-n,--gen-length", a.gen_length,
+                  "tokens to generate (default: the model's generation_config.json, else 128)");
+  sub->add_option("--steps", a.steps,
+                  "denoising steps (default: as many per token as the model's generation_config.json has, "
+                  "else one per token; at most gen-length)");
+  sub->add_option("--block-length", a.block_length,
+                  "semi-autoregressive block length (default: the model's, fitted to divide gen-length)");
+  sub->add_option("--temperature,--temp", a.temperature,
+                  "sampling temperature (0 = greedy; default: the model's generation_config.json, else 0)")
+      ->check(in_range(0.0, 100.0));
   sub->add_option("--alg", a.alg, "unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
   sub->add_option("--threshold", a.threshold,
                   "confidence-threshold parallel decoding (0 = off; default 0.95 for block-causal LLaDA2)")
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(CLI::Range(0.0, 100.0));
-  sub->add_option("--top-k", a.top_k, "top-k filter (Dream algorithms)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-p", a.top_p, "nucleus filter (Dream algorithms)")->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
+  sub->add_option("--cfg", a.cfg, "classifier-free guidance scale (LLaDA)")->check(in_range(0.0, 100.0));
+  sub->add_option("--top-k", a.top_k, "top-k filter (0 = off)")->check(in_range(0, 1e9));
+  sub->add_option("--top-p", a.top_p, "nucleus filter (1 = off)")->check(in_range(0.0, 1.0));
   sub->add_option("--alg-temp", a.alg_temp, "Dream: sample positions with this temperature")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", a.seed, "random seed");
   sub->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a.precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  sub->add_option("--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
+  sub->add_option("-t,--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
       ->check(CLI::PositiveNumber);
   sub->add_option(
       "--json-schema", a.json_schema,
@@ -64,10 +71,10 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option(
          "--sparse-rho", a.sparse_rho,
          "SparseD kept fraction of prompt and of generation key blocks (default 0.5; implies --sparse)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   sub->add_option("--sparse-skip", a.sparse_skip,
                   "SparseD fraction of the steps with exact attention (default 0.2; implies --sparse)")
-      ->check(CLI::Range(0.0, 0.999));
+      ->check(in_range(0.0, 0.999));
   sub->add_option("--des", a.des,
                   "Dynamic Expert Sharing (MoE models): off, seq (union of each block token's first --des-k "
                   "experts) or vote (the --des-beta share of the experts with the most router votes); "
@@ -77,7 +84,7 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--des-beta", a.des_beta,
                   "DES-Vote coreset size as a share of the experts (default 0.4; implies --des vote)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   sub->add_option("--des-scope", a.des_scope,
                   "DES: block (only the block's tokens share the coreset; default) or all (every row)")
       ->check(CLI::IsMember({"block", "all"}));
@@ -107,7 +114,7 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--edit-threshold", a.edit_threshold,
                   "token editing: rewrite a decided token of the current block when the model's candidate "
                   "differs with a probability above this (0 = whenever it differs); turns editing on")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   sub->add_option("--max-post-steps", a.max_post_steps,
                   "token editing: at most this many forwards after the block has no mask (default 16)")
       ->check(CLI::NonNegativeNumber);
@@ -125,7 +132,7 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--logprobs", a.logprobs,
                   "report each generated token's log-probability at the step that decided it, with the N "
                   "most likely tokens there (0 to 20; in --json, else a table after the text)")
-      ->check(CLI::Range(0, static_cast<int>(kTopLogprobs)));
+      ->check(in_range(0, static_cast<double>(kTopLogprobs)));
   sub->add_flag("--json", a.json, "print one JSON result object");
   sub->add_flag("--no-progress", a.no_progress, "no live view even on a terminal");
 }
@@ -141,6 +148,11 @@ CLI::Validator size_validator() {
         }
       },
       "SIZE");
+}
+
+void Session::print_notes() {
+  for (const std::string& n : notes_) std::fprintf(stderr, "note: %s\n", n.c_str());
+  notes_.clear();
 }
 
 namespace {
@@ -179,13 +191,13 @@ std::shared_ptr<const JsonGrammar> json_schema_grammar(const std::string& arg) {
 }  // namespace
 
 Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
-  GenerateOptions g = defaults(a.gen_length, a.block_length, a.steps);
+  GenerateOptions g = defaults(a.gen_length, a.block_length, a.steps, &notes_);
   if (a.threshold) g.threshold = *a.threshold;
   if (a.alg) g.alg = parse_unmask(*a.alg);
-  g.temperature = a.temperature;
+  g.temperature = a.temperature.value_or(g.temperature);
   g.cfg_scale = a.cfg;
-  g.top_k = a.top_k;
-  g.top_p = a.top_p;
+  g.top_k = a.top_k.value_or(g.top_k);
+  g.top_p = a.top_p.value_or(g.top_p);
   g.alg_temp = a.alg_temp;
   g.seed = a.seed;
   g.cache = parse_kv_cache(a.cache);

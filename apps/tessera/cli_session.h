@@ -33,9 +33,10 @@ struct SessionArgs {
   std::string des_scope = "block";
   bool window = false, window_early_stop = false;  // Window-Diffusion; the three below turn it on too
   std::optional<int> window_ex, window_in, window_refresh;
-  std::optional<float> threshold;  // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
-  float temperature = 0.0f, cfg = 0.0f, top_p = 1.0f, alg_temp = 0.0f;
-  int top_k = 0;
+  std::optional<float> threshold;           // default: generation_config.json, else 0.95 (LLaDA2) or 0 (off)
+  std::optional<float> temperature, top_p;  // default: generation_config.json, else 0 (greedy) and 1
+  std::optional<int> top_k;                 // default: generation_config.json, else 0 (off)
+  float cfg = 0.0f, alg_temp = 0.0f;
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
   std::vector<std::string> stop;      // stop sequences
@@ -55,11 +56,17 @@ class Session : public tessera::Session {
  public:
   // Loads the model of the flags and sets the options they give over the model's defaults.
   explicit Session(const SessionArgs& a);
+  // What the session fitted that the user did not set (Session::fit_layout), as "note: ..." lines on
+  // stderr: once, when the first request has passed its checks (an error stays one line).
+  void print_notes();
   using tessera::Session::run;
   // Generates with the session's options and a live view on `tty` (nullptr: none). `after_step`, when
   // given, runs after every step and may throw to end the generation (chat's Ctrl-C); the view is
   // erased however the generation ends.
   Output run(const std::vector<int32_t>& prompt, FILE* tty, const std::function<void()>& after_step = {});
+
+ private:
+  std::vector<std::string> notes_;
 };
 
 }  // namespace tessera::cli

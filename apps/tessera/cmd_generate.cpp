@@ -12,9 +12,11 @@
 #include <thread>
 
 #include "apps/tessera/canvas_event.h"
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/generate_output.h"
+#include "apps/tessera/svg.h"
 
 namespace tessera::cli {
 
@@ -126,16 +128,20 @@ void add_generate(CLI::App& app, Registry& reg) {
   auto prompt = std::make_shared<std::string>();
   auto prompts_file = std::make_shared<std::string>();
   auto batch = std::make_shared<int>(8);
-  auto* p_opt = sub->add_option("-p,--prompt", *prompt, "prompt text");
+  auto words = std::make_shared<std::vector<std::string>>();
+  auto* p_opt = sub->add_option("-p,--prompt", *prompt, "prompt text (or give it as the last arguments)");
+  auto* w_opt = sub->add_option("words", *words, "the prompt, when -p is not given (words joined by spaces)");
+  w_opt->excludes(p_opt);
   auto* f_opt =
       sub->add_option("--prompts-file", *prompts_file,
                       "generate for every prompt of a file, one per line ('-': standard input; a line "
                       "starting with '\"' is a JSON string), in batches; results in the file's order");
   p_opt->excludes(f_opt);
+  w_opt->excludes(f_opt);
   sub->add_option(
          "--batch", *batch,
          "with --prompts-file: prompts generated at the same time, sharing packed forwards (default 8)")
-      ->check(CLI::Range(1, 256));
+      ->check(in_range(1, 256));
   add_session_options(sub, *a);
   sub->add_option("--suffix", a->suffix,
                   "infilling: the text after the generated span (every forward sees it; the answer is the "
@@ -144,15 +150,29 @@ void add_generate(CLI::App& app, Registry& reg) {
   sub->add_flag("--canvas", *canvas,
                 "with --json: one line per step before the result, {\"canvas\": {...}}: the committed text, "
                 "the provisional tokens and masks, the positions changed and the tokens rewritten");
-  reg.handlers.emplace_back(sub, [a, prompt, prompts_file, batch, p_opt, f_opt, canvas] {
-    if (p_opt->count() == 0 && f_opt->count() == 0)
-      fail("give a prompt (-p TEXT) or a prompts file (--prompts-file)");
+  auto order_svg = std::make_shared<std::string>();
+  sub->add_option("--order-svg", *order_svg,
+                  "draw when each token was decided to FILE (SVG): generated position x step, edits marked, "
+                  "the token as each cell's hover text")
+      ->check(svg::writable_file());
+  sub->footer(
+      "Examples:\n"
+      "  tessera generate -p \"Once upon a time\"\n"
+      "  tessera generate -m /models/LLaDA-8B-Instruct -n 128 --steps 64 \"Explain diffusion LMs.\"\n"
+      "  tessera generate --prompts-file prompts.txt --json > answers.jsonl");
+  reg.handlers.emplace_back(sub, [a, prompt, words, prompts_file, batch, p_opt, w_opt, f_opt, canvas,
+                                 order_svg] {
+    if (p_opt->count() == 0 && w_opt->count() == 0 && f_opt->count() == 0)
+      fail("give a prompt (-p TEXT, or the text as the last arguments) or a prompts file (--prompts-file)");
+    for (const std::string& w : *words) *prompt += (prompt->empty() ? "" : " ") + w;
     if (a->suffix && a->chat)
       fail("--suffix infills raw text between the prompt and the suffix; drop --chat");
     if (f_opt->count() > 0) {
       if (*canvas) fail("--canvas streams the steps of one prompt (-p), not of a prompts file");
+      if (!order_svg->empty()) fail("--order-svg draws one generation (-p), not a prompts file");
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
+      s.print_notes();
       return generate_many(s, *a, prompts, *batch);
     }
     check_utf8(*prompt, "the prompt");
@@ -164,6 +184,7 @@ void add_generate(CLI::App& app, Registry& reg) {
                    s.chat_template().origin().c_str());
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     if (*canvas && !a->json) fail("--canvas streams JSON step events; give --json too");
+    s.print_notes();
     const auto o =
         *canvas ? s.run(ids, s.options(),
                         [&](const StepEvent& ev) {
@@ -175,6 +196,12 @@ void add_generate(CLI::App& app, Registry& reg) {
                           std::fflush(stdout);
                         })
                 : s.run(ids, tty);
+    if (!order_svg->empty())  // --order-svg: when each token of this generation was decided
+      svg::save(*order_svg, "--order-svg",
+                svg::order_chart("Decoding order: " + s.model_dir() + ", \"" + prompt->substr(0, 60) + "\"",
+                                 o.result, static_cast<int64_t>(ids.size()), s.options().gen_length,
+                                 s.options().block_length,
+                                 [&](int32_t t) { return s.tokenizer().decode(std::vector<int32_t>{t}); }));
     if (a->json) {
       std::printf("%s\n", json_line(result_json(o, s, ids.size())).c_str());
     } else {

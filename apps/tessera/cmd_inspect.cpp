@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "io/config.h"
@@ -80,7 +81,7 @@ void add_inspect(CLI::App& app, Registry& reg) {
   sub->add_option("dir", a->dir, "model directory or .gguf file")->required();
   sub->add_option("--context", a->context, "context for the activation estimate (default: the model's)");
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   reg.handlers.emplace_back(sub, [a] {
     const ModelConfig c = load_config(a->dir);
     const WeightSummary ws = summarize_weights(a->dir);

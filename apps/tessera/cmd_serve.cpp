@@ -52,6 +52,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/serve_app.h"
 #include "apps/tessera/web_assets.h"
@@ -510,37 +511,36 @@ void add_serve(CLI::App& app, Registry& reg) {
   sub->add_option(
       "--host", a->host,
       "address to listen on (default 127.0.0.1; 0.0.0.0: every interface; unix:PATH: a Unix socket)");
-  sub->add_option("--port", a->port, "port (0: any free port, printed at start)")
-      ->check(CLI::Range(0, 65535));
+  sub->add_option("--port", a->port, "port (0: any free port, printed at start)")->check(in_range(0, 65535));
   sub->add_option("--model-id", a->model_id, "the model's name in the API (default: the directory's name)");
   sub->add_option("--batch", a->batch,
                   "most concurrent requests packed into one forward (default 8; 1: one request at a time)")
-      ->check(CLI::Range(1, 256));
+      ->check(in_range(1, 256));
   sub->add_option("--parallel", a->parallel,
                   "most sequences (prompts x n of the requests) generating at once; more wait (default: four "
                   "times --batch)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   sub->add_option("--max-queue", a->max_queue,
                   "most requests waiting for --parallel; more get 503 with Retry-After (default 32)")
-      ->check(CLI::Range(0, 4096));
+      ->check(in_range(0, 4096));
   sub->add_option("--batch-wait", a->batch_wait_ms,
                   "milliseconds a request's forward waits for the other requests' calls to join it (default "
                   "2; 0: never waits for a request whose host code is slow)")
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(in_range(0.0, 1000.0));
   sub->add_option("--timeout", a->timeout,
                   "seconds a generation request may take, its wait for admission included; then it ends "
                   "with 504 (streamed: an error event) (default 0: no limit)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(in_range(0.0, 86400.0));
   sub->add_option("--drain-timeout", a->drain_timeout,
                   "seconds the accepted requests get to finish after SIGTERM; then they end with 503 "
                   "(default 30)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(in_range(0.0, 86400.0));
   sub->add_option("--header-timeout", a->header_timeout,
                   "seconds a client has to send a request's header once it began (default 10)")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(in_range(0.1, 3600.0));
   sub->add_option("--idle-timeout", a->idle_timeout,
                   "seconds an idle keep-alive connection stays open (default 30)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(in_range(0.1, 86400.0));
   a->session.prefix_cache = "1G";
   sub->add_option(
          "--prefix-cache", a->session.prefix_cache,
@@ -551,7 +551,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   sub->add_option("--max-body", a->max_body, "largest request body (default 16M)")->check(size_validator());
   sub->add_option("--max-sequences", a->limits.max_sequences,
                   "most choices one request may ask for, prompts x n (default 64)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   sub->add_option("--max-tokens", a->limits.max_tokens,
                   "longest generation a request may ask for (default 0: the model's context)")
       ->check(CLI::Range(0, 1 << 24));

@@ -24,6 +24,7 @@ void add_eval(CLI::App& app, Registry& reg);
 void add_bench(CLI::App& app, Registry& reg);
 void add_serve(CLI::App& app, Registry& reg);
 void add_features(CLI::App& app, Registry& reg);
+void add_completion(CLI::App& app, Registry& reg);
 
 // The weights of a model directory or GGUF file as the CPU backend loads them (inspect, plan).
 struct WeightSummary {

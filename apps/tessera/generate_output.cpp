@@ -103,6 +103,10 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"peak_rss_bytes", peak_rss_bytes()},
       {"device_bytes_in_use", device_bytes_in_use(s.engine())},  // -1 on the CPU
       {"activation_peak_bytes", s.engine().max_planned_peak()},
+      // --memory-budget bounds the process: the weights, the runtime's own memory (libraries, threads,
+      // tokenizer: measured at start-up) and the planned activations; 0 without a budget.
+      {"memory_budget_bytes", s.engine().options().memory_budget},
+      {"runtime_bytes", s.engine().options().runtime_bytes},
       {"kv_cache_bytes", s.engine().kv_cache_bytes()},
       {"gen_length", s.options().gen_length},
       {"block_length", s.options().block_length},

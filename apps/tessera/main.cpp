@@ -4,9 +4,17 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#ifdef TESSERA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#include <oneapi/dnnl/dnnl.h>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/commands.h"
 #include "core/error.h"
+
+extern const char* const tessera_build_commit;  // generated/version.cpp (cmake/version.cmake)
 
 namespace {
 
@@ -16,10 +24,31 @@ namespace {
 // 2,000 spins keep the uncontended speed within ~10% and bound that loss to ~5x. libgomp reads its
 // settings once, when it loads, so the process starts itself again with the setting in place; a user's
 // own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left alone.
+// The binary is started by its real path, not /proc/self/exe: the kernel names a process after the
+// file it executes, and `ps`, `top` and `pgrep tessera` would see "exe".
 void bound_openmp_spinning(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
   if (setenv("GOMP_SPINCOUNT", "2000", 1) != 0) return;
-  execv("/proc/self/exe", argv);  // returns only on failure: carry on with libgomp's defaults
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
+  execv(self, argv);  // returns only on failure: carry on with libgomp's defaults
+}
+
+// tessera --version: the release, the commit, and what this binary can run on.
+std::string version_text() {
+  const dnnl_version_t* d = dnnl_version();
+  std::string s = "tessera " TESSERA_VERSION " (commit " + std::string(tessera_build_commit) + ")\n";
+  s += "backends: cpu (oneDNN " + std::to_string(d->major) + "." + std::to_string(d->minor) + "." +
+       std::to_string(d->patch) + ", OpenMP " + std::to_string(_OPENMP) + ")";
+#ifdef TESSERA_HAVE_CUDA
+  s += ", cuda (CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
+       std::to_string(CUDART_VERSION % 1000 / 10) + ", cuBLASLt)";
+#else
+  s += "; cuda not compiled in (-DTESSERA_CUDA=ON)";
+#endif
+  return s;
 }
 
 }  // namespace
@@ -27,8 +56,13 @@ void bound_openmp_spinning(char** argv) {
 int main(int argc, char** argv) {
   bound_openmp_spinning(argv);
   CLI::App app{"tessera: an inference engine for diffusion language models"};
+  app.name("tessera");
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessera 0.1.0");
+  app.set_version_flag("--version", version_text, "the version, the commit and the compiled backends");
+  app.footer(
+      "tessera help COMMAND (or tessera COMMAND --help) describes a command.\n"
+      "Example: tessera generate -p \"Once upon a time\"");
+  app.option_defaults()->always_capture_default();
   tessera::cli::Registry reg;
   tessera::cli::add_generate(app, reg);
   tessera::cli::add_chat(app, reg);
@@ -39,10 +73,12 @@ int main(int argc, char** argv) {
   tessera::cli::add_bench(app, reg);
   tessera::cli::add_serve(app, reg);
   tessera::cli::add_features(app, reg);
+  tessera::cli::add_completion(app, reg);
+  if (const auto answered = tessera::cli::answer_before_parse(app, argc, argv)) return *answered;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return tessera::cli::report_parse_error(app, e, argc, argv);
   }
   try {
     for (auto& [sub, fn] : reg.handlers) {

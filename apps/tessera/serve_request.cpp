@@ -134,12 +134,15 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
     if (n <= 0 || n > most)
       bad(std::string("'") + len_key + "' must be in [1, " + std::to_string(most) + "]" +
           (most < ctx ? " (--max-tokens)" : "") + ", got " + std::to_string(n));
-    o.gen_length = static_cast<int>(n);
-    // Re-derive what followed the length: blocks that no longer divide it, one token per step.
-    if (!block_causal) {
-      if (o.block_length > o.gen_length || o.gen_length % o.block_length != 0) o.block_length = o.gen_length;
-      o.steps = o.gen_length;
-    }
+    // What follows the length is fitted to it as `tessera generate -n` fits it (Session::fit_layout): the
+    // server's block, or the largest that divides the length, and its steps per token; a block or steps
+    // the request gives are kept (and checked below).
+    auto given_int = [&](const char* k) -> std::optional<int> {
+      if (!given(body, k) || !body[k].is_number_integer()) return std::nullopt;
+      const int64_t v = body[k].get<int64_t>();
+      return v > 0 && v <= ctx ? std::optional<int>(static_cast<int>(v)) : std::nullopt;
+    };
+    session.fit_layout(o, static_cast<int>(n), given_int("block_length"), given_int("steps"));
   }
   // A choice (an enum) from its name; an unknown name is a 400 that names it and the choices.
   auto choice = [&](auto parse, const char* k) {

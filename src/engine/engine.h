@@ -37,6 +37,10 @@ struct EngineOptions {
   // optimizer (no chunking unless the plan would exceed the budget), and a step that cannot fit
   // even fully chunked fails before it runs, naming the budget, the floor and the largest context.
   size_t memory_budget = 0;
+  // The process's own memory besides the weights, the workspace and the caches (the runtime's libraries
+  // and threads, the tokenizer: measured at start-up by the session): counted inside memory_budget, so a
+  // process that keeps to its plan keeps to the budget.
+  size_t runtime_bytes = 0;
   // The cross-request prefix cache of block-causal models (prefix_cache.h): at most this many bytes, and
   // within memory_budget; 0: off. Exact (it changes no output).
   size_t prefix_cache_bytes = 0;
@@ -49,6 +53,7 @@ struct EngineOptions {
 // the RSS growth of a step with its plan.
 struct ProcessMemory {
   size_t rss = 0, peak = 0;
+  size_t anon = 0;  // RssAnon: the resident memory not backed by files (heap, stacks, JIT code)
 };
 ProcessMemory process_memory();
 void reset_peak_rss();
@@ -92,6 +97,8 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // The budget left for activations: memory_budget minus the weights and what is held across steps
   // (KV cache pool, SparseD patterns); 0 without a budget, or with nothing left.
   size_t activation_budget() const;
+  // Adds to EngineOptions::runtime_bytes what was measured after load (the tokenizer); plans are redone.
+  void add_runtime_bytes(size_t bytes);
   // Plans (and caches) the step of one sequence of n_tokens with n_logits selected rows; with a
   // memory budget, throws Error when it cannot fit. Run before a request's first step with its
   // largest step (the full canvas, the most logit rows) so an impossible budget fails before work.

@@ -94,6 +94,7 @@ ProcessMemory process_memory() {
   while (std::getline(f, line)) {
     if (line.rfind("VmRSS:", 0) == 0) m.rss = std::stoul(line.substr(6)) * 1024;
     if (line.rfind("VmHWM:", 0) == 0) m.peak = std::stoul(line.substr(6)) * 1024;
+    if (line.rfind("RssAnon:", 0) == 0) m.anon = std::stoul(line.substr(8)) * 1024;
   }
   return m;
 }
@@ -113,16 +114,24 @@ size_t Engine::workspace_resident() const {
 }
 
 size_t Engine::activation_budget() const {
-  const size_t w = (model_ ? model_->weight_bytes() : 0) + kv_->bytes() + sparse_.bytes() + prefix_bytes();
+  const size_t w = (model_ ? model_->weight_bytes() : 0) + opt_.runtime_bytes + kv_->bytes() +
+                   sparse_.bytes() + prefix_bytes();
   return opt_.memory_budget > w ? opt_.memory_budget - w : 0;
 }
 
+void Engine::add_runtime_bytes(size_t bytes) {
+  opt_.runtime_bytes += bytes;
+  plans_.clear();  // the activation budget changed
+  check_weights_fit();
+}
+
 void Engine::check_weights_fit() const {
-  if (opt_.memory_budget == 0 || model_->weight_bytes() < opt_.memory_budget) return;
-  tessera::fail_budget("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
-                       " is not larger than the weights alone (" +
-                       memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
-                       "): no context fits; the budget counts the weights plus the planned activations");
+  if (opt_.memory_budget == 0 || model_->weight_bytes() + opt_.runtime_bytes < opt_.memory_budget) return;
+  const auto b = [](size_t x) { return memory::format_bytes(static_cast<double>(x)); };
+  tessera::fail_budget("memory budget " + b(opt_.memory_budget) + " is not larger than the weights (" +
+                       b(model_->weight_bytes()) + ") plus the runtime's own memory (" +
+                       b(opt_.runtime_bytes) +
+                       ", measured at start-up): no context fits; the budget counts the whole process");
 }
 
 void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode, bool kv_cache) {
@@ -152,15 +161,17 @@ void Engine::fail_budget(OutputMode mode, const graph::StepShape& shape, size_t 
       "memory budget " + gib(opt_.memory_budget) + " (" + std::to_string(opt_.memory_budget) +
       " bytes) is too small for a step of " + std::to_string(shape.n_query) + " tokens with " +
       std::to_string(shape.n_logits) + " logit rows: the weights take " + gib(model_->weight_bytes()) +
-      " and the activations need at least " + gib(floor) +
+      ", the runtime " + gib(opt_.runtime_bytes) + " and the activations need at least " + gib(floor) +
       " (the non-chunkable floor: FFN and logits chunked to one row), " +
-      gib(model_->weight_bytes() + floor) + " (" + std::to_string(model_->weight_bytes() + floor) +
+      gib(model_->weight_bytes() + opt_.runtime_bytes + floor) + " (" +
+      std::to_string(model_->weight_bytes() + opt_.runtime_bytes + floor) +
       " bytes) in all. The largest context that fits this budget is " + std::to_string(l_max) +
       " tokens (at the same mask ratio " + r + "); raise the budget or shorten the request.");
 }
 
 bool Engine::held_fits(size_t others, size_t bytes) const {
-  return opt_.memory_budget == 0 || model_->weight_bytes() + others + bytes < opt_.memory_budget;
+  return opt_.memory_budget == 0 ||
+         model_->weight_bytes() + opt_.runtime_bytes + others + bytes < opt_.memory_budget;
 }
 
 void Engine::check_held(size_t others, size_t bytes, const std::string& what) const {

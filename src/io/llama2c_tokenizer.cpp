@@ -2,6 +2,7 @@
 #include "io/llama2c_tokenizer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -31,7 +32,7 @@ std::string to_piece(const std::string& raw) {
 
 std::string llama2c_tokenizer_to_json(const std::filesystem::path& tok_bin) {
   std::ifstream f(tok_bin, std::ios::binary);
-  if (!f) fail("cannot open llama2.c tokenizer " + tok_bin.string() + ": check the path");
+  if (!f) fail("cannot open llama2.c tokenizer " + tok_bin.string() + ": " + std::strerror(errno));
   int32_t max_len = 0;
   if (!f.read(reinterpret_cast<char*>(&max_len), 4) || max_len <= 0 || max_len > 1 << 16)
     fail("llama2.c tokenizer " + tok_bin.string() + " has no valid max_token_length header");

@@ -2,6 +2,8 @@
 // runs the file's decoder over each run of ordinary tokens and copies added tokens verbatim.
 #include "io/tokenizer.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -12,7 +14,7 @@ namespace tessera {
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open tokenizer file " + path.string() + ": check the path");
+  if (!f) fail("cannot open tokenizer file " + path.string() + ": " + std::strerror(errno));
   std::string text;
   f.seekg(0, std::ios::end);
   text.resize(static_cast<size_t>(f.tellg()));

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -21,16 +23,30 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string default_model_dir() {
-  std::vector<fs::path> roots = {fs::current_path()};
+  // Where it is looked for, in order: $TESSERA_MODEL, ./models, beside an installed binary
+  // (PREFIX/bin/tessera: PREFIX/share/tessera/models), beside a build directory in the source tree
+  // (build/tessera: models), and the source tree this binary was built from.
+  if (const char* env = std::getenv("TESSERA_MODEL"); env != nullptr && *env != '\0') {
+    if (!fs::exists(fs::path(env) / "config.json") && !fs::is_regular_file(env))
+      fail(std::string("TESSERA_MODEL=") + env + " is neither a model directory (no config.json) nor a file");
+    return env;
+  }
+  std::vector<fs::path> roots = {fs::current_path() / "models"};
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back(exe.parent_path().parent_path());
+  if (!ec) {
+    roots.push_back(exe.parent_path().parent_path() / "share/tessera/models");
+    roots.push_back(exe.parent_path().parent_path() / "models");
+  }
+#ifdef TESSERA_SOURCE_MODELS
+  roots.emplace_back(TESSERA_SOURCE_MODELS);
+#endif
   for (const auto& r : roots) {
-    if (fs::exists(r / "models/tessera-tiny/config.json")) return (r / "models/tessera-tiny").string();
+    if (fs::exists(r / "tessera-tiny/config.json", ec)) return (r / "tessera-tiny").string();
   }
   fail(
-      "no model given and the default model models/tessera-tiny was not found (run from the repository, or "
-      "pass -m DIR)");
+      "no model given (-m) and the default model tessera-tiny was not found in ./models, beside the binary "
+      "or in $TESSERA_MODEL");
 }
 
 size_t peak_rss_bytes() {
@@ -66,11 +82,19 @@ Session::Session(const LoadOptions& lo) {
   EngineOptions eo;
   eo.device = lo.device;
   eo.memory_budget = lo.memory_budget;
+  // The budget bounds the process: what it holds before the model (libraries, threads) is counted in it,
+  // and below the tokenizer's share.
+  if (lo.memory_budget > 0) eo.runtime_bytes = process_memory().rss;
   eo.prefix_cache_bytes = lo.prefix_cache;
   eo.precision = lo.precision;
   eo.dequantize = lo.dequantize;
   engine_ = Engine::load(dir_, eo);
+  const size_t before_tokenizer = lo.memory_budget > 0 ? process_memory().rss : 0;
   tok_ = load_model_tokenizer(dir_);
+  if (lo.memory_budget > 0) {
+    const size_t after = process_memory().rss;
+    engine_->add_runtime_bytes(after > before_tokenizer ? after - before_tokenizer : 0);
+  }
   const auto token_text = [&](int64_t id) {
     return id >= 0 && static_cast<size_t>(id) < tok_->vocab_size()
                ? tok_->token_text(static_cast<int32_t>(id))
@@ -113,32 +137,66 @@ Session::Session(const LoadOptions& lo) {
   gc_gen_length_ = gc_int("gen_length");
   gc_block_length_ = gc_int("block_length");
   gc_steps_ = gc_int("steps");
-  if (gc.contains("threshold")) {
-    const json& v = gc["threshold"];
-    if (!v.is_number() || !(std::fabs(v.get<double>()) <= 3.4e38))
-      fail(gc_path.string() + ": 'threshold' must be a number");
-    gc_threshold_ = v.get<float>();
-  }
+  auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string(b);
+  };
+  auto gc_float = [&](const char* key, double low, double high) -> std::optional<float> {
+    if (!gc.contains(key)) return std::nullopt;
+    const json& v = gc[key];
+    if (!v.is_number() || !(v.get<double>() >= low && v.get<double>() <= high))
+      fail(gc_path.string() + ": '" + key + "' must be a number in [" + num(low) + ", " + num(high) + "]");
+    return v.get<float>();
+  };
+  gc_threshold_ = gc_float("threshold", -3.4e38, 3.4e38);
+  // The sampling keys transformers' generation_config.json shares (temperature, top_p, top_k) and
+  // tessera's repetition penalty (edit_penalty: SGLang's 2-gram penalty).
+  gc_temperature_ = gc_float("temperature", 0.0, 100.0);
+  gc_top_p_ = gc_float("top_p", 0.0, 1.0);
+  gc_edit_penalty_ = gc_float("edit_penalty", 0.0, 100.0);
+  gc_top_k_ = gc_int("top_k");
   if (gc.contains("alg")) {
     if (!gc["alg"].is_string()) fail(gc_path.string() + ": 'alg' must be a string");
     gc_alg_ = gc["alg"].get<std::string>();
   }
   set_options(defaults());
+  if (lo.memory_budget > 0) measure_runtime();
+}
+
+// With a budget, a first forward of a few tokens runs at load: what it leaves resident beyond its plan's
+// workspace (threads' stacks, oneDNN's generated kernels and caches, the sampler's buffers) is the
+// runtime's share of every later step, counted in the budget before any request is planned.
+void Session::measure_runtime() {
+  GenerateOptions w;
+  w.gen_length = w.block_length = model_block_ > 0 ? model_block_ : 8;
+  w.steps = 1;
+  w.eos_ids = gen_.eos_ids;
+  const std::vector<int32_t> prompt = encode_raw(*tok_, "tessera", add_bos_ ? engine_->config().bos_id : -1);
+  const size_t anon = process_memory().anon;
+  generate(*engine_, prompt, w);
+  const size_t after = process_memory().anon, ws = engine_->workspace_resident();
+  engine_->add_runtime_bytes(after > anon + ws ? after - anon - ws : 0);
 }
 
 GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<int> block_length,
-                                  std::optional<int> steps) const {
+                                  std::optional<int> steps, std::vector<std::string>* notes) const {
   GenerateOptions g;
-  const int gen_len = gen_length.value_or(gc_gen_length_.value_or(128));
-  g.gen_length = gen_len;
-  // Block-causal models (LLaDA2MoeModelLM.generate): block_length 32 (the model's default attention
-  // block), steps per block = block_length, threshold 0.95.
+  // The model's own layout first (generation_config.json, else LLaDA's: one block, a token per step;
+  // block-causal models (LLaDA2MoeModelLM.generate): block_length 32, the model's attention block, steps
+  // per block = block_length, threshold 0.95), then fitted to the length asked for.
   const int model_block = model_block_;
-  g.block_length = block_length.value_or(gc_block_length_.value_or(model_block > 0 ? model_block : gen_len));
-  g.steps = steps.value_or(gc_steps_.value_or(model_block > 0 ? g.block_length : gen_len));
+  g.gen_length = gc_gen_length_.value_or(128);
+  g.block_length = gc_block_length_.value_or(model_block > 0 ? model_block : g.gen_length);
+  g.steps = gc_steps_.value_or(model_block > 0 ? g.block_length : g.gen_length);
+  fit_layout(g, gen_length.value_or(g.gen_length), block_length, steps, notes);
   g.threshold = gc_threshold_.value_or(model_block > 0 ? 0.95f : 0.0f);
   g.alg = parse_unmask(gc_alg_.value_or(
       engine_->config().family == Family::Dream && !engine_->config().causal ? "entropy" : "low_confidence"));
+  g.temperature = gc_temperature_.value_or(g.temperature);
+  g.top_p = gc_top_p_.value_or(g.top_p);
+  g.top_k = gc_top_k_.value_or(g.top_k);
+  g.edit_penalty = gc_edit_penalty_.value_or(g.edit_penalty);
   g.moe_stats = engine_->supports_expert_sharing();  // the live view and --json report unique experts
   const ModelConfig& c = engine_->config();
   if (c.eos_id >= 0) g.eos_ids.push_back(c.eos_id);
@@ -147,6 +205,55 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
     if (id >= 0 && id < c.vocab) g.eos_ids.push_back(id);
   }
   return g;
+}
+
+void Session::fit_layout(GenerateOptions& g, int gen_length, std::optional<int> block_length,
+                         std::optional<int> steps, std::vector<std::string>* notes) const {
+  auto note = [&](const std::string& n) {
+    if (notes != nullptr) notes->push_back(n);
+  };
+  const double steps_per_token =
+      g.gen_length > 0 ? static_cast<double>(g.steps) / static_cast<double>(g.gen_length) : 1.0;
+  const int base_block = g.block_length;
+  g.gen_length = gen_length;
+  if (block_causal() || gen_length <= 0) {  // the attention block is the model's; validation names bad values
+    if (block_length) g.block_length = *block_length;
+    if (steps) g.steps = *steps;
+    return;
+  }
+  const int n = gen_length;
+  if (steps && *steps > n) {
+    note("steps " + std::to_string(*steps) + " is more than gen-length " + std::to_string(n) +
+         ": at most one token per step, so " + std::to_string(n) + " steps run");
+    steps = n;
+  }
+  if (block_length) {
+    g.block_length = *block_length;
+  } else if (base_block >= n) {
+    g.block_length = n;
+  } else {
+    // The largest divisor of n up to the model's block (that also divides the given steps into whole
+    // blocks), if it is at least half the model's block; else one block.
+    int best = n;
+    for (int d = base_block; d >= std::max(1, (base_block + 1) / 2); --d) {
+      if (n % d == 0 && (!steps || *steps % (n / d) == 0)) {
+        best = d;
+        break;
+      }
+    }
+    g.block_length = best;
+    if (best != base_block)
+      note("block-length " + std::to_string(best) + (best == n ? " (one block)" : "") + ": gen-length " +
+           std::to_string(n) + " is not a multiple of the model's block-length " +
+           std::to_string(base_block) + " (--block-length sets it)");
+  }
+  const int blocks = g.block_length >= n || g.block_length <= 0 ? 1 : n / g.block_length;
+  if (steps) {
+    g.steps = *steps;
+    return;
+  }
+  const int want = std::clamp(static_cast<int>(std::lround(steps_per_token * n)), 1, n);
+  g.steps = std::min(n, (want + blocks - 1) / blocks * blocks);
 }
 
 void Session::set_options(const GenerateOptions& o) {

@@ -42,8 +42,18 @@ class Session {
   // block, threshold 0.95; Dream: the entropy policy), its EOS ids, and unique-expert counts on MoE
   // models. A length not given is the one the given lengths imply: block_length the gen_length
   // (block-causal: the attention block), steps the gen_length (block-causal: the block length).
+  // A length that does not fit is fitted, not refused, unless the caller gave it (fit_layout); each
+  // change is described in `notes` when given.
   GenerateOptions defaults(std::optional<int> gen_length = {}, std::optional<int> block_length = {},
-                           std::optional<int> steps = {}) const;
+                           std::optional<int> steps = {}, std::vector<std::string>* notes = nullptr) const;
+  // Sets g's gen_length and, for bidirectional models, a block length and steps that fit it: a block or
+  // step count given here is kept as it is (steps above gen_length lowered to it: the same tokens, no
+  // empty steps), the others follow g's: the largest block up to g's that divides gen_length (and the
+  // given steps) and is at least half of it, else one block; as many steps per token as g has, rounded
+  // up to a multiple of the blocks. Block-causal models keep their attention block. Each change of a
+  // value that was not given is described in `notes`.
+  void fit_layout(GenerateOptions& g, int gen_length, std::optional<int> block_length,
+                  std::optional<int> steps, std::vector<std::string>* notes = nullptr) const;
   // Replaces the session's options (validated: throws Error, nothing changed, for bad ones).
   void set_options(const GenerateOptions& o);
   void set_logprobs_top(int n) { logprobs_top_ = n; }
@@ -128,6 +138,7 @@ class Session {
   // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.
   Output timed(const GenerateOptions& g,
                const std::function<GenerateResult(const GenerateOptions&)>& gen) const;
+  void measure_runtime();
   std::string dir_;
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
@@ -141,7 +152,8 @@ class Session {
   int logprobs_top_ = 0;
   // generation_config.json's tessera keys (defaults())
   std::optional<int> gc_gen_length_, gc_block_length_, gc_steps_;
-  std::optional<float> gc_threshold_;
+  std::optional<float> gc_threshold_, gc_temperature_, gc_top_p_, gc_edit_penalty_;
+  std::optional<int> gc_top_k_;
   std::optional<std::string> gc_alg_;
 };
 
