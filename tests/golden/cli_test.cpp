@@ -181,7 +181,8 @@ TEST(Cli, JsonOutputOfInvalidUtf8TextIsValidJson) {
 TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   const std::string base =
       tessera_bin() + " generate" + tiny_model() +
-      " -p \"Once upon a time\" --gen-length 64 --steps 64 --block-length 16 --json --no-progress";
+      " -p \"Once upon a time\" --gen-length 64 --steps 64 --block-length 16 --alg low_confidence "
+      "--temperature 0 --json --no-progress";
   std::string out;
   ASSERT_EQ(test::run_command(base + " 2>/dev/null", &out), 0) << out;
   const auto full = nlohmann::json::parse(out);
@@ -330,7 +331,7 @@ TEST(Cli, BenchEndsTheAnswersAtEosAndStopSequences) {
   const auto json_path = test::temp_dir("cli_bench_stop") / "bench.json";
   const std::string opts = tiny_model() +
                            " -p \"Once upon a time\" --gen-length 64 --block-length 32 --steps 64 "
-                           "--temperature 0.8 --seed 1";
+                           "--alg low_confidence --temperature 0.8 --seed 1";
   std::string out;
   ASSERT_EQ(test::run_command(
                 tessera_bin() + " generate --raw --no-progress --json --stop , " + opts + " 2>&1", &out),
