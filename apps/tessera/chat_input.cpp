@@ -2,7 +2,6 @@
 
 #include <histedit.h>
 #include <langinfo.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <clocale>
@@ -10,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 namespace tessera::cli {
 
@@ -101,11 +102,8 @@ std::optional<std::string> ChatInput::next() {
       HistEvent ev;
       history(hist_, &ev, H_ENTER, line.c_str());
       if (!hist_path_.empty()) {
-        const size_t slash = hist_path_.rfind('/');
-        if (slash != std::string::npos && slash > 0) {
-          const std::string dir = hist_path_.substr(0, slash);
-          mkdir(dir.c_str(), 0700);  // $XDG_STATE_HOME/tessera; an error shows as H_SAVE's, ignored
-        }
+        std::error_code ec;  // $XDG_STATE_HOME/tessera; a failure shows as H_SAVE's, ignored
+        std::filesystem::create_directories(std::filesystem::path(hist_path_).parent_path(), ec);
         history(hist_, &ev, H_SAVE, hist_path_.c_str());
       }
       return line;
@@ -122,7 +120,7 @@ std::optional<std::string> ChatInput::next() {
     } else if (exit_armed_) {
       return std::nullopt;
     } else {
-      std::fputs("(to end the chat press Ctrl-C again or Ctrl-D, or type /quit)\n", stderr);
+      std::fputs("(to quit, press Ctrl-C again or Ctrl-D, or type /quit)\n", stderr);
       exit_armed_ = true;
     }
   }

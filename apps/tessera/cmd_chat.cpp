@@ -47,12 +47,12 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
                      "//text        send a message that starts with '/'\n");
         if (input.interactive()) {
           const std::string h = ChatInput::history_path();
-          std::fprintf(
-              stderr,
-              "Ctrl-C         stop the answer being written; at the prompt, clear the line (twice on "
-              "an empty line: end)\n"
-              "Up / Down      earlier lines (kept in %s); the usual Emacs keys edit the line\n",
-              h.empty() ? "this session only" : h.c_str());
+          std::fprintf(stderr,
+                       "Ctrl-C        stop the answer being written; at the prompt, clear the line\n"
+                       "              (twice on an empty line: end the chat)\n"
+                       "Up / Down     earlier lines (the usual Emacs keys edit the line), kept in\n"
+                       "              %s\n",
+                       h.empty() ? "this session only" : h.c_str());
         }
       } else if (cmd == "/clear") {
         history.resize(first_turn());

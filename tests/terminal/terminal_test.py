@@ -9,7 +9,7 @@ live_view: `generate` with a canvas far taller than the pane redraws in place: e
   ("… N lines above/below") over the status line `step S/T · block B/N · R tok/s · ETA E s`.
 chat: an empty line does not end the chat; Ctrl-C during an answer stops it ("(answer stopped)") and
   returns to the prompt; Up recalls the last line (no raw `^[[A`); Ctrl-C at the prompt clears the line;
-  another message gets an answer; Ctrl-C twice on an empty line ends the chat with status 0 and the
+  /help names the keys; another message gets an answer; Ctrl-C twice on an empty line ends the chat with status 0 and the
   terminal back in canonical mode with echo; the lines were saved in $XDG_STATE_HOME/tessera/chat_history.
 
 Standard library only; exits 77 (skipped) without tmux. Every wait polls with a deadline.
@@ -163,7 +163,8 @@ def live_view(binary, model):
 def chat(binary, model):
     state = tempfile.mkdtemp(prefix="tessera_state_")
     # Long, slow answers (160 tokens, one per step) so that Ctrl-C lands during one.
-    cmd = (f"XDG_STATE_HOME={shlex.quote(state)} {shlex.quote(binary)} chat -m {shlex.quote(model)} "
+    xdg = os.path.join(state, "not", "yet")  # the history's folders are made
+    cmd = (f"XDG_STATE_HOME={shlex.quote(xdg)} {shlex.quote(binary)} chat -m {shlex.quote(model)} "
            "--gen-length 160 --steps 160 --block-length 160")
     pane = Pane(cmd)
     prompts = lambda t: len(re.findall(r"^you>", t, re.M))
@@ -174,6 +175,9 @@ def chat(binary, model):
         pane.keys("Enter")  # an empty line: a new prompt, not the end
         pane.wait("a second prompt after an empty line", lambda t: prompts(t) == 2 and last(t) == "you>")
         check(not exited(pane.transcript()), "an empty line ended the chat", pane)
+        pane.type("/help")
+        pane.keys("Enter")
+        pane.wait("/help with the keys", lambda t: "Up / Down" in t and "Ctrl-C" in t and last(t) == "you>")
 
         pane.type("The old man said")
         pane.keys("Enter")
@@ -207,7 +211,7 @@ def chat(binary, model):
         t = pane.wait("the end of the chat", exited, timeout=15)
         terminal_restored(pane, t)
 
-        with open(os.path.join(state, "tessera", "chat_history"), encoding="utf-8", errors="replace") as f:
+        with open(os.path.join(xdg, "tessera", "chat_history"), encoding="utf-8", errors="replace") as f:
             saved = f.read()
         for line in ("The old man said", "Once upon a time"):
             check(line.replace(" ", "\\040") in saved or line in saved, f"{line!r} not in the history file",
