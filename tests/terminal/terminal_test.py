@@ -120,8 +120,10 @@ STATUS = re.compile(r"step (\d+)/(\d+) · block (\d+)/(\d+) · [\d.]+ tok/s · E
 
 def live_view(binary, model):
     gen = 448  # 448 masks alone are 8 rows of 60: the canvas is always taller than the pane
+    # Greedy low-confidence decoding (not the model's defaults, which may change): this prompt's answer
+    # runs its whole length.
     cmd = (f"{shlex.quote(binary)} generate -m {shlex.quote(model)} -p 'The old man said' --gen-length {gen} "
-           f"--block-length 64 --steps 112 --seed 1 > /dev/null")
+           f"--block-length 64 --steps 112 --alg low_confidence --temperature 0 > /dev/null")
     pane = Pane(cmd)
     try:
         pane.start()
@@ -162,10 +164,11 @@ def live_view(binary, model):
 
 def chat(binary, model):
     state = tempfile.mkdtemp(prefix="tessera_state_")
-    # Long, slow answers (160 tokens, one per step) so that Ctrl-C lands during one.
+    # Long, slow answers (160 tokens, one per step, greedy low-confidence decoding, which runs this
+    # prompt's answer its whole length) so that Ctrl-C lands during one.
     xdg = os.path.join(state, "not", "yet")  # the history's folders are made
     cmd = (f"XDG_STATE_HOME={shlex.quote(xdg)} {shlex.quote(binary)} chat -m {shlex.quote(model)} "
-           "--gen-length 160 --steps 160 --block-length 160")
+           "--gen-length 160 --steps 160 --block-length 160 --alg low_confidence --temperature 0")
     pane = Pane(cmd)
     prompts = lambda t: len(re.findall(r"^you>", t, re.M))
     last = lambda t: t.rstrip().split("\n")[-1]
