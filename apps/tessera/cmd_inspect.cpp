@@ -78,11 +78,18 @@ void add_inspect(CLI::App& app, Registry& reg) {
     double mask_ratio = 0.5;
   };
   auto a = std::make_shared<Args>();
-  sub->add_option("dir", a->dir, "model directory or .gguf file")->required();
+  auto* positional = sub->add_option("dir", a->dir, "model directory or .gguf file (or -m, as elsewhere)");
+  auto* model = sub->add_option("-m,--model", a->dir,
+                                "model directory or .gguf file (default: the bundled default model)");
+  positional->excludes(model);
   sub->add_option("--context", a->context, "context for the activation estimate (default: the model's)");
   sub->add_option("--mask-ratio", a->mask_ratio, "fraction of positions that need logits")
       ->check(in_range(0.0, 1.0));
+  sub->footer(
+      "Examples:\n  tessera inspect -m /models/LLaDA-8B-Instruct --context 4096\n"
+      "  tessera inspect LLaDA-8B-Instruct-Q4_K_M.gguf");
   reg.handlers.emplace_back(sub, [a] {
+    if (a->dir.empty()) a->dir = default_model_dir();
     const ModelConfig c = load_config(a->dir);
     const WeightSummary ws = summarize_weights(a->dir);
     const DType act = ws.act;

@@ -128,10 +128,13 @@ void Engine::add_runtime_bytes(size_t bytes) {
 void Engine::check_weights_fit() const {
   if (opt_.memory_budget == 0 || model_->weight_bytes() + opt_.runtime_bytes < opt_.memory_budget) return;
   const auto b = [](size_t x) { return memory::format_bytes(static_cast<double>(x)); };
-  tessera::fail_budget("memory budget " + b(opt_.memory_budget) + " is not larger than the weights (" +
-                       b(model_->weight_bytes()) + ") plus the runtime's own memory (" +
-                       b(opt_.runtime_bytes) +
-                       ", measured at start-up): no context fits; the budget counts the whole process");
+  tessera::fail_budget(
+      "memory budget " + b(opt_.memory_budget) + " is not larger than the weights alone (" +
+      b(model_->weight_bytes()) + ")" +
+      (opt_.runtime_bytes > 0
+           ? " with the runtime's own memory (" + b(opt_.runtime_bytes) + ", measured at start-up)"
+           : std::string()) +
+      ": no context fits; the budget counts the weights, the runtime and the planned activations");
 }
 
 void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode, bool kv_cache) {

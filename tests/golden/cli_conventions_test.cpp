@@ -236,7 +236,7 @@ TEST(CliConventions, AMemoryBudgetBoundsTheWholeProcess) {
   EXPECT_GT(j["activation_peak_bytes"].get<size_t>(), chunked);
   // A budget the weights and the runtime alone exceed is refused before any work, naming both.
   EXPECT_NE(tessera("generate" + tiny_greedy() + " -p hi --memory-budget 20MiB", &out), 0);
-  EXPECT_NE(out.find("plus the runtime's own memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("with the runtime's own memory"), std::string::npos) << out;
 }
 
 }  // namespace
