@@ -237,8 +237,8 @@ void expect_card_samples(const std::string& name) {
     const std::string want = std::regex_replace(line.substr(end + 2), std::regex("<\\|[a-z_0-9]+\\|>"), "");
     std::string out;
     ASSERT_EQ(test::run_command(tessera_bin() + " generate -m " + m.string() + " -p '" + prompt +
-                                    "' --gen-length 64 --steps 64 --block-length 32 --temperature 0 --raw "
-                                    "--precision f32 --json 2>/dev/null",
+                                    "' --gen-length 64 --steps 64 --block-length 32 --alg low_confidence "
+                                    "--temperature 0 --raw --precision f32 --json 2>/dev/null",
                                 &out),
               0)
         << out;

@@ -662,7 +662,13 @@ TEST(Serve, SigtermLetsTheRequestsInFlightFinish) {
   std::thread request([&] {
     httplib::Client c = client_of(server, 600);  // sanitized builds take over a minute for it
     done = post(c, "/v1/completions",
-                json{{"prompt", "Once"}, {"max_tokens", 440}, {"block_length", 440}}.dump(), 200);
+                json{{"prompt", "Once"},
+                     {"max_tokens", 440},
+                     {"block_length", 440},
+                     {"alg", "low_confidence"},  // every step runs: greedy, no EOS before the end
+                     {"temperature", 0}}
+                    .dump(),
+                200);
   });
   {
     httplib::Client h("127.0.0.1", server.port());
