@@ -150,9 +150,8 @@ CLI::Validator size_validator() {
       "SIZE");
 }
 
-void Session::print_notes() {
+void Session::print_notes() const {
   for (const std::string& n : notes_) std::fprintf(stderr, "note: %s\n", n.c_str());
-  notes_.clear();
 }
 
 namespace {
@@ -223,6 +222,8 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   g.logprobs = a.logprobs.has_value();
   set_logprobs_top(a.logprobs.value_or(0));
   if (!a.json_schema.empty()) g.constraint = json_output(json_schema_grammar(a.json_schema));
+  if (!a.alg)
+    if (auto note = fit_default_alg(g)) notes_.push_back(*note);
   set_options(g);
 }
 

@@ -56,9 +56,11 @@ class Session : public tessera::Session {
  public:
   // Loads the model of the flags and sets the options they give over the model's defaults.
   explicit Session(const SessionArgs& a);
-  // What the session fitted that the user did not set (Session::fit_layout), as "note: ..." lines on
-  // stderr: once, when the first request has passed its checks (an error stays one line).
-  void print_notes();
+  // What the session chose that the user did not set (Session::fit_layout, fit_default_alg): "note: ..."
+  // lines on stderr, printed when the first request has passed its checks (an error stays one line), or
+  // "notes" in a --json result.
+  void print_notes() const;
+  const std::vector<std::string>& notes() const { return notes_; }
   using tessera::Session::run;
   // Generates with the session's options and a live view on `tty` (nullptr: none). `after_step`, when
   // given, runs after every step and may throw to end the generation (chat's Ctrl-C); the view is

@@ -131,7 +131,7 @@ void add_chat(CLI::App& app, Registry& reg) {
   add_session_options(chat, *c);
   reg.handlers.emplace_back(chat, [c] {
     Session s(*c);
-    s.print_notes();
+    if (!c->json) s.print_notes();
     return run_chat(s, *c, std::cin);
   });
 }

@@ -161,7 +161,7 @@ void add_generate(CLI::App& app, Registry& reg) {
       "  tessera generate -m /models/LLaDA-8B-Instruct -n 128 --steps 64 \"Explain diffusion LMs.\"\n"
       "  tessera generate --prompts-file prompts.txt --json > answers.jsonl");
   reg.handlers.emplace_back(sub, [a, prompt, words, prompts_file, batch, p_opt, w_opt, f_opt, canvas,
-                                 order_svg] {
+                                  order_svg] {
     if (p_opt->count() == 0 && w_opt->count() == 0 && f_opt->count() == 0)
       fail("give a prompt (-p TEXT, or the text as the last arguments) or a prompts file (--prompts-file)");
     for (const std::string& w : *words) *prompt += (prompt->empty() ? "" : " ") + w;
@@ -172,7 +172,7 @@ void add_generate(CLI::App& app, Registry& reg) {
       if (!order_svg->empty()) fail("--order-svg draws one generation (-p), not a prompts file");
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
-      s.print_notes();
+      if (!a->json) s.print_notes();
       return generate_many(s, *a, prompts, *batch);
     }
     check_utf8(*prompt, "the prompt");
@@ -184,7 +184,7 @@ void add_generate(CLI::App& app, Registry& reg) {
                    s.chat_template().origin().c_str());
     FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
     if (*canvas && !a->json) fail("--canvas streams JSON step events; give --json too");
-    s.print_notes();
+    if (!a->json) s.print_notes();
     const auto o =
         *canvas ? s.run(ids, s.options(),
                         [&](const StepEvent& ev) {

@@ -115,6 +115,7 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"sparse", s.options().sparse},
       {"sparse_pattern_bytes", s.engine().sparse_bytes()},
       {"des", name(s.options().des)}};
+  if (!s.notes().empty()) j["notes"] = s.notes();  // what was chosen for the user (not printed with --json)
   const GenerateOptions& g = s.options();
   if (g.logprobs) j["logprobs"] = logprobs_json(o, s);
   if (g.window) {

@@ -30,6 +30,19 @@ void check_prompt_tokens(std::span<const int32_t> prompt, int64_t V) {
 
 }  // namespace
 
+std::optional<std::string> fit_default_alg(GenerateOptions& o) {
+  const Unmask a = o.alg;
+  const char* why = o.threshold > 0.0f && (a == Unmask::Random || a == Unmask::Origin || a == Unmask::Entropy)
+                        ? "threshold decoding"
+                    : o.cfg_scale > 0.0f && !is_llada(a)                               ? "cfg"
+                    : o.edit && a != Unmask::LowConfidence && a != Unmask::MaskgitPlus ? "token editing"
+                                                                                       : nullptr;
+  if (why == nullptr) return std::nullopt;
+  o.alg = Unmask::LowConfidence;
+  return std::string("unmasking low_confidence instead of the model's default ") + std::string(name(a)) +
+         ": " + why + " ranks by a probability-like confidence (--alg chooses)";
+}
+
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal) {
   const Unmask a = o.alg;
   const std::string an(name(a));

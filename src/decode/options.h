@@ -132,6 +132,12 @@ struct GenerateOptions {
 // features is checked against the table of decode/compat.h.
 void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, bool block_causal = false);
 
+// For an unmasking the user did not choose (the model's default): threshold decoding, cfg and token
+// editing rank by a probability-like LLaDA confidence, which entropy, origin or random unmasking do not
+// give. When o asks for one of them with such a default, o.alg becomes low_confidence (which serves all
+// three) and the returned note says why; otherwise nothing changes.
+std::optional<std::string> fit_default_alg(GenerateOptions& o);
+
 // Token editing as a boundary gives it (CLI flags, serve's fields, --compare keys): a preset mode and the
 // values given explicitly, which override the preset's (threshold: the mask threshold, when given).
 // Editing is on with a quality / speed mode or an edit threshold; off with mode off, which refuses the

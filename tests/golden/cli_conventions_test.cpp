@@ -101,12 +101,16 @@ TEST(CliConventions, LlamaCppAliasesAndAPositionalPromptMeanTheSame) {
 TEST(CliConventions, LengthsTheUserDidNotSetAreFittedAndSaid) {
   std::string out;
   // generation_config.json: gen_length 64, steps 64, block_length 32. 100 is no multiple of 32.
-  ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --gen-length 100 --json", &out), 0) << out;
+  ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --gen-length 100 --no-progress", &out), 0) << out;
   EXPECT_NE(
       out.find("note: block-length 25: gen-length 100 is not a multiple of the model's block-length 32"),
       std::string::npos)
       << out;
+  ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --gen-length 100 --json", &out), 0) << out;
+  EXPECT_EQ(out.find("note:"), std::string::npos) << out;  // --json: the notes are in the result
   nlohmann::json j = last_json(out);
+  ASSERT_EQ(j["notes"].size(), 1u) << out;
+  EXPECT_NE(j["notes"][0].get<std::string>().find("block-length 25"), std::string::npos) << out;
   EXPECT_EQ(j["block_length"], 25);
   EXPECT_EQ(j["steps"], 100);  // the model's pace: one step per token
   for (int n : {50, 48, 40, 37}) {
@@ -120,12 +124,14 @@ TEST(CliConventions, LengthsTheUserDidNotSetAreFittedAndSaid) {
   // A longer generation keeps the pace instead of the absolute step count.
   ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --gen-length 256 --json", &out), 0) << out;
   EXPECT_EQ(last_json(out)["steps"], 256);
-  EXPECT_EQ(out.find("note:"), std::string::npos) << out;  // 256 is a multiple of 32: nothing to say
+  EXPECT_FALSE(last_json(out).contains("notes")) << out;  // 256 is a multiple of 32: nothing to say
   // More steps than tokens: said, and the run is the same as with one step per token.
   std::string capped;
   ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --steps 200 --gen-length 64 --json", &out), 0)
       << out;
-  EXPECT_NE(out.find("note: steps 200 is more than gen-length 64"), std::string::npos) << out;
+  EXPECT_NE(last_json(out)["notes"][0].get<std::string>().find("steps 200 is more than gen-length 64"),
+            std::string::npos)
+      << out;
   ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi --steps 64 --gen-length 64 --json", &capped), 0)
       << capped;
   EXPECT_EQ(last_json(out)["tokens"], last_json(capped)["tokens"]);
@@ -138,6 +144,28 @@ TEST(CliConventions, LengthsTheUserDidNotSetAreFittedAndSaid) {
   // Both given and in conflict: the user's values are not changed but refused with the reason.
   EXPECT_NE(tessera("generate" + tiny_greedy() + " -p hi --gen-length 100 --block-length 30", &out), 0);
   EXPECT_NE(out.find("not divisible by block-length 30"), std::string::npos) << out;
+}
+
+TEST(CliConventions, TheModelsDefaultUnmaskingGivesWayToWhatTheUserAsks) {
+  // tessera-tiny samples with entropy unmasking by default (generation_config.json), which has no
+  // probability-like confidence: a threshold, cfg or token editing asked for switches the default (said)
+  // to low_confidence and runs exactly as if it were given; an entropy the user gives is refused.
+  std::string fitted, given;
+  for (const std::string opts : {" --threshold 0.9", " --cfg 1", " --edit-mode quality"}) {
+    ASSERT_EQ(tessera("generate" + tiny() + " -p hi -n 32 --json" + opts, &fitted), 0) << opts << fitted;
+    ASSERT_EQ(tessera("generate" + tiny() + " -p hi -n 32 --json --alg low_confidence" + opts, &given), 0)
+        << opts << given;
+    const nlohmann::json f = last_json(fitted), g = last_json(given);
+    EXPECT_EQ(f["alg"], "low_confidence") << opts;
+    EXPECT_EQ(f["tokens"], g["tokens"]) << opts;
+    ASSERT_TRUE(f.contains("notes")) << opts << fitted;
+    EXPECT_NE(f["notes"][0].get<std::string>().find("instead of the model's default entropy"),
+              std::string::npos)
+        << fitted;
+    EXPECT_FALSE(g.contains("notes")) << opts << given;
+  }
+  EXPECT_NE(tessera("generate" + tiny() + " -p hi --alg entropy --threshold 0.9", &given), 0);
+  EXPECT_NE(given.find("threshold decoding needs a probability-like confidence"), std::string::npos) << given;
 }
 
 TEST(CliConventions, VersionNamesTheCommitAndTheBackends) {
