@@ -42,19 +42,20 @@ class SamplingParams:
     """The decoding options of one request; each is the `tessera generate` flag of the same name.
 
     None leaves the model's default (its generation_config.json): steps and block_length then follow
-    gen_length as they do on the command line. logprobs=N reports each token's log-probability with
+    gen_length as they do on the command line; temperature, top_k and top_p are the model's (else 0,
+    off and off). logprobs=N reports each token's log-probability with
     N alternatives (0..20). edit_mode ("quality" / "speed") sets the token-editing preset; the editing
     fields given beside it override it.
     """
     gen_length: Optional[int] = None
     steps: Optional[int] = None
     block_length: Optional[int] = None
-    temperature: float = 0.0
+    temperature: Optional[float] = None
     alg: Optional[str] = None
     threshold: Optional[float] = None
     cfg: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
     alg_temp: float = 0.0
     seed: int = 0
     cache: str = "none"

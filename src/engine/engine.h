@@ -99,6 +99,9 @@ class Engine final : public Denoiser, private KvPool::Budget {
   size_t activation_budget() const;
   // Adds to EngineOptions::runtime_bytes what was measured after load (the tokenizer); plans are redone.
   void add_runtime_bytes(size_t bytes);
+  // Replaces EngineOptions::memory_budget (0: none); plans are redone. The session measures the runtime's
+  // share with a first forward run without the budget, then sets it back.
+  void set_memory_budget(size_t bytes);
   // Plans (and caches) the step of one sequence of n_tokens with n_logits selected rows; with a
   // memory budget, throws Error when it cannot fit. Run before a request's first step with its
   // largest step (the full canvas, the most logit rows) so an impossible budget fails before work.

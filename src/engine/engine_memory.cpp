@@ -122,19 +122,23 @@ size_t Engine::activation_budget() const {
 void Engine::add_runtime_bytes(size_t bytes) {
   opt_.runtime_bytes += bytes;
   plans_.clear();  // the activation budget changed
+}
+
+void Engine::set_memory_budget(size_t bytes) {
+  opt_.memory_budget = bytes;
+  plans_.clear();
   check_weights_fit();
 }
 
+// At load only the weights are checked: a budget the runtime's share leaves no room in is refused by the
+// first request's plan, which names the weights, the runtime and the floor.
 void Engine::check_weights_fit() const {
-  if (opt_.memory_budget == 0 || model_->weight_bytes() + opt_.runtime_bytes < opt_.memory_budget) return;
-  const auto b = [](size_t x) { return memory::format_bytes(static_cast<double>(x)); };
-  tessera::fail_budget(
-      "memory budget " + b(opt_.memory_budget) + " is not larger than the weights alone (" +
-      b(model_->weight_bytes()) + ")" +
-      (opt_.runtime_bytes > 0
-           ? " with the runtime's own memory (" + b(opt_.runtime_bytes) + ", measured at start-up)"
-           : std::string()) +
-      ": no context fits; the budget counts the weights, the runtime and the planned activations");
+  if (opt_.memory_budget == 0 || model_->weight_bytes() < opt_.memory_budget) return;
+  tessera::fail_budget("memory budget " + memory::format_bytes(static_cast<double>(opt_.memory_budget)) +
+                       " is not larger than the weights alone (" +
+                       memory::format_bytes(static_cast<double>(model_->weight_bytes())) +
+                       "): no context fits; the budget counts the weights, the runtime and the planned "
+                       "activations");
 }
 
 void Engine::check_memory(int64_t n_tokens, int64_t n_logits, OutputMode mode, bool kv_cache) {

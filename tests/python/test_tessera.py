@@ -126,7 +126,9 @@ def test_the_gil_is_released_while_the_engine_runs(llm):
 
 
 def test_logprobs_and_plan(llm):
-    out = llm.generate("Once upon a time", tessera.SamplingParams(gen_length=16, steps=16, logprobs=2))[0]
+    # greedy: the chosen token is the most likely one (the bundled model samples by default)
+    out = llm.generate("Once upon a time", tessera.SamplingParams(gen_length=16, steps=16, logprobs=2,
+                                                                   temperature=0.0, alg="low_confidence"))[0]
     assert len(out.logprobs) == len(out.token_ids)
     for tok, (t, lp, step, alts) in zip(out.token_ids, out.logprobs):
         assert t == tok and lp <= 0 and step >= 0 and len(alts) == 2 and alts[0][0] == tok
