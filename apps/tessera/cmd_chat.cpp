@@ -129,6 +129,9 @@ void add_chat(CLI::App& app, Registry& reg) {
       "terminal: line editing and history (Up / Down), Ctrl-C stops an answer");
   auto c = std::make_shared<SessionArgs>();
   add_session_options(chat, *c);
+  chat->footer(
+      "Examples:\n  tessera chat\n  tessera chat -m /models/LLaDA-8B-Instruct -n 128 --temperature 0.7\n"
+      "  printf 'Hello\\nTell me more\\n' | tessera chat --json");
   reg.handlers.emplace_back(chat, [c] {
     Session s(*c);
     if (!c->json) s.print_notes();

@@ -20,6 +20,7 @@
 #include "apps/tessera/commands.h"
 #include "apps/tessera/svg.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "io/config.h"
 #include "io/gguf.h"
 #include "memory/chunk_optimizer.h"
@@ -389,6 +390,9 @@ int run_plan(const PlanArgs& a) {
             {"floor_bytes", floor},
             {"kv_cache_bytes", kv},
             {"sparse_pattern_bytes", patterns(a.context)}};
+  // The runtime's own memory is not planned here (no model runs); generate and serve measure theirs at
+  // start-up and count it in --memory-budget. This process's resident memory is its lower bound.
+  j["runtime_bytes_estimate"] = process_memory().rss;
   if (budget > 0) {
     j["budget_bytes"] = budget;
     j["activation_budget_bytes"] = act_budget;
@@ -434,6 +438,10 @@ int run_plan(const PlanArgs& a) {
         "budget %s total -> %s for activations%s\n", hb(static_cast<double>(budget)).c_str(),
         hb(static_cast<double>(act_budget)).c_str(),
         held > 0 ? " (after the weights and the memory held for the request)" : " (after the weights)");
+    std::printf(
+        "runtime ~%s not in this plan: generate and serve measure their own (libraries, threads, "
+        "tokenizer) at start-up and take it off the budget too\n",
+        hb(static_cast<double>(process_memory().rss)).c_str());
   }
   char col[64];
   std::snprintf(col, sizeof col, "lazy (K_ffn %lld, K_logits %lld)", static_cast<long long>(choice.k_ffn),

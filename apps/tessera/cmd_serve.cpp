@@ -582,6 +582,9 @@ void add_serve(CLI::App& app, Registry& reg) {
                                   "compiled in (for working on apps/tessera/web)")
                       ->check(CLI::ExistingDirectory);
   sub->add_flag("--no-web", a->no_web, "no web page at / (the API only)")->excludes(web_dir);
+  sub->footer(
+      "Examples:\n  tessera serve --port 8080                  # then open http://127.0.0.1:8080/\n"
+      "  tessera serve -m /models/LLaDA-8B-Instruct --host 0.0.0.0 --api-key-file keys.txt --batch 8");
   reg.handlers.emplace_back(sub, [a] {
     ServeApp s(*a);
     return s.run();

@@ -2,7 +2,8 @@
 # Installs the build (cmake --install) into a temporary prefix, builds tests/capi/generate.c against the
 # installed header and library twice (pkg-config, and find_package(tessera) in CMake), and checks that
 # both generate the tokens `tessera generate --raw --json` generates with the same options; then that the
-# library exports only the C API and carries its SONAME.
+# library exports only the C API and carries its SONAME, and that the installed command finds its default
+# model, web page and bash completion under the prefix.
 # usage: install_test.sh BUILD_DIR SOURCE_DIR PYTHON
 set -euo pipefail
 build=$1 src=$2 py=$3
@@ -20,6 +21,17 @@ headers=$(objdump -p "$lib/libtessera.so")
 grep -q 'SONAME *libtessera.so.0$' <<<"$headers" || { echo "no SONAME libtessera.so.0"; echo "$headers" | head; exit 1; }
 others=$(nm -D --defined-only "$lib/libtessera.so" | awk '{print $3}' | grep -v '^tessera_' | grep -v '^TESSERA_0$' || true)
 [ -z "$others" ] || { echo "libtessera.so exports more than the C API:"; echo "$others" | head; exit 1; }
+
+# The command with what it finds beside itself once installed: the default model (used from any
+# directory), the web page's files and the bash completion.
+test -x "$work/prefix/bin/tessera"
+test -f "$work/prefix/share/tessera/models/tessera-tiny/config.json"
+test -f "$work/prefix/share/tessera/web/index.html"
+grep -q "complete -o default -F _tessera tessera" "$work/prefix/share/bash-completion/completions/tessera"
+used=$(cd / && "$work/prefix/bin/tessera" generate -p hi -n 8 --json |
+  "$py" -c 'import json,sys; print(json.loads(sys.stdin.readlines()[-1])["model"])')
+[ "$used" = "$work/prefix/share/tessera/models/tessera-tiny" ] ||
+  { echo "the installed tessera used $used, not the installed default model"; exit 1; }
 
 # pkg-config
 cc -std=c11 -Wall -Wextra -Werror "$src/tests/capi/generate.c" -o "$work/generate_pc" \
