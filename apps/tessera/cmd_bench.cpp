@@ -17,6 +17,8 @@
 // requests whose tokens are identical in both.
 // Every --compare SPEC is checked before anything is measured; on a terminal a progress line shows on
 // stderr, and each row is printed (and flushed) as soon as it is measured.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -477,6 +479,9 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")
       ->check(in_range(0, 100));
   sub->add_option("--seed", a->seed, "sampling seed");
+  auto threads = std::make_shared<int>(0);
+  sub->add_option("-t,--threads", *threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
+      ->check(in_range(1, 4096));
   sub->add_option("--threshold", a->threshold, "confidence-threshold decoding (0 = off)")
       ->check(in_range(0, 1));
   sub->add_option("--cache", a->cache, "KV cache of the baseline")
@@ -520,7 +525,10 @@ void add_bench(CLI::App& app, Registry& reg) {
       "  tessera bench --geometry llada-mid --prompt-len 256 --compare k-logits=4 --json-out bench.json "
       "--svg "
       "bench.svg");
-  reg.handlers.emplace_back(sub, [a] { return run_bench(*a); });
+  reg.handlers.emplace_back(sub, [a, threads] {
+    if (*threads > 0) omp_set_num_threads(*threads);
+    return run_bench(*a);
+  });
 }
 
 }  // namespace tessera::cli

@@ -8,6 +8,8 @@
 // k-logits, memory-budget) measured against the exact path; every spec is checked before anything is
 // measured. On a terminal a progress line shows on stderr; each table row is printed (and flushed) as
 // soon as it is measured.
+#include <omp.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
@@ -326,6 +329,9 @@ void add_eval(CLI::App& app, Registry& reg) {
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
   sub->add_option("--seeds", a->n_seeds, "seeds per prompt")->check(CLI::PositiveNumber);
   sub->add_option("--seed", a->seed, "first seed (masks and generation)");
+  auto threads = std::make_shared<int>(0);
+  sub->add_option("-t,--threads", *threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
+      ->check(in_range(1, 4096));
   sub->add_option("--device", a->device, "exact path device")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a->precision, "exact path precision")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
@@ -353,7 +359,10 @@ void add_eval(CLI::App& app, Registry& reg) {
       "  tessera eval --compare steps=16 --compare k-logits=4 --json-out eval.json --svg eval.svg\n"
       "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5";
   sub->footer(footer);
-  reg.handlers.emplace_back(sub, [a] { return run_eval(*a); });
+  reg.handlers.emplace_back(sub, [a, threads] {
+    if (*threads > 0) omp_set_num_threads(*threads);
+    return run_eval(*a);
+  });
 }
 
 }  // namespace tessera::cli

@@ -94,6 +94,11 @@ TEST(CliConventions, LlamaCppAliasesAndAPositionalPromptMeanTheSame) {
   EXPECT_EQ(ja["prompt_tokens"], jb["prompt_tokens"]);
   EXPECT_EQ(ja["gen_length"], 16);
   std::string out;
+  for (const char* cmd :
+       {"generate", "chat", "serve", "eval", "bench"}) {  // -t on every command that computes
+    EXPECT_EQ(tessera(std::string("help ") + cmd, &out), 0);
+    EXPECT_NE(out.find("-t,--threads"), std::string::npos) << cmd;
+  }
   EXPECT_EQ(tessera("generate" + tiny() + " -p hi too", &out), 2);  // both forms at once
   EXPECT_NE(out.find("tessera: error:"), std::string::npos) << out;
 }
