@@ -265,7 +265,9 @@ TEST(GgufModels, TrainedModelMatchesLiveLlamaCpp) {
   std::printf("tessera-tiny q8_0 vs llama.cpp: relative error %.2e\n", err);
   EXPECT_LE(err, 2e-2);  // llama.cpp rounds the activations to q8_0 for its q8_0 dot products
   const std::string flags =
-      " -p 'Once upon a time' --gen-length 64 --steps 64 --block-length 32 --json 2>/dev/null";
+      " -p 'Once upon a time' --gen-length 64 --steps 64 --block-length 32 --alg low_confidence "
+      "--temperature 0 "
+      "--json 2>/dev/null";  // greedy: the GGUF carries no generation_config.json
   std::string a, b;
   ASSERT_EQ(test::run_command(
                 std::string(TESSERA_BINARY) + " generate -m " + (tmp / "bf16.gguf").string() + flags, &a),
