@@ -33,12 +33,10 @@ using test::ServerProcess;
 using Clock = std::chrono::steady_clock;
 
 const json kGood = {{"prompt", "Once upon a time"}, {"max_tokens", 32}, {"steps", 32}, {"block_length", 32}};
-// About 120 of its 200 steps run (random order decides the answer's end late): seconds on this model.
-const json kLong = {{"prompt", "Once upon a time"},
-                    {"max_tokens", 200},
-                    {"steps", 200},
-                    {"block_length", 200},
-                    {"alg", "random"}};
+// About 120 of its 200 steps run (random order, greedy tokens: the answer's end is decided late): seconds
+// on this model.
+const json kLong = {{"prompt", "Once upon a time"}, {"max_tokens", 200}, {"steps", 200},
+                    {"block_length", 200},          {"alg", "random"},   {"temperature", 0}};
 
 std::string tiny() {
   return "-m " + (test::source_dir() / "models" / "tessera-tiny").string();
@@ -413,8 +411,10 @@ TEST(ServeDrain, FortyRequestsFinishOnSigterm) {
   const auto dir = test::temp_dir("serve_drain");
   ServerProcess server(tiny() + " --batch 8 --parallel 32 --max-queue 16", dir);
   ASSERT_GT(server.port(), 0);
-  const json small = {
-      {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"steps", 16}, {"block_length", 16}};
+  // Greedy low-confidence decoding (the bundled model samples by default and may end an answer at EOS
+  // early): every request runs its 16 steps, so all 40 are in flight together.
+  const json small = {{"prompt", "Once upon a time"}, {"max_tokens", 16},        {"steps", 16},
+                      {"block_length", 16},           {"alg", "low_confidence"}, {"temperature", 0}};
   std::string alone;
   {
     httplib::Client c("127.0.0.1", server.port());
