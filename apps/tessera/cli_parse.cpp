@@ -41,6 +41,13 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
   return best;
 }
 
+std::vector<std::string> spellings(const CLI::Option& o) {
+  std::vector<std::string> names;
+  for (const std::string& l : o.get_lnames()) names.push_back("--" + l);
+  for (const std::string& s : o.get_snames()) names.push_back("-" + s);
+  return names;
+}
+
 namespace {
 
 std::vector<std::string> command_names(const CLI::App& app) {
@@ -66,8 +73,8 @@ std::string joined(const std::vector<std::string>& v) {
 std::vector<std::string> option_names(const CLI::App& sub) {
   std::vector<std::string> names;
   for (const CLI::Option* o : sub.get_options()) {
-    for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
-    for (const std::string& s : o->get_snames()) names.push_back("-" + s);
+    const std::vector<std::string> s = spellings(*o);
+    names.insert(names.end(), s.begin(), s.end());
   }
   return names;
 }

@@ -21,6 +21,9 @@ std::optional<int> answer_before_parse(CLI::App& app, int argc, char** argv);
 // hint; returns the exit status (0 for --help / --version, which print as CLI11 does).
 int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv);
 
+// Every spelling of an option: --long and -s.
+std::vector<std::string> spellings(const CLI::Option& o);
+
 // A numeric range check whose message reads "-1 is not in [0, 100]".
 CLI::Validator in_range(double lo, double hi);
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/tessera/cli_parse.h"
 #include "apps/tessera/commands.h"
 
 namespace tessera::cli {
@@ -28,10 +29,7 @@ std::string bash_script(const CLI::App& app) {
     cmds += sub->get_name() + " ";
     std::string opts, values, files;
     for (const CLI::Option* o : sub->get_options()) {
-      std::vector<std::string> names;
-      for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
-      for (const std::string& s : o->get_snames()) names.push_back("-" + s);
-      for (const std::string& n : names) {
+      for (const std::string& n : spellings(*o)) {
         opts += n + " ";
         if (o->get_items_expected_max() == 0) continue;
         const std::string c = choices(*o);

@@ -233,7 +233,7 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
                         given(body, "des_k"), given(body, "des_beta"), o.des);
     // The model's default unmasking gives way to low_confidence where the request needs a probability-
     // like confidence (threshold, cfg, editing), as in `tessera generate`.
-    if (!given(body, "alg") && o.alg == session.defaults().alg) fit_default_alg(o);
+    if (!given(body, "alg") && o.alg == session.default_alg()) fit_default_alg(o);
     validate_generate_options(o, session.config().vocab, block_causal);
     // What only the model can tell (an MoE model, k <= top_k) fails here, before a stream starts.
     if (o.des != DesMode::Off) session.engine().check_des(des_config(o));

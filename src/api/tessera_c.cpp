@@ -245,7 +245,7 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   g.stop_at_eos = o.stop_at_eos != 0;
   // The model's default unmasking (left as initialised) gives way where the options need a
   // probability-like confidence, as in `tessera generate`.
-  if (g.alg == s.defaults().alg) tessera::fit_default_alg(g);
+  if (g.alg == s.default_alg()) tessera::fit_default_alg(g);
   tessera::validate_generate_options(g, s.config().vocab, s.block_causal());
   return g;
 }

@@ -193,8 +193,7 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
   g.steps = gc_steps_.value_or(model_block > 0 ? g.block_length : g.gen_length);
   fit_layout(g, gen_length.value_or(g.gen_length), block_length, steps, notes);
   g.threshold = gc_threshold_.value_or(model_block > 0 ? 0.95f : 0.0f);
-  g.alg = parse_unmask(gc_alg_.value_or(
-      engine_->config().family == Family::Dream && !engine_->config().causal ? "entropy" : "low_confidence"));
+  g.alg = default_alg();
   g.temperature = gc_temperature_.value_or(g.temperature);
   g.top_p = gc_top_p_.value_or(g.top_p);
   g.top_k = gc_top_k_.value_or(g.top_k);
@@ -207,6 +206,11 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
     if (id >= 0 && id < c.vocab) g.eos_ids.push_back(id);
   }
   return g;
+}
+
+Unmask Session::default_alg() const {
+  return parse_unmask(gc_alg_.value_or(
+      engine_->config().family == Family::Dream && !engine_->config().causal ? "entropy" : "low_confidence"));
 }
 
 void Session::fit_layout(GenerateOptions& g, int gen_length, std::optional<int> block_length,

@@ -54,6 +54,9 @@ class Session {
   // value that was not given is described in `notes`.
   void fit_layout(GenerateOptions& g, int gen_length, std::optional<int> block_length,
                   std::optional<int> steps, std::vector<std::string>* notes = nullptr) const;
+  // The unmasking the model decodes with unless told otherwise (generation_config.json's alg, else
+  // entropy for Dream, low_confidence for the others): defaults().alg without the rest.
+  Unmask default_alg() const;
   // Replaces the session's options (validated: throws Error, nothing changed, for bad ones).
   void set_options(const GenerateOptions& o);
   void set_logprobs_top(int n) { logprobs_top_ = n; }
