@@ -1,14 +1,18 @@
 // CUDA backend benchmark: the two ceilings first (bf16 GEMM TFLOP/s through cuBLASLt, device-to-device
 // copy GB/s counting bytes read + written), then every op at dLLM shapes (LLaDA-8B: d 4096, ffn 12288,
 // 32 heads x 128, vocab 126464; LLaDA-MoE: d 2048, 64 experts top-8, expert ffn 1024) as a fraction
-// of the ceiling that bounds it. The mask-only logits gather-GEMM is compared with "gather the rows
-// into a buffer, then cuBLAS". Built only with TESSERA_CUDA.
-// Usage: cuda_bench [--L 4096] [--json FILE]
+// of the ceiling that bounds it. The library paths the backend takes by default (mask-only logits as
+// gather tiles + cuBLASLt, attention through cuDNN) are timed beside tessera's own kernels on a second
+// backend made with TESSERA_GATHER_GEMM=fused TESSERA_CUDNN=0, in the same run. Built only with
+// TESSERA_CUDA.
+// Usage: cuda_bench [--L 4096] [--json FILE] [--only SECTION]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -105,7 +109,10 @@ int main(int argc, char** argv) {
     if (k == "--json") json_path = argv[i + 1];
     if (k == "--only") only = argv[i + 1];  // gemm | logits | attention | memory | sample | moe
   }
-  auto want = [&](const char* section) { return only.empty() || only == section; };
+  // --only takes one section or several, comma-separated (logits,attention).
+  auto want = [&](const char* section) {
+    return only.empty() || ("," + only + ",").find("," + std::string(section) + ",") != std::string::npos;
+  };
   std::string why;
   auto be = make_cuda_backend(&why);
   if (!be) {
@@ -114,6 +121,14 @@ int main(int argc, char** argv) {
   }
   Backend& b = *be;
   std::printf("# %s\n", b.name().c_str());
+  // tessera's own kernels, for the side-by-side rows (device buffers are shared: one device, one context).
+  setenv("TESSERA_GATHER_GEMM", "fused", 1);
+  setenv("TESSERA_CUDNN", "0", 1);
+  auto be_ref = make_cuda_backend(&why);
+  unsetenv("TESSERA_GATHER_GEMM");
+  unsetenv("TESSERA_CUDNN");
+  if (!be_ref) fail("cuda_bench: second backend: " + why);
+  Backend& r = *be_ref;
   // ---- ceilings
   {
     const int64_t n = 8192;
@@ -171,8 +186,11 @@ int main(int argc, char** argv) {
     const std::string shape = sL + " rows=" + std::to_string(R) + " V=126464";
     const double flops = 2.0 * R * V * D;
     const double ms_g = time_ms(
+        r, [&] { r.gather_gemm(th, tr, tl, to); }, 5, 2);
+    add_compute("gather_gemm fused kernel (before)", shape, ms_g, flops);
+    const double ms_t = time_ms(
         b, [&] { b.gather_gemm(th, tr, tl, to); }, 5, 2);
-    add_compute("gather_gemm (index loads, no copy)", shape, ms_g, flops);
+    add_compute("gather_gemm tiles + cuBLASLt (now)", shape + " 8MiB tile", ms_t, flops);
     const double ms_c = time_ms(
         b,
         [&] {
@@ -180,11 +198,12 @@ int main(int argc, char** argv) {
           b.gemm(tg, tl, nullptr, to, false);
         },
         5, 2);
-    add_compute("gather copy + cuBLASLt", shape + " +" + std::to_string(R * D * 2 >> 20) + "MiB", ms_c,
-                flops);
+    add_compute("whole gathered copy + cuBLASLt", shape + " +" + std::to_string(R * D * 2 >> 20) + "MiB",
+                ms_c, flops);
+    std::printf("  tiles + cuBLASLt vs fused: %.2fx faster\n", ms_g / ms_t);
   }
   // ---- attention
-  for (int64_t La : {L, 4 * L}) {
+  for (int64_t La : {L, 4 * L, 8 * L}) {
     if (!want("attention")) break;
     Buf q(b, La * D * 4), k(b, La * D * 4), v(b, La * D * 4), o(b, La * D * 2), pos(b, La * 4), cu(b, 8);
     fill_random(b, q, DType::F32, 1.0f, 9);
@@ -201,12 +220,30 @@ int main(int argc, char** argv) {
     p.q_pos = p.k_pos = static_cast<const int32_t*>(pos.p);
     Tensor tq = q.t(DType::F32, {La, D}), tk = k.t(DType::F32, {La, D}), tv = v.t(DType::F32, {La, D});
     Tensor to = o.t(DType::BF16, {La, D});
-    Buf scr(b, attn_kv_scratch_bytes(La, D));
+    Buf scr(b, attn_kv_scratch_bytes(La, D)), qscr(b, attn_q_scratch_bytes(La, D)), o2(b, La * D * 2);
     p.kv_scratch = scr.p;
+    p.q_scratch = qscr.p;
     const std::string shape = "L=" + std::to_string(La) + " 32x128 bidir";
     const double ms = time_ms(
-        b, [&] { b.attention(tq, tk, tv, to, H, H, HD, p); }, 5, 1);
-    add_compute("attention (flash, tensor cores)", shape, ms, 4.0 * La * La * D);
+        r, [&] { r.attention(tq, tk, tv, to, H, H, HD, p); }, 5, 1);
+    add_compute("attention tessera flash (before)", shape, ms, 4.0 * La * La * D);
+    Tensor to2 = o2.t(DType::BF16, {La, D});
+    const double cms = time_ms(
+        b, [&] { b.attention(tq, tk, tv, to2, H, H, HD, p); }, 5, 1);
+    add_compute("attention default (cuDNN if loaded)", shape, cms, 4.0 * La * La * D);
+    {  // the two outputs side by side (bf16): the largest difference over the first 4096 rows
+      const int64_t n = std::min<int64_t>(La, 4096) * D;
+      std::vector<uint16_t> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      b.copy_to_host(x.data(), o.p, x.size() * 2);
+      b.copy_to_host(y.data(), o2.p, y.size() * 2);
+      double md = 0, mx = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double u = bf16_to_f32(x[i]), w = bf16_to_f32(y[i]);
+        md = std::max(md, std::fabs(u - w));
+        mx = std::max(mx, std::fabs(u));
+      }
+      std::printf("  default vs flash: %.2fx faster; max |diff| %.3g (max |out| %.3g)\n", ms / cms, md, mx);
+    }
     // Block-sparse at 30% density with 128-blocks.
     const int64_t nb = (La + 127) / 128;
     std::vector<uint8_t> mask(static_cast<size_t>(H * nb * nb));

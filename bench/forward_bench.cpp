@@ -4,8 +4,11 @@
 // admits under lazy chunking (L_max), then one real step at that length (capped by --lmax-cap) under
 // --memory-budget, with the memory the step really took: device memory (CUDA: the process's use from
 // cudaMemGetInfo, the CUDA context included) or resident memory (CPU: peak RSS).
-// Usage: forward_bench [--geometry llada-mid] [--lengths 512,2048 | 0] [--ratios 0.1,0.5,0.9]
-//                      [--reps 3] [--device cpu|cuda] [--json FILE]
+// --quant q8_0|q4_0|q4_K|q5_K|q6_K (bf16: the default): the 2-D weights (GEMM weights, embedding table, LM
+// head; not the routed experts) as random blocks of that GGUF type, kept quantized as Model::load keeps them
+// (CUDA: GEMMs dequantize tiles); the weights' bytes and (CUDA) the device memory in use are printed. Usage:
+// forward_bench [--geometry llada-mid] [--lengths 512,2048 | 0] [--ratios 0.1,0.5,0.9]
+//                      [--reps 3] [--device cpu|cuda] [--quant TYPE] [--json FILE]
 //                      [--lmax 24,40 --lmax-ratio 0.5 --lmax-cap 65536] [--profile 1]
 // --profile 1: every op synchronised and timed; after each masked step's row, the share of each op kind.
 #include <sys/resource.h>
@@ -45,7 +48,8 @@ double max_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string geometry = "llada-mid", device = "cpu", json_path;
+  std::string geometry = "llada-mid", device = "cpu", json_path, quant_name = "bf16";
+  int16_t quant = -1;
   std::vector<double> lengths = {512, 2048}, ratios = {0.1, 0.5, 0.9}, lmax_budgets;
   double lmax_ratio = 0.5, lmax_cap = 65536;
   int reps = 3;
@@ -72,7 +76,19 @@ int main(int argc, char** argv) {
       lmax_cap = std::stod(v);
     else if (k == "--profile")
       profile = v != "0";
-    else {
+    else if (k == "--quant") {
+      quant_name = v;
+      for (uint32_t t = 0; t < 64 && quant < 0; ++t) {
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        if (info != nullptr && v == info->name && cuda_keeps_quantized(static_cast<int16_t>(t)))
+          quant = static_cast<int16_t>(t);
+      }
+      if (quant < 0 && v != "bf16") {  // bf16: plain weights (the default), for side-by-side scripts
+        std::fprintf(stderr, "forward_bench: --quant %s: use bf16, q8_0, q4_0, q4_K, q5_K or q6_K\n",
+                     v.c_str());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "forward_bench: unknown option %s\n", k.c_str());
       return 2;
     }
@@ -96,7 +112,7 @@ int main(int argc, char** argv) {
       bo.memory_budget = static_cast<size_t>(gib * 1073741824.0);
       std::unique_ptr<Engine> eb;
       try {
-        eb = Engine::synthetic(cfg, bo, DType::BF16);
+        eb = Engine::synthetic(cfg, bo, DType::BF16, quant);
       } catch (const Error& ex) {
         std::printf("%5gGiB | %s\n", gib, ex.what());
         continue;
@@ -152,11 +168,27 @@ int main(int argc, char** argv) {
                                << "\",\"lmax\":[" << lj.str() << "]}\n";
     return 0;
   }
-  auto e = Engine::synthetic(cfg, opt, DType::BF16);
-  std::printf("# %s: %lld layers, d=%lld, ffn=%lld, vocab=%lld, weights %.1f MiB, device %s\n",
+  // CUDA: device bytes in use before the model (the context, cuBLASLt's workspace), then with it.
+  int64_t before = -1;
+  if (device == "cuda") {
+    std::string why;
+    if (auto probe = make_cuda_backend(&why))
+      before = probe->device_total_bytes() - probe->device_free_bytes();
+  }
+  auto e = Engine::synthetic(cfg, opt, DType::BF16, quant);
+  std::printf("# %s: %lld layers, d=%lld, ffn=%lld, vocab=%lld, weights %s %.1f MiB, device %s\n",
               geometry.c_str(), static_cast<long long>(cfg.n_layers), static_cast<long long>(cfg.hidden),
-              static_cast<long long>(cfg.intermediate), static_cast<long long>(cfg.vocab),
+              static_cast<long long>(cfg.intermediate), static_cast<long long>(cfg.vocab), quant_name.c_str(),
               static_cast<double>(e->model().weight_bytes()) / 1048576.0, device.c_str());
+  const auto device_used = [&] {
+    const int64_t free_b = e->backend().device_free_bytes();
+    return free_b < 0 ? -1.0 : static_cast<double>(e->backend().device_total_bytes() - free_b) / 1048576.0;
+  };
+  if (device_used() >= 0) {
+    std::printf(
+        "# device memory in use after load %.1f MiB (%.1f MiB before the engine: context, libraries)\n",
+        device_used(), static_cast<double>(before) / 1048576.0);
+  }
   auto step = [&](const std::vector<int32_t>& canvas, const std::vector<int32_t>& pos) {
     std::vector<int32_t> tok(pos.size());
     std::vector<float> conf(pos.size());
@@ -173,7 +205,8 @@ int main(int argc, char** argv) {
     return std::make_pair(t[t.size() / 2], e->last_step().planned_peak);
   };
   std::ostringstream js;
-  js << "{\"geometry\":\"" << geometry << "\",\"device\":\"" << device << "\",\"rows\":[";
+  js << "{\"geometry\":\"" << geometry << "\",\"device\":\"" << device << "\",\"weights\":\"" << quant_name
+     << "\",\"weight_bytes\":" << e->model().weight_bytes() << ",\"rows\":[";
   bool first = true;
   std::printf("%6s %5s | %10s %12s | %10s %12s | %7s %7s\n", "L", "mask", "full ms", "full peak", "mask ms",
               "mask peak", "t ratio", "m ratio");
@@ -205,7 +238,11 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
-  js << "],\"lmax\":[" << lj.str() << "],\"max_rss_mib\":" << max_rss_mib() << "}\n";
+  js << "],\"lmax\":[" << lj.str() << "],\"max_rss_mib\":" << max_rss_mib()
+     << ",\"device_used_mib\":" << device_used() << "}\n";
+  if (device_used() >= 0)
+    std::printf("# device memory in use after the steps %.1f MiB (weights + workspace + runtime)\n",
+                device_used());
   std::printf("# process max RSS %.1f MiB (weights + workspace + runtime)\n", max_rss_mib());
   if (!json_path.empty()) std::ofstream(json_path) << js.str();
   return 0;

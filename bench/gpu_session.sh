@@ -21,6 +21,10 @@
 #   bash bench/gpu_session.sh des           # moe_bench: one MoE layer, vanilla vs DES-Seq / DES-Vote
 #   bash bench/gpu_session.sh window        # tessera bench, llada-8b: Window-Diffusion vs exact / dual cache
 #   bash bench/gpu_session.sh memory        # the GPU memory generate --json and serve's /metrics report
+#   bash bench/gpu_session.sh libs          # issue "GPU speed from the field's own libraries": cuda_tests,
+#                                           # cuda_bench (cuDNN vs flash, gather tiles vs fused), forward_bench
+#                                           # before / after at llada-8b beside torch_llada.py, step graphs on
+#                                           # dual-cache steps, quantized weights (q8_0 / q4_K) vs bf16
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -47,17 +51,18 @@ pack() {
   command -v nvcc >/dev/null || die "nvcc is not installed (/usr/local/cuda/bin)"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DTESSERA_BENCH=ON -DTESSERA_NATIVE=OFF >/dev/null
-  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench moe_bench tessera
+  cmake --build build-cuda -j"${JOBS:-1}" --target cuda_tests forward_bench moe_bench cuda_bench tessera
   local stage
   stage=$(mktemp -d)
   chmod 755 "$stage"
   mkdir -p "$stage/tests" "$stage/bench" "$stage/gpu-libs"
   cp build-cuda/tests/cuda_tests "$stage/tests/"
-  cp build-cuda/bench/forward_bench build-cuda/bench/moe_bench "$stage/bench/"
+  cp build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/bench/cuda_bench "$stage/bench/"
   cp build-cuda/tessera "$stage/"
   # Shared libraries the binaries load, except glibc, the compiler's runtime and CUDA's (those are
   # there, and newer); the rest (oneDNN, PCRE2, utf8proc, libgomp, OpenCL) travels.
-  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+  ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/bench/cuda_bench \
+    build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
     sort -u | while read -r name path; do
     case $name in
       ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libstdc++.so* | libgcc_s.so*) ;;
@@ -130,6 +135,20 @@ prepare() {
     grep -E 'not found'; then
     die "shared libraries missing (above)"
   fi
+  # cuDNN (loaded at run time by the CUDA backend): the toolkit's, or the pip wheel beside PyTorch.
+  local cudnn_dir=""
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    "$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) + "/lib")' 2>/dev/null)" \
+    "$(find / -xdev -name 'libcudnn.so.9' -printf '%h\n' 2>/dev/null | head -1)"; do
+    if [ -n "$dir" ] && [ -e "$dir/libcudnn.so.9" ]; then
+      cudnn_dir=$dir
+      break
+    fi
+  done
+  if [ -n "$cudnn_dir" ]; then
+    export LD_LIBRARY_PATH=$cudnn_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export TESSERA_EXPECT_CUDNN=1  # CudaTest.CudnnLoadsWhereExpected: the backend must load it
+  fi
   export TESSERA_SOURCE_DIR=$ROOT  # tools/ and tests/reference/ of this copy of the tree
   if [ -d build-cuda/gpu-shared ]; then
     export TESSERA_SHARED_DIR=$ROOT/build-cuda/gpu-shared
@@ -145,6 +164,7 @@ prepare() {
     cat build-cuda/gpu-pack-info.txt 2>/dev/null || echo "binaries of this machine's own build-cuda"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || true
     echo "TESSERA_PYTHON=${TESSERA_PYTHON:-none with numpy} TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR:-default}"
+    echo "libcudnn.so.9: ${cudnn_dir:-not found}"
   } | tee "$OUT/env.txt"
 }
 
@@ -180,7 +200,7 @@ run_bench() {
   shift 2
   echo "== tessera bench llada-8b $* (timeout ${limit}s)"
   timeout "$limit" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda "$@" \
-    --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || rc=$?
+    --json-out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || rc=$?
   echo "== tessera bench exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
   return "$rc"
 }
@@ -230,6 +250,43 @@ PY
   return "$rc"
 }
 
+# The libraries' issue in one call (about 8 minutes): every stage under its own timeout, the most
+# important first; "before" is the same binary with TESSERA_CUDNN=0 TESSERA_GATHER_GEMM=fused
+# TESSERA_STEP_GRAPHS=0 (tessera's own kernels, every launch from the host).
+BEFORE=(env TESSERA_CUDNN=0 TESSERA_GATHER_GEMM=fused TESSERA_STEP_GRAPHS=0)
+run_libs() {
+  local rc=0 q
+  run_tests "${TESTS_TIMEOUT:-170}" || rc=$?
+  echo "== cuda_bench --only logits,attention"
+  timeout 90 "${LINEBUF[@]}" ./build-cuda/bench/cuda_bench --L 4096 --only logits,attention \
+    --json "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/cuda_bench.log" || rc=$?
+  echo "== forward_bench llada-8b, after (default) then before"
+  timeout 90 "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda \
+    --lengths 1024,4096,16384,32768 --ratios 0.5 --reps 2 --json "$OUT/fwd_after.json" 2>&1 |
+    tee "$OUT/fwd_after.log" || rc=$?
+  timeout 90 "${LINEBUF[@]}" "${BEFORE[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda \
+    --lengths 1024,4096,16384,32768 --ratios 0.5 --reps 2 --json "$OUT/fwd_before.json" 2>&1 |
+    tee "$OUT/fwd_before.log" || rc=$?
+  echo "== torch_llada.py (PyTorch eager, same GPU)"
+  PYTHONUNBUFFERED=1 timeout 75 python3 bench/torch_llada.py --lengths 1024,4096,16384,32768 --ratios 0.5 \
+    --reps 2 --budgets-gib "" --confirm-max 0 --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log" || rc=$?
+  echo "== dual-cache steps: step graphs on (default) and off"
+  for g in 1 0; do
+    timeout 60 "${LINEBUF[@]}" env TESSERA_STEP_GRAPHS=$g ./build-cuda/tessera bench --geometry llada-8b \
+      --device cuda --prompt-len 1024 --gen-length 256 --block-length 32 --cache dual \
+      --json-out "$OUT/graphs_$g.json" 2>&1 | tee "$OUT/graphs_$g.log" || rc=$?
+  done
+  echo "== quantized weights vs bf16 (llada-8b, llada2-mini)"
+  for g in llada-8b llada2-mini; do
+    for q in bf16 q8_0 q4_K; do
+      timeout 45 "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry $g --device cuda --lengths 1024,4096 \
+        --ratios 0.5 --reps 2 --quant $q --json "$OUT/quant_${g}_$q.json" 2>&1 | tee -a "$OUT/quant.log" || rc=$?
+    done
+  done
+  echo "== libs exit $rc"
+  return "$rc"
+}
+
 stage=${1:-all}
 case $stage in
   pack) pack ;;
@@ -276,5 +333,9 @@ case $stage in
     prepare
     run_memory "${MEMORY_TIMEOUT:-60}"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | memory" ;;
+  libs)
+    prepare
+    run_libs
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | memory | libs" ;;
 esac

@@ -164,7 +164,7 @@ def main():
     # Longest context per budget: peak(L) is linear in L here (flash attention keeps no L x L matrix);
     # fit it on two measured lengths, predict, then confirm with a real capped step (halving on failure).
     r = a.lmax_ratio
-    for full in (True, False):
+    for full in (True, False) if a.budgets_gib else ():  # --budgets-gib "": step times only
         _, p1 = step_stats(W, g, 2048, r, full, 1)
         _, p2 = step_stats(W, g, 8192, r, full, 1)
         slope = (p2 - p1) / (8192 - 2048)

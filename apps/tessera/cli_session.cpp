@@ -50,7 +50,7 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->check(CLI::ExistingFile);
   sub->add_flag("--dequantize", a.dequantize,
                 "GGUF: convert quantized tensors to bf16 at load (twice to four times the memory) instead of "
-                "keeping them quantized (CPU)");
+                "keeping them quantized (CPU; CUDA: q8_0, q4_0, q4_K, q5_K, q6_K)");
   sub->add_option("--memory-budget", a.memory_budget,
                   "total memory for the weights plus the planned activations, e.g. 24GiB, 512MiB, 1.5GB or "
                   "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "

@@ -73,6 +73,9 @@ struct Row {
   double agreement = 1.0;
   double experts = 0;      // MoE models: mean unique experts per (MoE layer, forward)
   double moe_seconds = 0;  // --profile: time in the MoE router and expert FFN ops
+  // CUDA: forwards replayed as recorded step graphs in the best repetition, and the kernels and copies
+  // a replayed forward launches at once.
+  int64_t graph_replays = 0, graph_nodes = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
   std::vector<int32_t> tokens;
 };
@@ -105,6 +108,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     double rows = 0, keys = 0;
     size_t peak = 0;
     e.reset_op_seconds();
+    const int64_t replays0 = e.step_graphs().replays();
     const auto t0 = std::chrono::steady_clock::now();
     const std::string rep_text =
         reps > 1 ? " (rep " + std::to_string(rep + 1) + "/" + std::to_string(reps) + ")" : std::string();
@@ -122,6 +126,8 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
       r.op_seconds = ops;
       r.moe_seconds =
           ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
+      r.graph_replays = e.step_graphs().replays() - replays0;
+      r.graph_nodes = e.step_graphs().last_nodes();
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
@@ -232,6 +238,8 @@ json row_json(const Row& r, const Row& r0) {
           {"agreement", r.agreement},
           {"experts_per_moe_layer", r.experts},
           {"moe_seconds", r.moe_seconds},
+          {"step_graph_replays", r.graph_replays},
+          {"step_graph_nodes", r.graph_nodes},
           {"op_seconds", std::move(op_json)}};
 }
 
@@ -489,8 +497,10 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a->precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  sub->add_flag("--dequantize", a->dequantize,
-                "GGUF: convert quantized tensors to bf16 at load instead of keeping them quantized (CPU)");
+  sub->add_flag(
+      "--dequantize", a->dequantize,
+      "GGUF: convert quantized tensors to bf16 at load instead of keeping them quantized (CPU; CUDA: "
+      "q8_0, q4_0, q4_K, q5_K, q6_K)");
   sub->add_option("--reps", a->reps, "timed generations per row (the best counts)")
       ->check(CLI::PositiveNumber);
   sub->add_option(

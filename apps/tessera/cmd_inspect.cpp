@@ -1,4 +1,5 @@
 // tessera inspect DIR|FILE.gguf: family, dimensions, parameters, weight bytes, activation memory estimate.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -56,6 +57,19 @@ WeightSummary summarize_weights(const std::string& path) {
     w.bytes = w.file_bytes;  // on the CPU quantized tensors stay quantized
     if (const size_t converted = gguf_loaded_bytes(*g, w.act); converted != w.file_bytes)
       w.dequantized_bytes = converted;
+    for (const GgufTensor& t : g->tensors()) {  // as Model::load binds them on CUDA
+      const auto q = static_cast<int16_t>(t.type);
+      if (!ggml_type_info(t.type) || ggml_type_info(t.type)->block == 1) {
+        w.cuda_bytes += t.bytes;
+      } else if (cuda_keeps_quantized(q) && t.ne.size() == 2) {
+        w.cuda_bytes += t.bytes;
+        if (t.name != "token_embd.weight")
+          w.cuda_tile = std::max(w.cuda_tile, quant_tile_bytes(t.ne[1], t.ne[0], w.act));
+      } else {
+        w.cuda_bytes += static_cast<size_t>(t.numel()) * dtype_size(w.act);
+      }
+    }
+    w.cuda_bytes += w.cuda_tile;
     w.tensors = g->tensors().size();
     for (const auto& [name, n] : types)
       w.file_types += (w.file_types.empty() ? "" : ", ") + name + " x " + std::to_string(n);
@@ -130,7 +144,7 @@ void add_inspect(CLI::App& app, Registry& reg) {
       std::printf("gguf         %s; tensor types %s", human_bytes(static_cast<double>(ws.file_bytes)).c_str(),
                   ws.file_types.c_str());
       if (ws.dequantized_bytes > 0) {
-        std::printf(" (quantized ones stay quantized on the CPU; %s as %s with --dequantize or on CUDA)",
+        std::printf(" (quantized ones stay quantized on the CPU; %s as %s with --dequantize)",
                     human_bytes(static_cast<double>(ws.dequantized_bytes)).c_str(),
                     std::string(dtype_name(act)).c_str());
       }

@@ -282,15 +282,16 @@ int run_plan(const PlanArgs& a) {
     c = named_geometry(a.geometry);
   }
   if (a.context < 1) fail("--context must be at least 1 token");
-  // CUDA plans the bf16 K / V staging of its flash attention and converts quantized GGUF tensors at load.
+  // CUDA plans the bf16 K / V staging of its flash attention and keeps the GGUF tensors of the
+  // cuda_keeps_quantized types quantized (others converted at load), plus the tile its GEMMs dequantize into.
   const bool cuda = a.device == "cuda";
   const graph::GraphTemplate g =
       build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
                         OutputMode::Sample);
-  // A GGUF's weights as the device loads them: CUDA converts its quantized tensors.
-  const size_t weights = !gguf ? static_cast<size_t>(c.param_count()) * dtype_size(act)
-                         : cuda && gguf->dequantized_bytes > 0 ? gguf->dequantized_bytes
-                                                               : gguf->bytes;
+  // A GGUF's weights as the device loads them.
+  const size_t weights = !gguf  ? static_cast<size_t>(c.param_count()) * dtype_size(act)
+                         : cuda ? gguf->cuda_bytes
+                                : gguf->bytes;
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const bool cache = a.cache != "none";
   const size_t per_token =
@@ -416,7 +417,9 @@ int run_plan(const PlanArgs& a) {
     return verdict();
   }
   const std::string how =
-      gguf ? (cuda ? "the GGUF's tensors, quantized ones converted to " + dtype + " at load"
+      gguf ? (cuda ? "the GGUF's tensors, q8_0 / q4_0 / q4_K / q5_K / q6_K kept quantized with a " +
+                         hb(static_cast<double>(gguf->cuda_tile)) + " tile to dequantize into, other types " +
+                         "and routed experts converted to " + dtype + " at load"
                    : std::string("the GGUF's tensors, quantized ones kept on the CPU"))
            : "parameters x " + std::to_string(dtype_size(act)) + " bytes";
   std::printf("%s on %s: %lld layers, d %lld, ffn %lld, vocab %lld; %s weights %s (%s)\n", name.c_str(),

@@ -33,6 +33,9 @@ struct WeightSummary {
   size_t file_bytes = 0;          // GGUF: the tensor bytes in the file, and their types
   std::string file_types;
   size_t dequantized_bytes = 0;  // GGUF with quantized tensors: the bytes with them converted to `act`
+  // GGUF: the bytes as the CUDA backend loads them (cuda_keeps_quantized types kept in their blocks, the
+  // others and the routed experts converted to `act`), the tile of its quantized GEMMs included (cuda_tile).
+  size_t cuda_bytes = 0, cuda_tile = 0;
 };
 // GGUF files are summarised from their directory (quantized tensors are not converted for this).
 WeightSummary summarize_weights(const std::string& path);

@@ -44,7 +44,7 @@ std::string version_text() {
        std::to_string(d->patch) + ", OpenMP " + std::to_string(_OPENMP) + ")";
 #ifdef TESSERA_HAVE_CUDA
   s += ", cuda (CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
-       std::to_string(CUDART_VERSION % 1000 / 10) + ", cuBLASLt)";
+       std::to_string(CUDART_VERSION % 1000 / 10) + ", cuBLASLt, cuDNN 9 attention when libcudnn.so.9 loads)";
 #else
   s += "; cuda not compiled in (-DTESSERA_CUDA=ON)";
 #endif

@@ -46,6 +46,11 @@ struct AttnParams {
   // Optional planned scratch where a backend may stage K and V in bf16 (the CUDA tensor-core kernel
   // does; without it the CUDA backend runs its f32 SIMT kernel): attn_kv_scratch_bytes() bytes.
   void* kv_scratch = nullptr;
+  // Optional scratch of attn_q_scratch_bytes() bytes that the backend may overwrite, possibly q's own
+  // buffer (the graph passes q where attention is q's last use): the CUDA backend's cuDNN path stages
+  // bf16 Q in `out` and lets cuDNN write O here, then copies O to `out`. Without it (or without
+  // kv_scratch) that path is not taken.
+  void* q_scratch = nullptr;
 };
 // SparseD pattern selection (sparse_select): block-wise importance of one layer's attention and the
 // head-specific tiles kept, with the paper's isolated selection of prompt and generation keys.
@@ -70,6 +75,9 @@ inline int64_t sparse_keep(int64_t n, float rho) {
 }
 inline size_t attn_kv_scratch_bytes(int64_t n_kv, int64_t kv_width) {
   return static_cast<size_t>(n_kv * kv_width) * 2 * 2;  // K and V, bf16
+}
+inline size_t attn_q_scratch_bytes(int64_t n_q, int64_t q_width) {
+  return static_cast<size_t>(n_q * q_width) * 2;  // bf16
 }
 
 // Mixture-of-experts routing (LLaDA-MoE: softmax, no renormalisation; LLaDA2: sigmoid + expert bias
@@ -139,6 +147,36 @@ inline size_t moe_scratch_bytes(int64_t rows, int top_k, const MoeExperts& e) {
          4096;  // + alignment of the sub-buffers
 }
 
+// --- Quantized (GGUF) weights on GPU backends ------------------------------------------------
+// The ggml types the CUDA backend keeps quantized in device memory (GEMM weights and embedding tables;
+// MoE experts are converted at load): its gemm dequantizes tiles of rows into one backend-owned bf16
+// (f32 at --precision f32) tile and multiplies each with cuBLASLt; embed dequantizes the rows it reads.
+// Other types are converted at load as before.
+inline bool cuda_keeps_quantized(int16_t quant) {
+  switch (static_cast<GgmlType>(quant)) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return quant >= 0;
+    default:
+      return false;
+  }
+}
+// The tile: at most kQuantTileBytes (whole multiples of 128 rows, at least 128 rows). The Model counts
+// the largest tile of its weights in weight_bytes() and has the backend allocate it at load
+// (Backend::reserve_quant_tile); a GEMM of a larger weight grows it.
+constexpr size_t kQuantTileBytes = size_t{32} << 20;
+inline int64_t quant_tile_rows(int64_t n, int64_t k, DType dt) {
+  const auto row = static_cast<int64_t>(static_cast<size_t>(k) * dtype_size(dt));
+  const int64_t rows = std::max<int64_t>(128, static_cast<int64_t>(kQuantTileBytes) / row / 128 * 128);
+  return std::min(n, rows);
+}
+inline size_t quant_tile_bytes(int64_t n, int64_t k, DType dt) {
+  return static_cast<size_t>(quant_tile_rows(n, k, dt) * k) * dtype_size(dt);
+}
+
 // How one row of logits is turned into (token, confidence) on the device.
 enum class ConfKind : uint8_t {
   Prob,        // softmax probability of the chosen token (LLaDA low_confidence, Dream maskgit_plus)
@@ -206,9 +244,9 @@ class Backend {
   // y may alias x (in place) when both are f32.
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
 
-  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a and w of one dtype, f32 or bf16 (a quantized w,
-  // CPU only, computes as its dtype); bias f32 or nullptr; c f32 or bf16. accumulate=true adds into c
-  // (c must be f32).
+  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias[N]). a and w of one dtype, f32 or bf16 (a quantized w
+  // computes as its dtype; on CUDA only the cuda_keeps_quantized types); bias f32 or nullptr; c f32 or
+  // bf16. accumulate=true adds into c (c must be f32).
   virtual void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) = 0;
 
   // Mask-only logits: c[i, :] = a[rows[i], :] * w^T for i < rows.numel(). Reads the selected rows
@@ -290,6 +328,22 @@ class Backend {
   virtual int64_t device_free_bytes() const { return -1; }
   // Total device memory in bytes (GPU backends), or -1.
   virtual int64_t device_total_bytes() const { return -1; }
+  // GPU backends: allocate now the tile quantized GEMM weights are dequantized into (quant_tile_bytes of
+  // the largest; the Model calls it at load), so that no step allocates it (nor inside a graph capture).
+  virtual void reserve_quant_tile(size_t bytes) { (void)bytes; }
+  // Attention calls a vendor library ran (the CUDA backend's cuDNN path), for tests and benchmarks.
+  virtual int64_t attention_library_calls() const { return 0; }
+  // Step graphs (CUDA graphs): between capture_begin() and capture_end() the ops issued are recorded,
+  // not run; capture_end() returns a handle (>= 0) of the recorded sequence, or -1 when the capture
+  // failed (an op that cannot be recorded: nothing ran, run the ops again without capture). replay(h)
+  // runs a recorded sequence with the memory it was recorded with; graph_nodes(h) counts its kernels
+  // and copies; release_graph(h) frees it. Backends without them return false from can_capture().
+  virtual bool can_capture() const { return false; }
+  virtual void capture_begin() {}
+  virtual int64_t capture_end() { return -1; }
+  virtual void replay(int64_t handle) {}
+  virtual int64_t graph_nodes(int64_t handle) const { return 0; }
+  virtual void release_graph(int64_t handle) {}
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -49,6 +49,7 @@ size_t for_each_state(const graph::GraphTemplate& g, F&& f) {
 std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
+  e->step_graphs_ = StepGraphs(opt.step_graphs);
   if (opt.device == "cpu") {
     e->backend_ = make_cpu_backend();
     e->ws_ = make_cpu_workspace(opt.reserve_bytes);
@@ -63,9 +64,10 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   return e;
 }
 
-std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act) {
+std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act,
+                                          int16_t quant) {
   auto e = make(opt);
-  e->model_ = Model::synthetic(c, *e->backend_, act);
+  e->model_ = Model::synthetic(c, *e->backend_, act, 1, quant);
   e->init();
   return e;
 }
@@ -99,6 +101,7 @@ Engine::~Engine() {
   prefix_.reset();
   kv_.reset();
   if (backend_ != nullptr) {
+    step_graphs_.clear(*backend_);
     sparse_.buffer().free(*backend_);
     des_.free(*backend_);
   }
@@ -204,7 +207,7 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
     stage(ids.cache_rows, cache_rows_);
     stage(ids.kv_rows, kv_rows_);
   }
-  execute(g, prog, ctx);
+  step_graphs_.run(g, prog, prog.serial, ctx, kv_cache ? kv_->data() : nullptr, kv_cache ? kv_->rows() : 0);
   sparse_.step_done();
   des_.step_done(*backend_, model_->config());  // unique experts of this forward, per MoE layer
   return prog;
@@ -534,6 +537,7 @@ void Engine::set_attention_block(int block) {
   if (block == attention_block()) return;
   model_->set_mask_block(block);
   plans_.clear();  // programs were instantiated from the previous graphs
+  step_graphs_.clear(*backend_);
   for (bool& r : io_ready_) r = false;
   // (a KV cache slot's rows computed under the old mask are dropped at its next step: cached_rows)
 }

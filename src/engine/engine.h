@@ -17,6 +17,7 @@
 #include "engine/kv_pool.h"
 #include "engine/prefix_cache.h"
 #include "engine/request_state.h"
+#include "engine/step_graphs.h"
 #include "memory/planner.h"
 #include "memory/workspace.h"
 #include "models/model.h"
@@ -27,7 +28,8 @@ struct EngineOptions {
   std::string device = "cpu";  // cpu | cuda
   Precision precision = Precision::Auto;
   // GGUF: convert quantized tensors at load (the memory of bf16) instead of keeping them quantized
-  // on the CPU (where every GEMM then dequantizes panels of its weight).
+  // on the CPU (where every GEMM then dequantizes panels of its weight) and, for the
+  // cuda_keeps_quantized types, on CUDA (tiles of rows).
   bool dequantize = false;
   size_t reserve_bytes = size_t{256} << 30;  // virtual range of the workspace
   memory::Fit fit = memory::Fit::First;
@@ -46,6 +48,8 @@ struct EngineOptions {
   size_t prefix_cache_bytes = 0;
   std::string dump_dir;      // debug: dump every named tensor of each step here
   bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
+  // Replay repeated steps as recorded CUDA graphs (step_graphs.h; exact: the same kernels run).
+  bool step_graphs = true;
 };
 
 // This process's resident memory (VmRSS) and its high-water mark (VmHWM), from /proc/self/status;
@@ -79,9 +83,10 @@ struct StepStats {
 class Engine final : public Denoiser, private KvPool::Budget {
  public:
   static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineOptions& opt = {});
-  // Random weights of a geometry (benchmarks; no files).
+  // Random weights of a geometry (benchmarks; no files); quant >= 0: its 2-D weights as random blocks of
+  // that ggml type (Model::synthetic).
   static std::unique_ptr<Engine> synthetic(const ModelConfig& c, const EngineOptions& opt = {},
-                                           DType act = DType::BF16);
+                                           DType act = DType::BF16, int16_t quant = -1);
   ~Engine() override;
 
   const ModelConfig& config() const { return model_->config(); }
@@ -210,6 +215,8 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // With EngineOptions::profile_ops: seconds spent per op kind since the last reset (else zeros).
   const std::array<double, graph::kOpKinds>& op_seconds() const { return op_seconds_; }
   void reset_op_seconds() { op_seconds_.fill(0.0); }
+  // Steps recorded and replayed as CUDA graphs, and the kernels and copies of the last replayed one.
+  const StepGraphs& step_graphs() const { return step_graphs_; }
   int attention_block() const override;
   // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
   // drops the cached plans when the block changes.
@@ -289,6 +296,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
     int search_plans = 0;
   };
   std::map<PlanKey, CachedPlan> plans_;
+  uint64_t program_serial_ = 0;
   StepStats last_;
   size_t max_peak_ = 0;
   GraphIo io_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
@@ -317,6 +325,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   SparseState sparse_;
   DesState des_;
   std::array<double, graph::kOpKinds> op_seconds_{};
+  StepGraphs step_graphs_{true};
 };
 
 // "attention 1.23 s (41%), gemm ..." for the op kinds that took time, largest first; seconds divided

@@ -46,6 +46,7 @@ const graph::Program* Engine::try_program(OutputMode mode, graph::StepShape shap
     }
     c.prog = graph::instantiate(g, shape);
     memory::plan(g, c.prog, opt_.fit);
+    c.prog.serial = ++program_serial_;
     if (plans_.size() >= 256) plans_.clear();
     it = plans_.emplace(key, std::move(c)).first;
   }

@@ -132,6 +132,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       ap.q_pos = q_pos.as<const int32_t>();
       ap.k_pos = k_pos.as<const int32_t>();
       if (op.out.size() > 1) ap.kv_scratch = out(1).data;  // planned bf16 K/V staging
+      if (op.out.size() > 2) ap.q_scratch = out(2).data;   // q itself, which attention may overwrite
       uint8_t* pattern = nullptr;
       if (c.sparse != nullptr) {
         TESSERA_CHECK(op.layer >= 0 && ap.n_seqs == 1, "execute: sparse attention needs one sequence");

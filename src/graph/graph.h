@@ -159,6 +159,7 @@ struct Program {
     int64_t count, chunk_rows, total;
   };
   std::vector<Loop> loops;
+  uint64_t serial = 0;     // set by the engine, unique per plan it makes (step graphs key on it)
   size_t peak = 0;         // arena size of the plan
   size_t lower_bound = 0;  // max over ops of the bytes live at that op
   double plan_ms = 0.0;

@@ -71,10 +71,11 @@ DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& 
     L.router = make.tensor({m.n_experts, d}, act, sd(d));
     if (m.expert_bias) L.expert_bias = make.tensor({m.n_experts}, DType::F32, 0.01f);
     std::vector<Tensor> experts;
+    const auto& expert = make.expert ? make.expert : make.tensor;
     for (int p = 0; p < 3; ++p) {
       for (int64_t e = 0; e < m.n_experts; ++e) {
-        experts.push_back(p < 2 ? make.tensor({m.expert_inter, d}, act, sd(d))
-                                : make.tensor({d, m.expert_inter}, act, sd(m.expert_inter)));
+        experts.push_back(p < 2 ? expert({m.expert_inter, d}, act, sd(d))
+                                : expert({d, m.expert_inter}, act, sd(m.expert_inter)));
       }
     }
     L.experts = MoeExperts{make.table(experts), static_cast<int>(m.n_experts), d, m.expert_inter, act};

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -13,12 +14,14 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
                                    bool dequantize) {
   std::unique_ptr<Model> m(new Model());
   if (is_gguf_file(dir)) {
-    // One parse. Quantized tensors stay quantized on the CPU (GEMMs dequantize panels of them); on
-    // other backends, or with `dequantize`, they are converted at load to bf16 (f32 for --precision f32).
+    // One parse. Quantized tensors stay quantized on the CPU (GEMMs dequantize panels of them) and, for
+    // the types of cuda_keeps_quantized, on CUDA (GEMMs dequantize tiles; bind_quantized converts the
+    // others); with `dequantize` they are converted at load to bf16 (f32 for --precision f32).
     const auto g = GgufFile::open(dir);
     m->cfg_ = gguf_config(*g);
-    m->ckpt_ = gguf_checkpoint(g, m->cfg_, precision == Precision::F32 ? DType::F32 : DType::BF16,
-                               !dequantize && backend.device() == Device::CPU);
+    m->ckpt_ =
+        gguf_checkpoint(g, m->cfg_, precision == Precision::F32 ? DType::F32 : DType::BF16,
+                        !dequantize && (backend.device() == Device::CPU || backend.device() == Device::CUDA));
   } else {
     m->cfg_ = load_config(dir);
     m->ckpt_ = Checkpoint::open(dir);
@@ -58,6 +61,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   if (i >= families().size() || families()[i]->bind == nullptr)
     fail(std::string("no weight loader for the ") + family_name(c.family) + " family");
   families()[i]->bind(*m);
+  m->weight_bytes_ += m->quant_tile_bytes_;  // the GPU backend's tile of quantized GEMM weights
+  if (m->quant_tile_bytes_ > 0) backend.reserve_quant_tile(m->quant_tile_bytes_);
   return m;
 }
 
@@ -136,11 +141,28 @@ Tensor Model::bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int
     weight_bytes_ += static_cast<size_t>(rows) * row_bytes;
     return t;
   }
-  // Otherwise converted to the compute dtype (GEMM weights) or f32, then copied to the backend.
-  t.dtype = gemm_weight ? opts_.act : DType::F32;
+  // On CUDA the types it computes quantized stay in their blocks too (copied to the device; GEMMs
+  // dequantize tiles of rows into one tile buffer, counted once in weight_bytes()), except the MoE
+  // experts, which moe_ffn reads converted.
+  if (backend_->device() == Device::CUDA && cuda_keeps_quantized(st.quant) && !binding_experts_ &&
+      (gemm_weight || file_shape.size() == 2)) {
+    t.dtype = gemm_weight ? opts_.act : DType::F32;
+    t.quant = st.quant;
+    const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+    t.data = backend_->alloc_weights(bytes);
+    owned_.push_back(t.data);
+    backend_->copy_to_device(t.data, src, bytes);
+    weight_bytes_ += bytes;
+    if (gemm_weight) quant_tile_bytes_ = std::max(quant_tile_bytes_, quant_tile_bytes(rows, cols, t.dtype));
+    return t;
+  }
+  // Otherwise converted to the compute dtype (GEMM weights; on CUDA every tensor, as before it kept any
+  // quantized) or f32, then copied to the backend.
+  t.dtype = gemm_weight || backend_->device() == Device::CUDA ? opts_.act : DType::F32;
   const size_t out_row = static_cast<size_t>(cols) * dtype_size(t.dtype);
   std::vector<char> conv(static_cast<size_t>(rows) * out_row);
-  for (int64_t r = 0; r < rows; ++r)
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+  for (int64_t r = 0; r < rows; ++r)  // a type ggml_dequantize_row converts (checked at load): no throw
     ggml_dequantize_row(type, static_cast<const char*>(src) + static_cast<size_t>(r) * row_bytes, cols,
                         t.dtype, conv.data() + static_cast<size_t>(r) * out_row);
   t.data = backend_->alloc_weights(conv.size());
@@ -182,11 +204,13 @@ MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const ch
   const int64_t d = cfg_.hidden;
   std::vector<Tensor> t;
   t.reserve(static_cast<size_t>(3 * n_experts));
+  binding_experts_ = true;  // CUDA's moe_ffn reads plain experts: quantized ones are converted at load
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const bool down = proj[0] == 'd';
     for (int64_t e = 0; e < n_experts; ++e)
       t.push_back(bind(name(e, proj), down ? std::vector{d, inter} : std::vector{inter, d}, true));
   }
+  binding_experts_ = false;
   MoeExperts ex{expert_table(t), static_cast<int>(n_experts), d, inter, opts_.act};
   for (size_t p = 0; p < 3; ++p) {  // one storage type per projection (GGUF stacks one tensor of each)
     ex.quant[p] = t[p * static_cast<size_t>(n_experts)].quant;
@@ -251,9 +275,12 @@ Tensor Model::random_weight(std::vector<int64_t> shape, DType dt, float scale, u
   std::vector<char> conv(f.size() * dtype_size(dt));
   for (int64_t at = 0; at < n; at += slice) {
     const int64_t m = std::min(slice, n - at);
-    uint64_t s = rng_mix(seed + static_cast<uint64_t>(at));
+    const uint64_t base = rng_mix(seed + static_cast<uint64_t>(at));
+    // Counter-based (splitmix64 of base + i): values independent of the threads (a 8B model fills in
+    // seconds on a many-core host).
+#pragma omp parallel for schedule(static) if (m > 65536)
     for (int64_t i = 0; i < m; ++i) {
-      s = rng_mix(s);
+      const uint64_t s = rng_mix(base + static_cast<uint64_t>(i));
       // Uniform in [-scale*sqrt(3), scale*sqrt(3)): standard deviation `scale`.
       f[static_cast<size_t>(i)] =
           (static_cast<float>(s >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale * 1.7320508f;
@@ -271,7 +298,74 @@ Tensor Model::random_weight(std::vector<int64_t> shape, DType dt, float scale, u
   return t;
 }
 
-std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, DType act, uint64_t seed) {
+Tensor Model::random_quant_weight(int64_t rows, int64_t cols, DType dt, int16_t quant, float scale,
+                                  uint64_t seed) {
+  const auto type = static_cast<GgmlType>(quant);
+  const GgmlTypeInfo* info = ggml_type_info(type);
+  const size_t row_bytes = ggml_bytes(type, cols);
+  // Offsets of the f16 scales in a block and the scale giving values of standard deviation `scale`:
+  // q8_0 q * d (q uniform in [-128, 128): sd 74); q4_0 (q - 8) * d (sd 4.6); the k-quants
+  // (d * sc) * q - dmin * m with 6-bit sc, m (mean 31) and q of 4 / 5 bits (sd 4.6 / 9.2); q6_K
+  // (d * sc) * (q - 32) with int8 sc (mean |sc| 64) and q of 6 bits (sd 18.5).
+  std::vector<size_t> at{0};
+  float unit = 74.0f;
+  switch (type) {
+    case GgmlType::Q8_0:
+      break;
+    case GgmlType::Q4_0:
+      unit = 4.6f;
+      break;
+    case GgmlType::Q4_K:
+      at = {0, 2};
+      unit = 31.0f * 4.6f;
+      break;
+    case GgmlType::Q5_K:
+      at = {0, 2};
+      unit = 31.0f * 9.2f;
+      break;
+    case GgmlType::Q6_K:
+      at = {208};
+      unit = 64.0f * 18.5f;
+      break;
+    default:
+      fail(std::string("synthetic weights: no random blocks of type ") + (info ? info->name : "?") +
+           " (q8_0, q4_0, q4_K, q5_K, q6_K)");
+  }
+  const uint16_t d = f32_to_f16(scale / unit);
+  const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+  void* dst = backend_->alloc_weights(bytes);
+  owned_.push_back(dst);
+  weight_bytes_ += bytes;
+  const int64_t slice = std::max<int64_t>(1, int64_t{64 << 20} / static_cast<int64_t>(row_bytes));
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(rows, slice)) * row_bytes);
+  for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+    const int64_t n = std::min(slice, rows - r0);
+    const size_t nb = static_cast<size_t>(n) * row_bytes;
+    const uint64_t base = rng_mix(seed + static_cast<uint64_t>(r0));
+#pragma omp parallel for schedule(static) if (nb > 524288)
+    for (int64_t w = 0; w < static_cast<int64_t>((nb + 7) / 8); ++w) {
+      const uint64_t s = rng_mix(base + static_cast<uint64_t>(w));
+      const auto i = static_cast<size_t>(w) * 8;
+      std::memcpy(buf.data() + i, &s, std::min<size_t>(8, nb - i));
+    }
+    for (size_t b = 0; b < nb; b += info->block_bytes) {
+      for (size_t o : at) {
+        buf[b + o] = static_cast<uint8_t>(d & 0xff);
+        buf[b + o + 1] = static_cast<uint8_t>(d >> 8);
+      }
+    }
+    backend_->copy_to_device(static_cast<char*>(dst) + static_cast<size_t>(r0) * row_bytes, buf.data(), nb);
+  }
+  backend_->synchronize();  // the host slice is reused
+  if (backend_->device() == Device::CUDA)
+    quant_tile_bytes_ = std::max(quant_tile_bytes_, quant_tile_bytes(rows, cols, dt));
+  Tensor t(dst, dt, {rows, cols}, backend_->device());
+  t.quant = quant;
+  return t;
+}
+
+std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, DType act, uint64_t seed,
+                                        int16_t quant) {
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = c;
   m->backend_ = &backend;
@@ -282,7 +376,20 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, 
     return mp->random_weight(shape, dt, sd, seed++);
   };
   make.table = [mp](const std::vector<Tensor>& t) { return mp->expert_table(t); };
+  if (quant >= 0) {
+    TESSERA_CHECK(backend.device() == Device::CPU || cuda_keeps_quantized(quant),
+                  "synthetic weights: the CUDA backend keeps q8_0, q4_0, q4_K, q5_K and q6_K quantized");
+    make.expert = make.tensor;
+    make.tensor = [mp, &seed, act, quant](const std::vector<int64_t>& shape, DType dt, float sd) {
+      const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(quant));
+      if (shape.size() == 2 && dt == act && info != nullptr && shape[1] % info->block == 0)
+        return mp->random_quant_weight(shape[0], shape[1], dt, quant, sd, seed++);
+      return mp->random_weight(shape, dt, sd, seed++);
+    };
+  }
   m->w_ = layout_weights(c, act, make);
+  m->weight_bytes_ += m->quant_tile_bytes_;
+  if (m->quant_tile_bytes_ > 0) backend.reserve_quant_tile(m->quant_tile_bytes_);
   return m;
 }
 

@@ -58,8 +58,9 @@ struct GraphOptions {
   MaskKind mask = MaskKind::None;
   int mask_block = 0;
   MoeRouteParams route;  // MoE layers (expert_bias: the layer's expert_bias weight)
-  // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch): set for GPU
-  // backends computing in bf16, whose tensor-core attention reads bf16 K and V.
+  // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch) and let it overwrite q
+  // (AttnParams::q_scratch): set for GPU backends computing in bf16, whose tensor-core and cuDNN
+  // attention read bf16 operands.
   bool stage_kv_bf16 = false;
   // KV cache graph: every layer writes its post-RoPE K and V rows into the State tensors
   // blk.N.k_cache / blk.N.v_cache (n_kv rows, in the compute dtype: bf16 or f32) at the rows'
@@ -77,13 +78,17 @@ inline DType auto_compute_dtype(size_t f32_bytes, size_t other_bytes) {
 class Model {
  public:
   // Loads config.json and the safetensors weights of DIR into `backend` memory.
-  // A .gguf file loads too; its quantized tensors stay quantized on the CPU backend unless
-  // `dequantize` (then, and on other backends, they become bf16, or f32 with Precision::F32).
+  // A .gguf file loads too; its quantized tensors stay quantized on the CPU backend, and those of the
+  // cuda_keeps_quantized types on CUDA (MoE experts excepted), unless `dequantize` (then, and for the
+  // others, they become bf16, or f32 with Precision::F32).
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
                                      Precision precision = Precision::Auto, bool dequantize = false);
-  // Random weights of the given geometry (benchmarks): no files, weights in `act` dtype.
+  // Random weights of the given geometry (benchmarks): no files, weights in `act` dtype. quant >= 0 (a
+  // ggml type the backend keeps quantized: q8_0 ... q6_K): the 2-D weights (GEMM weights, the embedding
+  // table and LM head; not the routed experts, which stay in `act` as Model::load leaves them on CUDA)
+  // are random blocks of that type instead, computing as `act`.
   static std::unique_ptr<Model> synthetic(const ModelConfig& c, Backend& backend, DType act,
-                                          uint64_t seed = 1);
+                                          uint64_t seed = 1, int16_t quant = -1);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -114,6 +119,9 @@ class Model {
   // The pointer table (backend memory) of the experts gate[E], up[E], down[E] given in that order.
   const void* const* expert_table(const std::vector<Tensor>& gate_up_down);
   Tensor random_weight(std::vector<int64_t> shape, DType dt, float scale, uint64_t seed);
+  // Random blocks of ggml type `quant` for a [rows, cols] weight computing as `dt`: quants uniform, the
+  // block scales set so that the values' standard deviation is about `scale` (benchmarks).
+  Tensor random_quant_weight(int64_t rows, int64_t cols, DType dt, int16_t quant, float scale, uint64_t seed);
   DenseWeights& weights() { return w_; }
   GraphOptions& mutable_options() { return opts_; }
   // Block-causal models: a new attention block size (the graphs are rebuilt on next use).
@@ -132,6 +140,8 @@ class Model {
   Backend* backend_ = nullptr;
   std::vector<void*> owned_;  // backend allocations to free
   size_t weight_bytes_ = 0;
+  size_t quant_tile_bytes_ = 0;   // CUDA: the largest tile of its quantized GEMM weights (counted)
+  bool binding_experts_ = false;  // inside bind_experts (CUDA converts quantized experts at load)
   std::unique_ptr<graph::GraphTemplate> graphs_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
 };
 
@@ -147,6 +157,8 @@ struct WeightMaker {
   std::function<Tensor(const std::vector<int64_t>& shape, DType dt, float sd)> tensor;
   // The expert table of gate[E], up[E], down[E] (nullptr for shape-only weights).
   std::function<const void* const*(const std::vector<Tensor>& gate_up_down)> table;
+  // The routed experts' tensors, when they are made otherwise than by `tensor` (empty: by `tensor`).
+  std::function<Tensor(const std::vector<int64_t>& shape, DType dt, float sd)> expert;
 };
 // Every weight the graph of config c needs, made in a fixed order by `make`.
 DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make);

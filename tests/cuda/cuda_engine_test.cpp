@@ -3,6 +3,7 @@
 // memory; a step makes no device allocation after warm-up.
 #include "core/error.h"
 #include "cuda_test_util.h"
+#include "decode/generate.h"
 #include "engine/engine.h"
 #include "memory/workspace.h"
 #include "stories_util.h"
@@ -95,6 +96,41 @@ TEST_F(CudaTest, NoDeviceAllocationAfterWarmUp) {
   }
   EXPECT_EQ(e->backend().device_free_bytes(), free0) << "device memory was allocated or freed during steps";
   EXPECT_EQ(e->workspace().committed(), committed0);
+}
+
+// Step graphs (engine/step_graphs.h) replay what the ops would compute: generations with them on decide
+// the tokens, in the order, of the same engine with them off (bf16, so cuDNN's attention, the gather
+// tiles and cuBLASLt are recorded too), greedy and sampled, with the dual cache (whose steps repeat
+// their shapes from block to block) and without a cache (a new shape every step).
+TEST_F(CudaTest, StepGraphsReplayTheSameTokens) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 5 --hidden 256 --heads 4");
+  EngineOptions off_opt = cuda_engine_options(Precision::BF16);
+  off_opt.step_graphs = false;
+  auto off = Engine::load(dir, off_opt);
+  auto on = Engine::load(dir, cuda_engine_options(Precision::BF16));
+  const auto prompt = test::random_canvas(12, off->vocab_size() - 8, 5, 0, 0.0);
+  GenerateOptions o;
+  o.gen_length = 64;
+  o.block_length = 16;
+  o.steps = 64;
+  o.stop_at_eos = false;
+  for (const KvCache cache : {KvCache::Dual, KvCache::None}) {
+    for (const float temperature : {0.0f, 0.7f}) {
+      o.cache = cache;
+      o.temperature = temperature;
+      for (const uint64_t seed : {1u, 2u}) {
+        o.seed = seed;
+        const GenerateResult want = generate(*off, prompt, o);
+        const GenerateResult got = generate(*on, prompt, o);
+        EXPECT_EQ(got.tokens, want.tokens) << "cache " << static_cast<int>(cache) << " T " << temperature;
+        EXPECT_EQ(got.order, want.order) << "cache " << static_cast<int>(cache) << " T " << temperature;
+      }
+    }
+  }
+  EXPECT_EQ(off->step_graphs().replays(), 0);
+  EXPECT_GT(on->step_graphs().captures(), 0);
+  EXPECT_GT(on->step_graphs().replays(), on->step_graphs().captures());
+  EXPECT_GT(on->step_graphs().last_nodes(), 10);  // a whole forward: every layer's kernels
 }
 
 TEST_F(CudaTest, VmmWorkspaceCommitsAndReleasesPhysicalMemory) {

@@ -2,6 +2,8 @@
 // outputs are poisoned before each run, relative error bounds per dtype (bf16 operands <= 1e-2,
 // f32 <= 1e-4). Skipped cleanly where no GPU is present.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "cuda_test_util.h"
@@ -247,9 +249,19 @@ struct AttnCase {
   MaskKind mask = MaskKind::None;
   int block = 0;
   DType out = DType::BF16;
-  int sparse_block = 0;  // > 0: random block-sparse pattern (one sequence)
-  bool scratch = true;   // pass AttnParams::kv_scratch
+  int sparse_block = 0;    // > 0: random block-sparse pattern (one sequence)
+  bool scratch = true;     // pass AttnParams::kv_scratch
+  bool q_scratch = false;  // also AttnParams::q_scratch: cuDNN takes the case where it is loaded
+  // Where cuDNN is loaded and the case is one it may take: 1 it must run it (the engine's shapes), -1
+  // either (its support of the shape decides; the outcome is printed).
+  int lib = -1;
 };
+// Whether cuDNN's attention takes a case (cudnn_attention.h): no mask, no pattern, bf16 output, both
+// staging buffers, head dims of multiples of 8 up to 128.
+bool cudnn_case(const AttnCase& c) {
+  return c.q_scratch && c.scratch && c.mask == MaskKind::None && c.sparse_block == 0 &&
+         c.out == DType::BF16 && c.d % 8 == 0 && c.d <= 128;
+}
 
 class CudaAttention : public CudaTest, public ::testing::WithParamInterface<AttnCase> {};
 
@@ -269,7 +281,8 @@ TEST_P(CudaAttention, MatchesCpu) {
   auto k = random_floats(static_cast<size_t>(NK * c.hkv * c.d), 42, 2.0f);
   auto v = random_floats(static_cast<size_t>(NK * c.hkv * c.d), 43);
   // The tensor-core kernel takes bf16 operands: give the reference the same operands.
-  const bool tc = (c.d == 32 || c.d == 64 || c.d == 128) && c.out == DType::BF16 && c.scratch;
+  const bool tc =
+      ((c.d == 32 || c.d == 64 || c.d == 128) && c.out == DType::BF16 && c.scratch) || cudnn_case(c);
   if (tc) {
     q = from_bf16(to_bf16(q));
     k = from_bf16(to_bf16(k));
@@ -322,8 +335,10 @@ TEST_P(CudaAttention, MatchesCpu) {
   dp.q_pos = static_cast<const int32_t*>(dqp.p);
   dp.k_pos = static_cast<const int32_t*>(dkp.p);
   dp.block_mask = bmask.empty() ? nullptr : static_cast<const uint8_t*>(dbm.p);
-  DevBuf dscr(*gpu, attn_kv_scratch_bytes(NK, c.hkv * c.d));
+  DevBuf dscr(*gpu, attn_kv_scratch_bytes(NK, c.hkv * c.d)), dqs(*gpu, attn_q_scratch_bytes(NQ, c.hq * c.d));
   if (c.scratch) dp.kv_scratch = dscr.p;  // bf16 K/V staging: the tensor-core kernel runs
+  if (c.q_scratch) dp.q_scratch = dqs.p;
+  const int64_t lib_before = gpu->attention_library_calls();
   dout.poison();
   Tensor o = dout.view(c.out, {NQ, c.hq * c.d});
   gpu->attention(dq.view(DType::F32, {NQ, c.hq * c.d}), dk.view(DType::F32, {NK, c.hkv * c.d}),
@@ -332,25 +347,56 @@ TEST_P(CudaAttention, MatchesCpu) {
       c.out == DType::F32 ? dout.download<float>(ref.size()) : from_bf16(dout.download<uint16_t>(ref.size()));
   // Tensor-core head dims round P to bf16: 1e-2; the SIMT path computes in f32.
   EXPECT_CLOSE_TO_CPU(got, ref, c.out == DType::BF16 ? 1e-2 : 1e-4);
+  // With cuDNN loaded, the cases it takes run on it (and no other case does).
+  const bool lib = gpu->name().find("cuDNN") != std::string::npos;
+  const int64_t ran = gpu->attention_library_calls() - lib_before;
+  if (!lib || !cudnn_case(c)) {
+    EXPECT_EQ(ran, 0) << gpu->name();
+  } else if (c.lib == 1) {
+    EXPECT_EQ(ran, 1) << gpu->name();
+  } else {
+    std::printf("cuDNN %s this case\n", ran == 1 ? "ran" : "refused");
+  }
+}
+
+// On the GPU session, where libcudnn.so.9 is on the library path (bench/gpu_session.sh sets
+// TESSERA_EXPECT_CUDNN=1), the backend must have loaded it.
+TEST_F(CudaTest, CudnnLoadsWhereExpected) {
+  const char* expect = std::getenv("TESSERA_EXPECT_CUDNN");
+  if (expect == nullptr || std::string(expect) != "1") GTEST_SKIP() << "TESSERA_EXPECT_CUDNN is not set";
+  EXPECT_NE(gpu->name().find("cuDNN 9"), std::string::npos) << gpu->name();
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, CudaAttention,
-    ::testing::Values(AttnCase{4, 4, 64, {1}, {1}}, AttnCase{4, 2, 64, {70, 130}, {70, 130}},
-                      AttnCase{8, 2, 128, {200}, {200}, MaskKind::None, 0, DType::F32},
-                      AttnCase{4, 4, 128, {40, 64}, {300, 64}},
-                      AttnCase{2, 1, 32, {100}, {100}, MaskKind::Causal},
-                      AttnCase{4, 4, 64, {150}, {150}, MaskKind::BlockCausal, 32},
-                      AttnCase{4, 2, 16, {50, 20}, {90, 20}, MaskKind::None, 0, DType::F32},
-                      AttnCase{3, 3, 80, {33}, {77}, MaskKind::Causal, 0, DType::F32},
-                      AttnCase{4, 2, 64, {256}, {256}, MaskKind::None, 0, DType::BF16, 64},
-                      AttnCase{4, 4, 128, {300}, {300}, MaskKind::None, 0, DType::BF16, 32},
-                      AttnCase{4, 4, 128, {300}, {300}, MaskKind::Causal, 0, DType::BF16, 128},
-                      AttnCase{4, 2, 64, {256}, {256}, MaskKind::None, 0, DType::F32, 64},
-                      AttnCase{2, 2, 16, {130}, {130}, MaskKind::None, 0, DType::F32, 32},
-                      AttnCase{4, 2, 64, {300, 40}, {300, 90}, MaskKind::None, 0, DType::BF16, 0, false},
-                      AttnCase{4, 4, 64, {1000}, {1000}, MaskKind::BlockCausal, 100},
-                      AttnCase{2, 2, 128, {129, 1, 255}, {129, 1, 255}}),
+    ::testing::Values(
+        AttnCase{4, 4, 64, {1}, {1}}, AttnCase{4, 2, 64, {70, 130}, {70, 130}},
+        AttnCase{8, 2, 128, {200}, {200}, MaskKind::None, 0, DType::F32},
+        AttnCase{4, 4, 128, {40, 64}, {300, 64}}, AttnCase{2, 1, 32, {100}, {100}, MaskKind::Causal},
+        AttnCase{4, 4, 64, {150}, {150}, MaskKind::BlockCausal, 32},
+        AttnCase{4, 2, 16, {50, 20}, {90, 20}, MaskKind::None, 0, DType::F32},
+        AttnCase{3, 3, 80, {33}, {77}, MaskKind::Causal, 0, DType::F32},
+        AttnCase{4, 2, 64, {256}, {256}, MaskKind::None, 0, DType::BF16, 64},
+        AttnCase{4, 4, 128, {300}, {300}, MaskKind::None, 0, DType::BF16, 32},
+        AttnCase{4, 4, 128, {300}, {300}, MaskKind::Causal, 0, DType::BF16, 128},
+        AttnCase{4, 2, 64, {256}, {256}, MaskKind::None, 0, DType::F32, 64},
+        AttnCase{2, 2, 16, {130}, {130}, MaskKind::None, 0, DType::F32, 32},
+        AttnCase{4, 2, 64, {300, 40}, {300, 90}, MaskKind::None, 0, DType::BF16, 0, false},
+        AttnCase{4, 4, 64, {1000}, {1000}, MaskKind::BlockCausal, 100},
+        AttnCase{2, 2, 128, {129, 1, 255}, {129, 1, 255}},
+        // cuDNN (where loaded): one sequence, GQA, a query subset, packed sequences
+        // (ragged), head dims 64 / 96 / 128; and cases it must leave to tessera's kernels.
+        AttnCase{4, 4, 64, {1}, {1}, MaskKind::None, 0, DType::BF16, 0, true, true},
+        AttnCase{8, 2, 128, {200}, {200}, MaskKind::None, 0, DType::BF16, 0, true, true, 1},
+        AttnCase{4, 4, 128, {64}, {1000}, MaskKind::None, 0, DType::BF16, 0, true, true, 1},
+        AttnCase{4, 4, 96, {300}, {300}, MaskKind::None, 0, DType::BF16, 0, true, true},
+        AttnCase{4, 2, 64, {70, 130}, {70, 130}, MaskKind::None, 0, DType::BF16, 0, true, true, 1},
+        AttnCase{4, 4, 128, {40, 64}, {300, 64}, MaskKind::None, 0, DType::BF16, 0, true, true},
+        AttnCase{2, 2, 128, {129, 1, 255}, {129, 1, 255}, MaskKind::None, 0, DType::BF16, 0, true, true},
+        AttnCase{32, 8, 128, {2048}, {2048}, MaskKind::None, 0, DType::BF16, 0, true, true, 1},
+        AttnCase{4, 4, 64, {150}, {150}, MaskKind::BlockCausal, 32, DType::BF16, 0, true, true},
+        AttnCase{4, 4, 128, {300}, {300}, MaskKind::None, 0, DType::BF16, 32, true, true},
+        AttnCase{8, 2, 128, {200}, {200}, MaskKind::None, 0, DType::F32, 0, true, true}),
     test::case_index_name);
 
 // ---- Sampling ----------------------------------------------------------------------------------

@@ -158,14 +158,16 @@ TEST(GgufModels, CliGeneratesAsFromTheCheckpoint) {
             0)
       << out;
   EXPECT_NE(out.find("weights 339.4 KiB (the GGUF's tensors"), std::string::npos) << out;
-  // ... and as CUDA loads them with --device cuda (quantized ones converted, as inspect's bf16 figure)
+  // ... and as CUDA loads them with --device cuda (q4_K kept, plus the tile of the largest GEMM weight,
+  // the 300 x 256 LM head in bf16: 150 KiB)
   ASSERT_EQ(
       test::run_command(std::string(TESSERA_BINARY) + " plan -m " +
                             (fixtures() / "llada-w256-q4_k.gguf").string() + " --context 512 --device cuda",
                         &out),
       0)
       << out;
-  EXPECT_NE(out.find("weights 1.2 MiB (the GGUF's tensors, quantized ones converted to bf16"),
+  EXPECT_NE(out.find("weights 489.4 KiB (the GGUF's tensors, q8_0 / q4_0 / q4_K / q5_K / q6_K kept quantized "
+                     "with a 150.0 KiB tile"),
             std::string::npos)
       << out;
   // Bad files: a clear error, non-zero exit.

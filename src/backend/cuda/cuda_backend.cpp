@@ -1,15 +1,24 @@
 // CudaBackend: device memory, one stream, GEMMs through cuBLASLt (bf16 operands, f32 accumulation),
-// hand-written kernels for everything cuBLAS cannot do (gather-GEMM, attention, sampling, MoE).
-// Nothing here allocates device memory after construction except alloc_weights: every op works in
-// the planned workspace and the cuBLASLt workspace made once here.
+// attention through cuDNN where it takes the case (cudnn_attention.h), hand-written kernels for
+// everything the libraries cannot do (attention masks, SparseD, sampling, MoE).
+// Nothing here allocates device memory after construction except alloc_weights and cuDNN's workspace
+// (grown while a new attention shape's graph is built): every op works in the planned workspace and
+// the buffers made once here (cuBLASLt's workspace, the mask-only logits' gather tile). Quantized GGUF
+// weights (cuda_keeps_quantized) stay quantized: lt_gemm_quant dequantizes them a tile of rows at a time
+// into one tile buffer, allocated when the Model loads (reserve_quant_tile: the largest tile of its
+// weights, counted in its weight bytes; grown at a GEMM only for a weight the Model did not announce).
 #include <cublasLt.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cudnn_attention.h"
 #include "backend/op_checks.h"
 
 namespace tessera {
@@ -51,9 +60,25 @@ class CudaBackend final : public Backend {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
     check_lt(cublasLtCreate(&lt_), "create handle");
     check(cudaMalloc(&lt_ws_, kLtWorkspace), "cuBLASLt workspace");
+    check(cudaMalloc(&gather_tile_, kGatherTile), "mask-only logits tile");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "device properties");
     name_ = std::string("cuda (") + prop.name + ")";
+    // TESSERA_CUDNN=0 keeps attention on tessera's kernels (A/B runs); TESSERA_GATHER_GEMM=fused runs
+    // the mask-only logits on the fused gather-GEMM kernel instead of gather tiles + cuBLASLt.
+    const char* env = std::getenv("TESSERA_CUDNN");
+    if (env == nullptr || std::string(env) != "0") {
+      std::string why;
+      cudnn_ = cuda::CudnnAttention::open(stream_, &why);
+      if (cudnn_ == nullptr) {
+        std::fprintf(stderr, "note: cuDNN attention is off: %s; attention runs on tessera's kernels\n",
+                     why.c_str());
+      } else {
+        name_ += ", " + cudnn_->version();
+      }
+    }
+    const char* gg = std::getenv("TESSERA_GATHER_GEMM");
+    fused_logits_ = gg != nullptr && std::string(gg) == "fused";
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -63,8 +88,13 @@ class CudaBackend final : public Backend {
       cublasLtMatrixLayoutDestroy(p.c);
       cublasLtMatmulDescDestroy(p.op);
     }
+    for (auto& g : graphs_)
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    cudnn_.reset();
     cublasLtDestroy(lt_);
     cudaFree(lt_ws_);
+    cudaFree(gather_tile_);
+    if (qtile_ != nullptr) cudaFree(qtile_);
     cudaStreamDestroy(stream_);
   }
   CudaBackend(const CudaBackend&) = delete;
@@ -96,16 +126,19 @@ class CudaBackend final : public Backend {
   void synchronize() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
 
   void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
-    TESSERA_CHECK(!table.quantized(), "embed (cuda): quantized tables are dequantized at load on CUDA");
+    if (table.quantized()) {
+      cuda::embed_quant(tokens, table, out, stream_);  // ggml blocks: the rows read are dequantized
+      return;
+    }
     cuda::embed(tokens, table, out, stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
     cuda::rmsnorm(x, w, eps, y, stream_);
   }
   void gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) override;
-  void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) override {
-    check_gather_gemm(a, rows, w, c, Device::CUDA);
-    TESSERA_CHECK(!w.quantized(), "gather_gemm (cuda): quantized weights are dequantized at load on CUDA");
+  void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) override;
+  // The fused gather-GEMM kernel (rows of `a` read by index into shared memory).
+  void gather_gemm_fused(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
     cuda::MmaProblem p;
     p.a = a.data;
     p.a_dtype = a.dtype;
@@ -126,6 +159,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
                  const AttnParams& p) override {
+    if (cudnn_ != nullptr && cudnn_->attention(q, k, v, out, nh, nkv, hd, p)) return;
     cuda::attention(q, k, v, out, nh, nkv, hd, p, stream_);
   }
   void sparse_select(const Tensor& q, const Tensor& k, int nh, int nkv, int hd, const SparseSelectParams& p,
@@ -165,6 +199,36 @@ class CudaBackend final : public Backend {
     check(cudaMemGetInfo(&free, &total), "memory info");
     return static_cast<int64_t>(free);
   }
+  int64_t attention_library_calls() const override { return cudnn_ != nullptr ? cudnn_->calls() : 0; }
+  bool can_capture() const override { return true; }
+  void capture_begin() override {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin graph capture");
+  }
+  int64_t capture_end() override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    size_t nodes = 0;
+    if (e == cudaSuccess) e = cudaGraphGetNodes(graph, nullptr, &nodes);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // a failed capture is not sticky: clear it for the eager rerun
+      return -1;
+    }
+    graphs_.push_back({exec, static_cast<int64_t>(nodes)});
+    return static_cast<int64_t>(graphs_.size()) - 1;
+  }
+  void replay(int64_t h) override {
+    check(cudaGraphLaunch(graphs_.at(static_cast<size_t>(h)).exec, stream_), "graph launch");
+  }
+  int64_t graph_nodes(int64_t h) const override { return graphs_.at(static_cast<size_t>(h)).nodes; }
+  void release_graph(int64_t h) override {
+    auto& g = graphs_.at(static_cast<size_t>(h));
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+  }
+  void reserve_quant_tile(size_t bytes) override { quant_tile(bytes); }
   int64_t device_total_bytes() const override {
     size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "memory info");
@@ -173,20 +237,51 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kLtWorkspace = size_t{32} << 20;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool>;
+  // The mask-only logits gather their rows of the hidden state into this bf16 tile, then cuBLASLt
+  // multiplies the tile by the LM head: 8 MiB (1024 rows of 4096), a fixed bound like the CPU's tile.
+  static constexpr size_t kGatherTile = size_t{8} << 20;
+  // m, n, k, the a / w / c dtypes, bias, accumulate, then c's leading dimension and the operands' common
+  // alignment in bytes (<= 256; cuBLASLt assumes 256 unless told).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, int64_t, int>;
   const LtPlan& plan(const Key& key);
+  // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias) through cuBLASLt; all pointers device memory, rows
+  // contiguous (leading dimensions K, K and N; ldc > 0: c's rows are ldc elements apart, c a column
+  // block of a wider matrix).
+  void lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DType at, const void* w, DType wt, void* c,
+                 DType ct, const void* bias, bool acc, int64_t ldc = 0);
+  // c[i, j] (=|+=) a[i, :] . w[j, :] (+ bias[j]) for i < m, j < N = w.rows(), with w quantized
+  // (cuda_keeps_quantized) and a [m, K] contiguous of w.dtype (the compute dtype, bf16 or f32); c's rows
+  // are ldc elements apart (ldc >= N; c_dtype f32 or bf16; acc needs f32); bias f32 [N] or nullptr. The
+  // weight is dequantized to w.dtype quant_tile_rows(N, K, w.dtype) rows at a time into the tile buffer
+  // and each tile multiplied into its columns of c by lt_matmul: the GEMM of the dequantized weight
+  // (dequantized exactly as the CPU does), never converted whole. gemm() calls it with ldc = N; the
+  // mask-only logits of a quantized LM head call it per gathered tile of rows.
+  void lt_gemm_quant(const void* a, int64_t m, const Tensor& w, const float* bias, void* c, DType c_dtype,
+                     int64_t ldc, bool acc);
+  // The quantized-weight tile: at least `bytes` (allocated at first use, grown when a larger one is needed).
+  void* quant_tile(size_t bytes);
 
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* lt_ws_ = nullptr;
   std::map<Key, LtPlan> plans_;
   std::string name_;
+  void* gather_tile_ = nullptr;
+  void* qtile_ = nullptr;  // the quantized-weight tile (lt_gemm_quant)
+  size_t qtile_bytes_ = 0;
+  bool fused_logits_ = false;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  struct Recorded {
+    cudaGraphExec_t exec;
+    int64_t nodes;
+  };
+  std::vector<Recorded> graphs_;  // handles index it; released ones keep their slot
 };
 
 const LtPlan& CudaBackend::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [m, n, k, at, wt, ct, bias, acc] = key;
+  const auto [m, n, k, at, wt, ct, bias, acc, ldc, align] = key;
   LtPlan p;
   check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -207,7 +302,7 @@ const LtPlan& CudaBackend::plan(const Key& key) {
                                       static_cast<uint64_t>(m), k),
            "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&p.c, cuda_type(static_cast<DType>(ct)), static_cast<uint64_t>(n),
-                                      static_cast<uint64_t>(m), n),
+                                      static_cast<uint64_t>(m), ldc),
            "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -215,6 +310,13 @@ const LtPlan& CudaBackend::plan(const Key& key) {
   check_lt(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
       "workspace preference");
+  if (align < 256) {  // operands less aligned than cuBLASLt's default assumption
+    const auto al = static_cast<uint32_t>(align);
+    for (const auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)), "alignment preference");
+  }
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
@@ -229,29 +331,119 @@ const LtPlan& CudaBackend::plan(const Key& key) {
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) {
-  check_gemm(a, w, bias, c, acc, Device::CUDA);
-  TESSERA_CHECK(!w.quantized(), "gemm (cuda): quantized (GGUF) weights are dequantized at load on CUDA");
-  const int64_t m = a.rows(), k = a.cols(), n = w.rows();
+void CudaBackend::lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DType at, const void* w, DType wt,
+                            void* c, DType ct, const void* bias, bool acc, int64_t ldc) {
   if (m == 0) return;
+  // The largest power of two (<= 256) dividing every operand's address.
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w) |
+                         reinterpret_cast<uintptr_t>(c) | uintptr_t{256};
+  const int align = static_cast<int>(addr & (~addr + 1));
   const Key key{m,
                 n,
                 k,
-                static_cast<int>(a.dtype),
-                static_cast<int>(w.dtype),
-                static_cast<int>(c.dtype),
+                static_cast<int>(at),
+                static_cast<int>(wt),
+                static_cast<int>(ct),
                 bias != nullptr,
-                acc};
+                acc,
+                ldc > 0 ? ldc : n,
+                align};
   const LtPlan& p = plan(key);
   if (bias != nullptr) {
-    const void* bp = bias->data;
-    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
+    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");
   }
   const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(lt_, p.op, &alpha, w.data, p.a, a.data, p.b, &beta, c.data, p.c, c.data, p.c,
-                          &p.algo, lt_ws_, kLtWorkspace, stream_),
+  check_lt(cublasLtMatmul(lt_, p.op, &alpha, w, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, lt_ws_,
+                          kLtWorkspace, stream_),
            "matmul");
+}
+
+void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) {
+  check_gemm(a, w, bias, c, acc, Device::CUDA);
+  if (w.quantized()) {
+    lt_gemm_quant(a.data, a.rows(), w, bias != nullptr ? bias->as<const float>() : nullptr, c.data, c.dtype,
+                  c.cols(), acc);
+    return;
+  }
+  lt_matmul(a.rows(), w.rows(), a.cols(), a.data, a.dtype, w.data, w.dtype, c.data, c.dtype,
+            bias != nullptr ? bias->data : nullptr, acc);
+}
+
+void* CudaBackend::quant_tile(size_t bytes) {
+  if (bytes <= qtile_bytes_) return qtile_;
+  if (qtile_ != nullptr) {
+    synchronize();  // the GEMMs queued on the smaller tile finish first
+    cudaFree(qtile_);
+    qtile_ = nullptr;
+    qtile_bytes_ = 0;
+  }
+  const cudaError_t e = cudaMalloc(&qtile_, bytes);
+  if (e != cudaSuccess) {
+    qtile_ = nullptr;
+    fail("cuda: out of device memory allocating the " + std::to_string(bytes >> 20) +
+         " MiB tile of quantized GEMM weights: " + cudaGetErrorString(e));
+  }
+  qtile_bytes_ = bytes;
+  return qtile_;
+}
+
+void CudaBackend::lt_gemm_quant(const void* a, int64_t m, const Tensor& w, const float* bias, void* c,
+                                DType c_dtype, int64_t ldc, bool acc) {
+  const int64_t n = w.rows(), k = w.cols();
+  if (m == 0) return;
+  const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(w.quant));
+  TESSERA_CHECK(w.quantized() && cuda_keeps_quantized(w.quant),
+                std::string("gemm (cuda): ggml type ") + (info != nullptr ? info->name : "?") +
+                    " is converted at load on CUDA (kept quantized: q8_0, q4_0, q4_K, q5_K, q6_K)");
+  TESSERA_CHECK(ldc >= n, "gemm (cuda): ldc below the weight's rows");
+  const int64_t nt = quant_tile_rows(n, k, w.dtype);
+  void* tile = quant_tile(quant_tile_bytes(n, k, w.dtype));
+  const size_t cs = dtype_size(c_dtype);
+  for (int64_t n0 = 0; n0 < n; n0 += nt) {
+    const int64_t nb = std::min(nt, n - n0);
+    cuda::dequantize_rows(w, n0, nb, w.dtype, tile, stream_);
+    lt_matmul(m, nb, k, a, w.dtype, tile, w.dtype, static_cast<char*>(c) + static_cast<size_t>(n0) * cs,
+              c_dtype, bias != nullptr ? bias + n0 : nullptr, acc, ldc);
+  }
+}
+
+// Mask-only logits as bounded gather tiles + cuBLASLt: at most kGatherTile bytes of the selected rows
+// are gathered (bf16) at a time and multiplied at cuBLASLt's rate, which the fused kernel reaches only
+// a third of on Hopper (docs/PERF.md, CUDA section). Other dtypes take the fused kernel.
+void CudaBackend::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {
+  check_gather_gemm(a, rows, w, c, Device::CUDA);
+  const int64_t m = rows.numel(), k = a.cols(), n = w.rows();
+  if (m == 0) return;
+  if (w.quantized()) {  // a quantized LM head: each gathered tile times the weight's dequantized tiles
+    const size_t es = dtype_size(a.dtype);
+    TESSERA_CHECK(static_cast<size_t>(k) * es <= kGatherTile, "gather_gemm (cuda): hidden size too large");
+    const int64_t tile = static_cast<int64_t>(kGatherTile / (static_cast<size_t>(k) * es));
+    const size_t c_row = static_cast<size_t>(n) * dtype_size(c.dtype);
+    for (int64_t r0 = 0; r0 < m; r0 += tile) {
+      const int64_t nt = std::min(tile, m - r0);
+      const Tensor idx(rows.as<int32_t>() + r0, DType::I32, {nt}, Device::CUDA);
+      Tensor buf(gather_tile_, a.dtype, {nt, k}, Device::CUDA);
+      cuda::gather_rows(a, idx, buf, stream_);
+      lt_gemm_quant(gather_tile_, nt, w, nullptr, static_cast<char*>(c.data) + r0 * c_row, c.dtype, n, false);
+    }
+    return;
+  }
+  if (fused_logits_ || a.dtype != DType::BF16 || w.dtype != DType::BF16 ||
+      static_cast<size_t>(k) * 2 > kGatherTile) {
+    gather_gemm_fused(a, rows, w, c);
+    return;
+  }
+  const int64_t tile = static_cast<int64_t>(kGatherTile / (static_cast<size_t>(k) * 2));
+  const size_t c_row = static_cast<size_t>(n) * dtype_size(c.dtype);
+  for (int64_t r0 = 0; r0 < m; r0 += tile) {
+    const int64_t nt = std::min(tile, m - r0);
+    const Tensor idx(rows.as<int32_t>() + r0, DType::I32, {nt}, Device::CUDA);
+    Tensor buf(gather_tile_, DType::BF16, {nt, k}, Device::CUDA);
+    cuda::gather_rows(a, idx, buf, stream_);
+    lt_matmul(nt, n, k, gather_tile_, DType::BF16, w.data, w.dtype, static_cast<char*>(c.data) + r0 * c_row,
+              c.dtype, nullptr, false);
+  }
 }
 
 }  // namespace

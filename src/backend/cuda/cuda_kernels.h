@@ -66,4 +66,14 @@ void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Mo
 // descending, ties to the lower index; entries with conf == -inf are never chosen (idx = -1 then).
 void topk_positions(const Tensor& conf, int k, Tensor& idx, cudaStream_t s);
 
+// --- Quantized (GGUF) weights (quant.cu) --------------------------------------------------------
+// The types of cuda_keeps_quantized (backend.h); the f32 values are ggml's (core/ggml_quant.cpp) bit for
+// bit, bf16 outputs rounded to nearest even. Both fail with one line for any other type.
+// dst[i, :] = row r0 + i of the quantized [N, K] weight w for i < n, as `to` (bf16 or f32): a tile of
+// n x K values at dst (16-byte aligned).
+void dequantize_rows(const Tensor& w, int64_t r0, int64_t n, DType to, void* dst, cudaStream_t s);
+// embed of a quantized table: out[r, :] = table[tokens[r], :] dequantized to out.dtype (an id outside
+// the table writes NaN, as the plain embed does).
+void embed_quant(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s);
+
 }  // namespace tessera::cuda
