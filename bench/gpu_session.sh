@@ -25,6 +25,7 @@
 #                                           # cuda_bench (cuDNN vs flash, gather tiles vs fused), forward_bench
 #                                           # before / after at llada-8b beside torch_llada.py, step graphs on
 #                                           # dual-cache steps, quantized weights (q8_0 / q4_K) vs bf16
+#   bash bench/gpu_session.sh graphs        # cuda_tests, then step graphs on / off on dual-cache steps
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -336,6 +337,23 @@ case $stage in
   libs)
     prepare
     run_libs
+    ;;
+  graphs)  # cuda_tests, then dual-cache steps with step graphs on and off at prompts of 1024 and 4096
+    prepare
+    rc=0
+    run_tests "${TESTS_TIMEOUT:-120}" || rc=$?
+    for len in 1024 4096; do
+      for g in 1 0; do
+        echo "== tessera bench llada-8b --cache dual --prompt-len $len, TESSERA_STEP_GRAPHS=$g"
+        timeout 60 "${LINEBUF[@]}" env TESSERA_STEP_GRAPHS=$g ./build-cuda/tessera bench --geometry llada-8b \
+          --device cuda --prompt-len $len --gen-length 256 --block-length 32 --cache dual \
+          --json-out "$OUT/graphs_${len}_$g.json" 2>&1 | tee "$OUT/graphs_${len}_$g.log" || rc=$?
+        python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"][0]
+print("step graphs: replays", r.get("step_graph_replays"), "nodes per replayed forward", r.get("step_graph_nodes"))' \
+          "$OUT/graphs_${len}_$g.json" || true
+      done
+    done
+    exit "$rc"
     ;;
   *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | memory | libs" ;;
 esac

@@ -15,7 +15,9 @@ void put(std::vector<uint64_t>& k, const SampleParams& s) {
                                                            << 32);
   k.push_back(static_cast<uint64_t>(static_cast<uint32_t>(s.top_k)) |
               static_cast<uint64_t>(static_cast<uint32_t>(s.suppress_token)) << 32);
-  k.push_back(s.seed);
+  // The seed reaches the kernels only through noise (temperature > 0, random confidence); greedy steps
+  // of every seed share a recording (a request's steps each get their own seed).
+  k.push_back(s.temperature > 0.0f || s.conf == ConfKind::Random ? s.seed : 0);
 }
 
 }  // namespace

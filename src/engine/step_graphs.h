@@ -3,7 +3,8 @@
 // its ops as usual (cuBLASLt and cuDNN plans, the quantized tile and the workspace are made then); the
 // second records them and replays the recording; every later run only replays it. The key holds
 // everything a recorded op took from the host: the program (its serial: a new plan is a new key), the
-// workspace base, the KV cache pool, the sampling parameters and the rows each request samples. Steps
+// workspace base, the KV cache pool, the sampling parameters and the rows each request samples (the seed
+// only where it draws noise: every step of a request has its own, so sampled steps do not repeat). Steps
 // with SparseD, DES, per-op timing or dumps run their ops eagerly. A capture that fails (an op that
 // cannot be recorded) turns step graphs off for the engine, with a note, and the step runs eagerly.
 #pragma once

@@ -144,16 +144,19 @@ TEST_P(CudaQuantGemm, MatchesCpu) {
 
 std::vector<QuantGemmCase> quant_gemm_cases() {
   std::vector<QuantGemmCase> v;
-  // One tile: M of 1, 7 and 300, every type, with and without bias / accumulate, bf16 and f32 outputs.
+  // One tile: M of 1, 7 and 300, every type, with and without bias / accumulate, bf16 and f32 outputs
+  // (a bias needs an f32 output on CUDA: cuBLASLt's bias epilogue takes the output's dtype).
   for (GgmlType t : kTypes) {
     v.push_back({t, 1, 300, 512, DType::BF16, DType::F32, false, false});
-    v.push_back({t, 7, 300, 512, DType::BF16, DType::BF16, true, false});
+    v.push_back({t, 7, 300, 512, DType::BF16, DType::BF16, false, false});
+    v.push_back({t, 7, 300, 512, DType::BF16, DType::F32, true, false});
     v.push_back({t, 300, 300, 512, DType::BF16, DType::F32, true, true});
   }
   // Several tiles: quant_tile_rows(600, 65536, bf16) = 256, so tiles of 256, 256 and 88 rows (the last
   // neither a multiple of the tile nor of 128); f32 activations (--precision f32): tiles of 128 rows.
   v.push_back({GgmlType::Q4_K, 7, 600, 65536, DType::BF16, DType::F32, true, true});
-  v.push_back({GgmlType::Q8_0, 300, 600, 65536, DType::BF16, DType::BF16, true, false});
+  v.push_back({GgmlType::Q8_0, 300, 600, 65536, DType::BF16, DType::F32, true, false});
+  v.push_back({GgmlType::Q5_K, 7, 600, 65536, DType::BF16, DType::BF16, false, false});
   v.push_back({GgmlType::Q6_K, 1, 600, 65536, DType::BF16, DType::F32, false, false});
   v.push_back({GgmlType::Q4_K, 7, 300, 65536, DType::F32, DType::F32, true, true});
   return v;

@@ -361,6 +361,9 @@ void CudaBackend::lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DTyp
 
 void CudaBackend::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool acc) {
   check_gemm(a, w, bias, c, acc, Device::CUDA);
+  TESSERA_CHECK(
+      bias == nullptr || c.dtype == DType::F32,
+      "gemm (cuda): a bias needs an f32 output (cuBLASLt's bias epilogue takes the output's dtype)");
   if (w.quantized()) {
     lt_gemm_quant(a.data, a.rows(), w, bias != nullptr ? bias->as<const float>() : nullptr, c.data, c.dtype,
                   c.cols(), acc);
