@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
     std::vector<float> conf(pos.size());
     SampleParams sp;
     e->predict(canvas, pos, sp, tok, conf);  // warm-up: plan + primitives
+    e->predict(canvas, pos, sp, tok, conf);  // CUDA: the step graph's recording (engine/step_graphs.h)
     e->reset_op_seconds();
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {

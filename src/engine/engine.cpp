@@ -61,6 +61,7 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   } else {
     fail("unknown device '" + opt.device + "' (use cpu or cuda)");
   }
+  if (opt.wrap_backend) e->backend_ = opt.wrap_backend(std::move(e->backend_));
   return e;
 }
 

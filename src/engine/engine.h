@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -50,6 +51,8 @@ struct EngineOptions {
   bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
   // Replay repeated steps as recorded CUDA graphs (step_graphs.h; exact: the same kernels run).
   bool step_graphs = true;
+  // Wraps the device's backend (tests: a CPU backend that records and replays steps as CUDA does).
+  std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };
 
 // This process's resident memory (VmRSS) and its high-water mark (VmHWM), from /proc/self/status;

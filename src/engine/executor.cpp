@@ -144,7 +144,8 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
           ap.sparse_k_blocks = c.sparse->k_blocks;
         }
       }
-      b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);
+      // The selecting forward builds the layer's pattern from q and k before its dense attention, which
+      // may overwrite q (AttnParams::q_scratch: cuDNN's output lands in q's buffer).
       if (c.sparse != nullptr && c.sparse->select) {
         SparseSelectParams sp = c.sparse->p;
         sp.scale = op.p.scale;
@@ -155,6 +156,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
         }
         b.sparse_select(in(0), in(1), op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, sp, pattern);
       }
+      b.attention(in(0), in(1), in(2), o, op.p.n_heads, op.p.n_kv_heads, op.p.head_dim, ap);
       break;
     }
     case OpKind::Swiglu: {
@@ -244,7 +246,11 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
     }
   }
   if (!c.dump_dir.empty()) {
-    for (const graph::Ref& r : op.out) dump(g, c, r.id, out(static_cast<size_t>(&r - op.out.data())), chunk);
+    for (const graph::Ref& r : op.out) {
+      // An input an op may overwrite (attention's q on CUDA) is not one of its results.
+      const bool scratch = op.kind == OpKind::Attention && &r - op.out.data() >= 2;
+      if (!scratch) dump(g, c, r.id, out(static_cast<size_t>(&r - op.out.data())), chunk);
+    }
   }
 }
 

@@ -44,10 +44,14 @@ void StepGraphs::run(const graph::GraphTemplate& g, const graph::Program& p, uin
   if (it == graphs_.end()) {  // first run: plans and buffers are made eagerly
     execute(g, p, c);
     if (graphs_.size() >= kMaxGraphs) clear(b);
-    graphs_.emplace(std::move(key), -2);
+    graphs_.emplace(std::move(key), kSeen);
     return;
   }
-  if (it->second == -2) {  // second run: record, then replay
+  if (it->second == kNever) {
+    execute(g, p, c);
+    return;
+  }
+  if (it->second == kSeen) {  // second run: record, then replay
     b.capture_begin();
     int64_t h = -1;
     try {
@@ -58,10 +62,13 @@ void StepGraphs::run(const graph::GraphTemplate& g, const graph::Program& p, uin
       if (h >= 0) b.release_graph(h);
       h = -1;
     }
-    if (h < 0) {
-      std::fprintf(stderr, "note: a step could not be recorded as a CUDA graph; steps run op by op\n");
-      on_ = false;
-      clear(b);
+    if (h < 0) {  // nothing ran: this step runs op by op, and so does its key from now on
+      it->second = kNever;
+      if (++failures_ == kMaxFailures) {
+        std::fprintf(stderr, "note: steps could not be recorded as CUDA graphs; they run op by op\n");
+        on_ = false;
+        clear(b);
+      }
       execute(g, p, c);
       return;
     }

@@ -6,7 +6,8 @@
 // workspace base, the KV cache pool, the sampling parameters and the rows each request samples (the seed
 // only where it draws noise: every step of a request has its own, so sampled steps do not repeat). Steps
 // with SparseD, DES, per-op timing or dumps run their ops eagerly. A capture that fails (an op that
-// cannot be recorded) turns step graphs off for the engine, with a note, and the step runs eagerly.
+// cannot be recorded: nothing ran) runs the step eagerly and keeps its key eager; after kMaxFailures
+// such keys step graphs turn off for the engine, with a note.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -33,11 +34,14 @@ class StepGraphs {
   int64_t last_nodes() const { return last_nodes_; }  // kernels and copies of the last replayed step
 
   static constexpr size_t kMaxGraphs = 256;
+  static constexpr int kMaxFailures = 8;
 
  private:
+  static constexpr int64_t kSeen = -2, kNever = -3;  // seen once, not recorded yet; not recordable
   bool on_;
-  std::map<std::vector<uint64_t>, int64_t> graphs_;  // key -> handle; -2: seen once, not recorded yet
+  std::map<std::vector<uint64_t>, int64_t> graphs_;  // key -> handle, kSeen or kNever
   int64_t replays_ = 0, captures_ = 0, last_nodes_ = 0;
+  int failures_ = 0;
 };
 
 }  // namespace tessera

@@ -216,6 +216,12 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // a failed capture is not sticky: clear it for the eager rerun
       return -1;
     }
+    for (size_t i = 0; i < graphs_.size(); ++i) {  // a released slot first
+      if (graphs_[i].exec == nullptr) {
+        graphs_[i] = {exec, static_cast<int64_t>(nodes)};
+        return static_cast<int64_t>(i);
+      }
+    }
     graphs_.push_back({exec, static_cast<int64_t>(nodes)});
     return static_cast<int64_t>(graphs_.size()) - 1;
   }
@@ -275,7 +281,7 @@ class CudaBackend final : public Backend {
     cudaGraphExec_t exec;
     int64_t nodes;
   };
-  std::vector<Recorded> graphs_;  // handles index it; released ones keep their slot
+  std::vector<Recorded> graphs_;  // handles index it; a released slot is reused
 };
 
 const LtPlan& CudaBackend::plan(const Key& key) {
