@@ -344,6 +344,9 @@ class Backend {
   virtual void replay(int64_t handle) {}
   virtual int64_t graph_nodes(int64_t handle) const { return 0; }
   virtual void release_graph(int64_t handle) {}
+  // Changes whenever the backend releases memory or code that a recording may use (a library's plans or
+  // workspace, a tile that grew): recordings made under an older value must not be replayed.
+  virtual uint64_t recording_epoch() const { return 0; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

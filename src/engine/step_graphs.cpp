@@ -35,6 +35,10 @@ void StepGraphs::run(const graph::GraphTemplate& g, const graph::Program& p, uin
     execute(g, p, c);
     return;
   }
+  if (b.recording_epoch() != epoch_) {  // the backend released what earlier recordings use
+    clear(b);
+    epoch_ = b.recording_epoch();
+  }
   std::vector<uint64_t> key{program_serial, reinterpret_cast<uintptr_t>(c.base),
                             reinterpret_cast<uintptr_t>(kv_pool), static_cast<uint64_t>(kv_rows)};
   if (c.sample != nullptr) put(key, *c.sample);

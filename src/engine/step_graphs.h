@@ -7,7 +7,9 @@
 // only where it draws noise: every step of a request has its own, so sampled steps do not repeat). Steps
 // with SparseD, DES, per-op timing or dumps run their ops eagerly. A capture that fails (an op that
 // cannot be recorded: nothing ran) runs the step eagerly and keeps its key eager; after kMaxFailures
-// such keys step graphs turn off for the engine, with a note.
+// such keys step graphs turn off for the engine, with a note. When the backend releases memory or code
+// a recording may use (Backend::recording_epoch: an evicted cuDNN graph, a grown workspace or tile),
+// every recording is dropped.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -42,6 +44,7 @@ class StepGraphs {
   std::map<std::vector<uint64_t>, int64_t> graphs_;  // key -> handle, kSeen or kNever
   int64_t replays_ = 0, captures_ = 0, last_nodes_ = 0;
   int failures_ = 0;
+  uint64_t epoch_ = 0;  // Backend::recording_epoch() of the recordings held
 };
 
 }  // namespace tessera

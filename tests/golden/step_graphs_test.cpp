@@ -117,8 +117,15 @@ class RecordingBackend final : public Backend {
     return static_cast<int64_t>(tapes_.at(static_cast<size_t>(h)).size());
   }
   void release_graph(int64_t h) override { tapes_.at(static_cast<size_t>(h)).clear(); }
+  uint64_t recording_epoch() const override { return epoch_; }
   // Makes the next `n` captures fail at their first op, as an unrecordable op would.
   void fail_captures(int n) { fail_next_ = n; }
+  // As a backend that released what recordings use: the old tapes are emptied (replaying one would
+  // compute nothing) and the epoch moves on.
+  void release_recorded_memory() {
+    for (auto& t : tapes_) t.clear();
+    ++epoch_;
+  }
 
  private:
   void run(std::function<void()> f) {
@@ -137,6 +144,7 @@ class RecordingBackend final : public Backend {
   std::unique_ptr<Backend> b_;
   bool recording_ = false, broken_ = false;
   int fail_next_ = 0;
+  uint64_t epoch_ = 0;
   std::vector<std::function<void()>> tape_;
   std::vector<std::vector<std::function<void()>>> tapes_;
 };
@@ -186,6 +194,28 @@ TEST(StepGraphs, ReplayedStepsDecideWhatEagerStepsDecide) {
     EXPECT_GT(graphs->step_graphs().replays(), 2 * graphs->step_graphs().captures()) << fam;
     EXPECT_GT(graphs->step_graphs().last_nodes(), 10) << fam;
   }
+}
+
+// Recordings made before the backend released what they use are dropped and made again, never replayed.
+TEST(StepGraphs, RecordingsOfAnOlderEpochAreNotReplayed) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 6");
+  auto eager = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  RecordingBackend* rec = nullptr;
+  auto graphs = Engine::load(dir, recording(&rec));
+  const auto prompt = test::random_canvas(10, eager->vocab_size() - 8, 3, 0, 0.0);
+  GenerateOptions o;
+  o.gen_length = 48;
+  o.block_length = 16;
+  o.steps = 48;
+  o.stop_at_eos = false;
+  o.cache = KvCache::Dual;
+  const GenerateResult want = generate(*eager, prompt, o);
+  EXPECT_EQ(generate(*graphs, prompt, o).tokens, want.tokens);
+  const int64_t captures = graphs->step_graphs().captures();
+  ASSERT_GT(captures, 0);
+  rec->release_recorded_memory();
+  EXPECT_EQ(generate(*graphs, prompt, o).tokens, want.tokens);
+  EXPECT_GT(graphs->step_graphs().captures(), captures) << "the old recordings were replayed";
 }
 
 // A step that cannot be recorded runs op by op, with the same result; after StepGraphs::kMaxFailures such

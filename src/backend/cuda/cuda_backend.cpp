@@ -229,6 +229,7 @@ class CudaBackend final : public Backend {
     check(cudaGraphLaunch(graphs_.at(static_cast<size_t>(h)).exec, stream_), "graph launch");
   }
   int64_t graph_nodes(int64_t h) const override { return graphs_.at(static_cast<size_t>(h)).nodes; }
+  uint64_t recording_epoch() const override { return epoch_ + (cudnn_ != nullptr ? cudnn_->epoch() : 0); }
   void release_graph(int64_t h) override {
     auto& g = graphs_.at(static_cast<size_t>(h));
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
@@ -276,6 +277,7 @@ class CudaBackend final : public Backend {
   void* qtile_ = nullptr;  // the quantized-weight tile (lt_gemm_quant)
   size_t qtile_bytes_ = 0;
   bool fused_logits_ = false;
+  uint64_t epoch_ = 0;  // releases of memory recorded steps may use (recording_epoch)
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   struct Recorded {
     cudaGraphExec_t exec;
@@ -384,6 +386,7 @@ void* CudaBackend::quant_tile(size_t bytes) {
   if (qtile_ != nullptr) {
     synchronize();  // the GEMMs queued on the smaller tile finish first
     cudaFree(qtile_);
+    ++epoch_;  // recorded steps read the old tile
     qtile_ = nullptr;
     qtile_bytes_ = 0;
   }

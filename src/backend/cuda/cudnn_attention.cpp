@@ -1,6 +1,7 @@
 // CudnnAttention: one cudnn-frontend SDPA graph per attention shape, executed on the backend's
-// stream. Q, K and V are staged in bf16 in the planned buffers (AttnParams::q_scratch, kv_scratch);
-// O is written straight into the bf16 output. Layouts are tessera's: row-major [rows, heads * dim],
+// stream. K and V are staged in bf16 in the planned AttnParams::kv_scratch, Q in the output buffer;
+// cuDNN writes O into AttnParams::q_scratch (q's own buffer in the engine), which is then copied to the
+// output. Layouts are tessera's: row-major [rows, heads * dim],
 // so every tensor is (batch, heads, rows, dim) with strides (., dim, heads * dim, 1); packed
 // sequences use cuDNN's ragged offsets (THD) with the padding mask.
 #include "backend/cuda/cudnn_attention.h"
@@ -70,6 +71,7 @@ class Impl final : public CudnnAttention {
   }
   int64_t calls() const override { return calls_; }
   int64_t graphs_built() const override { return built_; }
+  uint64_t epoch() const override { return epoch_; }
 
   bool attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                  int head_dim, const AttnParams& p) override {
@@ -137,6 +139,7 @@ class Impl final : public CudnnAttention {
     if (static_cast<int>(lru_.size()) >= kMaxGraphs) {  // drop the least recently used
       graphs_.erase(lru_.back());
       lru_.pop_back();
+      ++epoch_;
     }
     lru_.push_front(sh);
     Entry& en = graphs_[sh];
@@ -210,6 +213,7 @@ class Impl final : public CudnnAttention {
     if (ws > ws_bytes_) {  // grows only while graphs are built (a request's first steps)
       check(cudaStreamSynchronize(stream_), "cuDNN workspace");
       cudaFree(workspace_);
+      ++epoch_;
       workspace_ = nullptr;
       check(cudaMalloc(&workspace_, static_cast<size_t>(ws)), "cuDNN workspace");
       ws_bytes_ = ws;
@@ -228,6 +232,7 @@ class Impl final : public CudnnAttention {
   std::map<Shape, Entry> graphs_;
   std::list<Shape> lru_;
   int64_t calls_ = 0, built_ = 0;
+  uint64_t epoch_ = 0;
   bool warned_ = false;
 };
 

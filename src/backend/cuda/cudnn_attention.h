@@ -31,6 +31,9 @@ class CudnnAttention {
   // Calls that cuDNN ran, and graphs built so far (bench reports).
   virtual int64_t calls() const = 0;
   virtual int64_t graphs_built() const = 0;
+  // Counts the times a graph or the workspace was released (an evicted graph, a workspace that grew):
+  // recorded steps that ran them must not be replayed (Backend::recording_epoch).
+  virtual uint64_t epoch() const = 0;
   static constexpr int kMaxGraphs = 64;
 };
 
