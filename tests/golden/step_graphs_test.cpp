@@ -160,6 +160,17 @@ EngineOptions recording(RecordingBackend** out) {
   return o;
 }
 
+// 48 tokens in three blocks of 16, one per step, past EOS: the dual cache's steps of the second and
+// third blocks repeat the first block's shapes.
+GenerateOptions three_blocks() {
+  GenerateOptions o;
+  o.gen_length = 48;
+  o.block_length = 16;
+  o.steps = 48;
+  o.stop_at_eos = false;
+  return o;
+}
+
 // Greedy and sampled, dual cache (shapes repeat from block to block) and none: the replayed steps decide
 // what the engine without step graphs decides.
 TEST(StepGraphs, ReplayedStepsDecideWhatEagerStepsDecide) {
@@ -169,12 +180,8 @@ TEST(StepGraphs, ReplayedStepsDecideWhatEagerStepsDecide) {
     RecordingBackend* rec = nullptr;
     auto graphs = Engine::load(dir, recording(&rec));
     const auto prompt = test::random_canvas(10, eager->vocab_size() - 8, 3, 0, 0.0);
-    GenerateOptions o;
+    GenerateOptions o = three_blocks();
     o.alg = std::string(fam) == "dream" ? Unmask::Entropy : Unmask::LowConfidence;
-    o.gen_length = 48;
-    o.block_length = 16;
-    o.steps = 48;
-    o.stop_at_eos = false;
     for (const KvCache cache : {KvCache::Dual, KvCache::None}) {
       for (const float temperature : {0.0f, 0.8f}) {
         for (const uint64_t seed : {1u, 2u}) {
@@ -203,11 +210,7 @@ TEST(StepGraphs, RecordingsOfAnOlderEpochAreNotReplayed) {
   RecordingBackend* rec = nullptr;
   auto graphs = Engine::load(dir, recording(&rec));
   const auto prompt = test::random_canvas(10, eager->vocab_size() - 8, 3, 0, 0.0);
-  GenerateOptions o;
-  o.gen_length = 48;
-  o.block_length = 16;
-  o.steps = 48;
-  o.stop_at_eos = false;
+  GenerateOptions o = three_blocks();
   o.cache = KvCache::Dual;
   const GenerateResult want = generate(*eager, prompt, o);
   EXPECT_EQ(generate(*graphs, prompt, o).tokens, want.tokens);
@@ -226,11 +229,7 @@ TEST(StepGraphs, AStepThatCannotBeRecordedRunsOpByOp) {
   RecordingBackend* rec = nullptr;
   auto graphs = Engine::load(dir, recording(&rec));
   const auto prompt = test::random_canvas(10, eager->vocab_size() - 8, 3, 0, 0.0);
-  GenerateOptions o;
-  o.gen_length = 48;
-  o.block_length = 16;
-  o.steps = 48;
-  o.stop_at_eos = false;
+  GenerateOptions o = three_blocks();
   o.cache = KvCache::Dual;
   rec->fail_captures(1 << 20);
   EXPECT_EQ(generate(*graphs, prompt, o).tokens, generate(*eager, prompt, o).tokens);

@@ -427,34 +427,28 @@ void CudaBackend::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor&
   check_gather_gemm(a, rows, w, c, Device::CUDA);
   const int64_t m = rows.numel(), k = a.cols(), n = w.rows();
   if (m == 0) return;
-  if (w.quantized()) {  // a quantized LM head: each gathered tile times the weight's dequantized tiles
-    const size_t es = dtype_size(a.dtype);
-    TESSERA_CHECK(static_cast<size_t>(k) * es <= kGatherTile, "gather_gemm (cuda): hidden size too large");
-    const int64_t tile = static_cast<int64_t>(kGatherTile / (static_cast<size_t>(k) * es));
-    const size_t c_row = static_cast<size_t>(n) * dtype_size(c.dtype);
-    for (int64_t r0 = 0; r0 < m; r0 += tile) {
-      const int64_t nt = std::min(tile, m - r0);
-      const Tensor idx(rows.as<int32_t>() + r0, DType::I32, {nt}, Device::CUDA);
-      Tensor buf(gather_tile_, a.dtype, {nt, k}, Device::CUDA);
-      cuda::gather_rows(a, idx, buf, stream_);
-      lt_gemm_quant(gather_tile_, nt, w, nullptr, static_cast<char*>(c.data) + r0 * c_row, c.dtype, n, false);
-    }
-    return;
-  }
-  if (fused_logits_ || a.dtype != DType::BF16 || w.dtype != DType::BF16 ||
-      static_cast<size_t>(k) * 2 > kGatherTile) {
+  // A quantized LM head always takes the tiles (each gathered tile times the weight's dequantized
+  // tiles); a bf16 one unless the fused kernel was asked for; f32 takes the fused kernel.
+  const size_t row_bytes = static_cast<size_t>(k) * dtype_size(a.dtype);
+  const bool tiles = w.quantized() || (!fused_logits_ && a.dtype == DType::BF16 && w.dtype == DType::BF16);
+  if (!tiles || row_bytes > kGatherTile) {
+    TESSERA_CHECK(!w.quantized(), "gather_gemm (cuda): hidden size too large");
     gather_gemm_fused(a, rows, w, c);
     return;
   }
-  const int64_t tile = static_cast<int64_t>(kGatherTile / (static_cast<size_t>(k) * 2));
+  const int64_t tile = static_cast<int64_t>(kGatherTile / row_bytes);
   const size_t c_row = static_cast<size_t>(n) * dtype_size(c.dtype);
   for (int64_t r0 = 0; r0 < m; r0 += tile) {
     const int64_t nt = std::min(tile, m - r0);
     const Tensor idx(rows.as<int32_t>() + r0, DType::I32, {nt}, Device::CUDA);
-    Tensor buf(gather_tile_, DType::BF16, {nt, k}, Device::CUDA);
+    Tensor buf(gather_tile_, a.dtype, {nt, k}, Device::CUDA);
     cuda::gather_rows(a, idx, buf, stream_);
-    lt_matmul(nt, n, k, gather_tile_, DType::BF16, w.data, w.dtype, static_cast<char*>(c.data) + r0 * c_row,
-              c.dtype, nullptr, false);
+    void* c_tile = static_cast<char*>(c.data) + r0 * c_row;
+    if (w.quantized()) {
+      lt_gemm_quant(gather_tile_, nt, w, nullptr, c_tile, c.dtype, n, false);
+    } else {
+      lt_matmul(nt, n, k, gather_tile_, a.dtype, w.data, w.dtype, c_tile, c.dtype, nullptr, false);
+    }
   }
 }
 
