@@ -288,6 +288,65 @@ run_libs() {
   return "$rc"
 }
 
+# Where a LLaDA-8B step's time goes, and torch.compile beside PyTorch eager (about 5 minutes): the op
+# kinds of a 1k / 4k step (each op synchronised), every kernel of a 1k step under Nsight Compute (its
+# duration alone, step graphs off), then torch_llada.py eager and torch.compile(max-autotune), regional.
+run_probe() {
+  local rc=0
+  echo "== forward_bench --profile 1 (llada-8b, mask 0.5)"
+  timeout 45 "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda \
+    --lengths 1024,4096 --ratios 0.5 --reps 2 --profile 1 2>&1 | tee "$OUT/profile.log" || rc=$?
+  echo "== ncu: kernel durations of a 1k step"
+  if command -v ncu >/dev/null; then
+    timeout "${NCU_TIMEOUT:-75}" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      --log-file "$OUT/ncu_1k.csv" env TESSERA_STEP_GRAPHS=0 ./build-cuda/bench/forward_bench \
+      --geometry llada-8b --device cuda --lengths 1024 --ratios 0.5 --reps 1 >/tmp/ncu_run.log 2>&1 || rc=$?
+    xz -T0 -6 "$OUT/ncu_1k.csv" 2>/dev/null || true
+    tail -4 /tmp/ncu_run.log
+  fi
+  echo "== torch_llada.py eager (mask 0.5)"
+  PYTHONUNBUFFERED=1 timeout 60 python3 bench/torch_llada.py --lengths 1024,4096,16384,32768 --ratios 0.5 \
+    --reps 2 --budgets-gib "" --confirm-max 0 --json "$OUT/torch_eager.json" 2>&1 | tee "$OUT/torch_eager.log" || rc=$?
+  echo "== torch_llada.py torch.compile(mode=max-autotune), regional"
+  PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor timeout "${COMPILE_TIMEOUT:-170}" python3 \
+    bench/torch_llada.py --lengths 1024,4096,16384,32768 --ratios 0.5 --reps 2 --compile max-autotune \
+    --json "$OUT/torch_compile.json" >"$OUT/torch_compile.log" 2>&1 || rc=$?
+  grep -v "^AUTOTUNE\|^  \(triton\|mm\|bmm\|addmm\)" "$OUT/torch_compile.log" | tail -30
+  echo "== probe exit $rc"
+  return "$rc"
+}
+
+# The LLaDA-8B table at every length and mask ratio beside PyTorch eager, then cuda_tests, SparseD at
+# 64k tokens (dense vs rho 0.1 / 0.3: 4 steps with the exact steps at 1 and 2 of 4, so that a dense,
+# a selecting and a sparse step's times can be told apart), the op kinds of a 1k step, Window-Diffusion.
+run_final() {  # at most 8 files come back: env.txt, fwd.json / .log, torch.json, cuda_tests.json / .log,
+  local rc=0    # sparse64k.json, window.json
+  echo "== forward_bench llada-8b, 1k-32k, mask 0.1 / 0.5 / 0.9"
+  timeout 80 "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda \
+    --lengths 1024,4096,16384,32768 --ratios 0.1,0.5,0.9 --reps 2 --json "$OUT/fwd.json" 2>&1 |
+    tee "$OUT/fwd.log" || rc=$?
+  echo "== torch_llada.py eager, same lengths and ratios"
+  PYTHONUNBUFFERED=1 timeout 60 python3 bench/torch_llada.py --lengths 1024,4096,16384,32768 \
+    --ratios 0.1,0.5,0.9 --reps 2 --masked-only --budgets-gib "" --confirm-max 0 --json "$OUT/torch.json" 2>&1 |
+    tee /tmp/torch.log || rc=$?
+  run_tests "${TESTS_TIMEOUT:-110}" || rc=$?
+  echo "== SparseD at 64k tokens (prompt 65472 + 64), 4 steps"
+  timeout 150 "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 65472 \
+    --gen-length 64 --block-length 64 --steps 4 --compare sparse-rho=0.1,sparse-block=128,sparse-skip=0.25 \
+    --compare sparse-rho=0.1,sparse-block=128,sparse-skip=0.5 \
+    --compare sparse-rho=0.3,sparse-block=128,sparse-skip=0.25 --json-out "$OUT/sparse64k.json" 2>&1 |
+    tee /tmp/sparse64k.log || rc=$?
+  echo "== forward_bench --profile 1 at 1k"
+  timeout 30 "${LINEBUF[@]}" ./build-cuda/bench/forward_bench --geometry llada-8b --device cuda --lengths 1024 \
+    --ratios 0.5 --reps 2 --profile 1 2>&1 | grep -A1 "^  1024" || rc=$?
+  echo "== Window-Diffusion vs block 32 + dual cache (prompt 1024, 512 tokens)"
+  timeout 60 "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry llada-8b --device cuda --prompt-len 1024 \
+    --gen-length 512 --block-length 32 --steps 512 --cache dual \
+    --compare block-length=512,cache=none,window=on --json-out "$OUT/window.json" 2>&1 | tee /tmp/window.log || rc=$?
+  echo "== final exit $rc"
+  return "$rc"
+}
+
 stage=${1:-all}
 case $stage in
   pack) pack ;;
@@ -337,6 +396,14 @@ case $stage in
   libs)
     prepare
     run_libs
+    ;;
+  probe)
+    prepare
+    run_probe
+    ;;
+  final)
+    prepare
+    run_final
     ;;
   graphs)  # cuda_tests, then dual-cache steps with step graphs on and off at prompts of 1024 and 4096
     prepare

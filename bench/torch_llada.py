@@ -62,22 +62,21 @@ def apply_rope(x, cos, sin):  # x [1, H, L, hd] bf16; rotate-half in f32
     return (xf * cos + rot * sin).to(torch.bfloat16)
 
 
-@torch.inference_mode()
-def forward(W, g, tokens, masked_idx, full_logits):
-    L = tokens.shape[0]
+def block(x, p, g, cos, sin):
+    L = x.shape[0]
     H, hd = g["heads"], g["d"] // g["heads"]
-    cos, sin = rope_tables(L, hd, g["theta"], tokens.device)
-    x = W["embed"][tokens]
-    for p in W["layers"]:
-        h = rmsnorm(x, p["attn_norm"], g["eps"])
-        q = (h @ p["wq"].T).view(L, H, hd).transpose(0, 1)[None]
-        k = (h @ p["wk"].T).view(L, H, hd).transpose(0, 1)[None]
-        v = (h @ p["wv"].T).view(L, H, hd).transpose(0, 1)[None]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=False)
-        x = x + a[0].transpose(0, 1).reshape(L, g["d"]) @ p["wo"].T
-        m = rmsnorm(x, p["ffn_norm"], g["eps"])
-        x = x + (F.silu(m @ p["wg"].T) * (m @ p["wu"].T)) @ p["wd"].T
+    h = rmsnorm(x, p["attn_norm"], g["eps"])
+    q = (h @ p["wq"].T).view(L, H, hd).transpose(0, 1)[None]
+    k = (h @ p["wk"].T).view(L, H, hd).transpose(0, 1)[None]
+    v = (h @ p["wv"].T).view(L, H, hd).transpose(0, 1)[None]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+    x = x + a[0].transpose(0, 1).reshape(L, g["d"]) @ p["wo"].T
+    m = rmsnorm(x, p["ffn_norm"], g["eps"])
+    return x + (F.silu(m @ p["wg"].T) * (m @ p["wu"].T)) @ p["wd"].T
+
+
+def head(x, W, g, masked_idx, full_logits):
     hn = rmsnorm(x, W["final_norm"], g["eps"])
     if full_logits:
         logits = (hn @ W["lm_head"].T)[masked_idx].float()
@@ -87,20 +86,66 @@ def forward(W, g, tokens, masked_idx, full_logits):
     return tok, conf
 
 
-def step_stats(W, g, L, ratio, full, reps):
+class Block(torch.nn.Module):
+    """One layer with its weights as parameters (shared storage), for regional torch.compile."""
+
+    def __init__(self, p, g):
+        super().__init__()
+        self.g = g
+        self.w = torch.nn.ParameterDict({k: torch.nn.Parameter(t, requires_grad=False) for k, t in p.items()})
+
+    def forward(self, x, cos, sin):
+        return block(x, self.w, self.g, cos, sin)
+
+
+class Head(torch.nn.Module):
+    def __init__(self, W, g):
+        super().__init__()
+        self.g = g
+        self.w = torch.nn.ParameterDict({k: torch.nn.Parameter(W[k], requires_grad=False)
+                                         for k in ("final_norm", "lm_head")})
+
+    def forward(self, x, masked_idx, full_logits: bool):
+        return head(x, self.w, self.g, masked_idx, full_logits)
+
+
+def compile_model(W, g, mode):
+    """Regional compilation (PyTorch's recipe for repeated blocks): every layer is the same compiled
+    block, so Inductor compiles and autotunes each shape once, not 32 times."""
+    blocks = [torch.compile(Block(p, g), mode=mode, dynamic=False) for p in W["layers"]]
+    return dict(blocks=blocks, head=torch.compile(Head(W, g), mode=mode, dynamic=False))
+
+
+@torch.inference_mode()
+def forward(W, g, tokens, masked_idx, full_logits, compiled=None):
+    L = tokens.shape[0]
+    cos, sin = rope_tables(L, g["d"] // g["heads"], g["theta"], tokens.device)
+    x = W["embed"][tokens]
+    if compiled is None:
+        for p in W["layers"]:
+            x = block(x, p, g, cos, sin)
+        return head(x, W, g, masked_idx, full_logits)
+    torch.compiler.cudagraph_mark_step_begin()  # a new step: the last step's graph outputs may be reused
+    for b in compiled["blocks"]:
+        x = b(x, cos, sin)
+    return compiled["head"](x, masked_idx, full_logits)
+
+
+def step_stats(W, g, L, ratio, full, reps, compiled=None):
     dev = "cuda"
     gen = torch.Generator(device="cpu").manual_seed(L)
     tokens = torch.randint(0, 100000, (L,), generator=gen).to(dev)
     n_mask = max(1, int(L * ratio))
     masked_idx = torch.randperm(L, generator=gen)[:n_mask].sort().values.to(dev)
-    forward(W, g, tokens, masked_idx, full)  # warm-up
+    for _ in range(3 if compiled else 1):  # warm-up (compiled: compile, record its CUDA graphs, replay)
+        forward(W, g, tokens, masked_idx, full, compiled)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        forward(W, g, tokens, masked_idx, full)
+        forward(W, g, tokens, masked_idx, full, compiled)
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
@@ -123,6 +168,27 @@ def fits(W, g, L, ratio, full, budget_bytes):
         torch.cuda.empty_cache()
 
 
+def run_compiled(W, g, a, out):
+    import time
+    torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.accumulated_cache_size_limit = 512
+    compiled = compile_model(W, g, a.compile)
+    out["compile_mode"] = a.compile
+    print(f"torch.compile(mode={a.compile!r}), regional (one compiled block, {g['layers']} layers)")
+    for L in [int(x) for x in a.lengths.split(",")]:
+        for r in [float(x) for x in a.ratios.split(",")]:
+            t0 = time.time()
+            ms, peak = step_stats(W, g, L, r, False, a.reps, compiled)
+            row = dict(L=L, mask_ratio=r, compiled_ms=ms, compiled_peak=peak,
+                       warmup_s=time.time() - t0)
+            out["rows"].append(row)
+            print(f"{L:6d} {r:5.2f} | compiled masked {ms:9.1f} ms, peak {peak / 2**30:.2f} GiB "
+                  f"(compile + warm-up + reps {row['warmup_s']:.0f} s)", flush=True)
+            if a.json:
+                with open(a.json, "w") as fh:
+                    json.dump(out, fh, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--geometry", default="llada-8b", choices=sorted(GEOMETRIES))
@@ -133,6 +199,10 @@ def main():
     ap.add_argument("--lmax-ratio", type=float, default=0.5)
     ap.add_argument("--confirm-max", type=int, default=65536,
                     help="predictions above this length are reported unconfirmed (a step there takes long)")
+    ap.add_argument("--masked-only", action="store_true", help="skip the full-logits variant")
+    ap.add_argument("--compile", default="", metavar="MODE",
+                    help="torch.compile every layer (regional) with this mode, e.g. max-autotune; "
+                         "masked logits only; the JSON is rewritten after every row")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     g = GEOMETRIES[a.geometry]
@@ -143,11 +213,14 @@ def main():
           f"{weights / 2**30:.2f} GiB (bf16)")
     out = dict(geometry=a.geometry, torch=torch.__version__, device=torch.cuda.get_device_name(0),
                weight_bytes=weights, rows=[], lmax=[])
+    if a.compile:
+        return run_compiled(W, g, a, out)
     print(f"{'L':>6} {'mask':>5} | {'full ms':>9} {'full peak':>10} | {'masked ms':>9} {'masked peak':>11}")
     for L in [int(x) for x in a.lengths.split(",")]:
         for r in [float(x) for x in a.ratios.split(",")]:
             row = dict(L=L, mask_ratio=r)
-            for full in (True, False):
+            row["full_ms"] = row["full_peak"] = None
+            for full in (False,) if a.masked_only else (True, False):
                 key = "full" if full else "masked"
                 try:
                     ms, peak = step_stats(W, g, L, r, full, a.reps)
@@ -156,7 +229,7 @@ def main():
                     row[key + "_ms"], row[key + "_peak"] = None, None
                 torch.cuda.empty_cache()
             out["rows"].append(row)
-            f = lambda v, s: "OOM" if v is None else s  # noqa: E731
+            f = lambda v, s: ("-" if a.masked_only else "OOM") if v is None else s  # noqa: E731
             print(f"{L:6d} {r:5.2f} | {f(row['full_ms'], '%9.1f' % (row['full_ms'] or 0))} "
                   f"{f(row['full_peak'], '%7.2f GiB' % ((row['full_peak'] or 0) / 2**30))} | "
                   f"{f(row['masked_ms'], '%9.1f' % (row['masked_ms'] or 0))} "

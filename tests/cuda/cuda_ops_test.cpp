@@ -150,7 +150,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGatherGemm,
 // ---- Row-wise ops -------------------------------------------------------------------------------
 TEST_F(CudaTest, RmsNormMatchesCpu) {
   for (const auto& [rows, cols, group, out] : std::vector<std::tuple<int64_t, int64_t, int64_t, DType>>{
-           {7, 96, 96, DType::F32}, {130, 1024, 1024, DType::BF16}, {33, 512, 64, DType::F32}}) {
+           {7, 96, 96, DType::F32},
+           {130, 1024, 1024, DType::BF16},
+           {33, 512, 64, DType::F32},
+           // a block per row (wide rows, float4 words), and a wide row the warp-per-row kernel keeps
+           {300, 4096, 4096, DType::F32},
+           {64, 4096, 4096, DType::BF16},
+           {3, 1030, 1030, DType::F32}}) {
     auto x = random_floats(static_cast<size_t>(rows * cols), 11 + static_cast<uint64_t>(cols), 3.0f);
     auto w = from_bf16(to_bf16(random_floats(static_cast<size_t>(group), 12)));
     const auto wb = to_bf16(w);
@@ -177,7 +183,13 @@ TEST_F(CudaTest, RmsNormMatchesCpu) {
 
 TEST_F(CudaTest, RopeMatchesCpu) {
   for (const auto& [rows, heads, hd, rot, neox] : std::vector<std::tuple<int64_t, int64_t, int, int, bool>>{
-           {40, 4, 64, 64, true}, {17, 2, 128, 64, true}, {9, 3, 32, 32, false}}) {
+           {40, 4, 64, 64, true},
+           {17, 2, 128, 64, true},
+           {9, 3, 32, 32, false},
+           // a block per row (>= 64 rows): interleaved pairs as float2, rotate-half, partial rotary
+           {64, 32, 128, 128, false},
+           {100, 8, 128, 64, true},
+           {70, 3, 32, 32, false}}) {
     auto x = random_floats(static_cast<size_t>(rows * heads * hd), 21 + static_cast<uint64_t>(hd));
     const auto pos = random_ids(static_cast<size_t>(rows), 30000, 5);
     std::vector<float> ref = x;
