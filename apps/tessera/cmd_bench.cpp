@@ -75,7 +75,7 @@ struct Row {
   double moe_seconds = 0;  // --profile: time in the MoE router and expert FFN ops
   // CUDA: forwards replayed as recorded step graphs in the best repetition, and the kernels and copies
   // a replayed forward launches at once.
-  int64_t graph_replays = 0, graph_nodes = 0;
+  int64_t graph_replays = 0, graph_nodes = 0, graph_captures = 0, attention_plans = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
   std::vector<int32_t> tokens;
 };
@@ -109,6 +109,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     size_t peak = 0;
     e.reset_op_seconds();
     const int64_t replays0 = e.step_graphs().replays();
+    const int64_t captures0 = e.step_graphs().captures(), plans0 = e.backend().attention_library_plans();
     const auto t0 = std::chrono::steady_clock::now();
     const std::string rep_text =
         reps > 1 ? " (rep " + std::to_string(rep + 1) + "/" + std::to_string(reps) + ")" : std::string();
@@ -127,6 +128,8 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
       r.moe_seconds =
           ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
       r.graph_replays = e.step_graphs().replays() - replays0;
+      r.graph_captures = e.step_graphs().captures() - captures0;
+      r.attention_plans = e.backend().attention_library_plans() - plans0;
       r.graph_nodes = e.step_graphs().last_nodes();
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
@@ -240,6 +243,8 @@ json row_json(const Row& r, const Row& r0) {
           {"moe_seconds", r.moe_seconds},
           {"step_graph_replays", r.graph_replays},
           {"step_graph_nodes", r.graph_nodes},
+          {"step_graph_captures", r.graph_captures},
+          {"attention_library_plans", r.attention_plans},
           {"op_seconds", std::move(op_json)}};
 }
 

@@ -333,6 +333,8 @@ class Backend {
   virtual void reserve_quant_tile(size_t bytes) { (void)bytes; }
   // Attention calls a vendor library ran (the CUDA backend's cuDNN path), for tests and benchmarks.
   virtual int64_t attention_library_calls() const { return 0; }
+  // Plans (cuDNN graphs) the attention library built: one per new shape; a build costs host time.
+  virtual int64_t attention_library_plans() const { return 0; }
   // Step graphs (CUDA graphs): between capture_begin() and capture_end() the ops issued are recorded,
   // not run; capture_end() returns a handle (>= 0) of the recorded sequence, or -1 when the capture
   // failed (an op that cannot be recorded: nothing ran, run the ops again without capture). replay(h)

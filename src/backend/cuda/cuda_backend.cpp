@@ -200,6 +200,7 @@ class CudaBackend final : public Backend {
     return static_cast<int64_t>(free);
   }
   int64_t attention_library_calls() const override { return cudnn_ != nullptr ? cudnn_->calls() : 0; }
+  int64_t attention_library_plans() const override { return cudnn_ != nullptr ? cudnn_->graphs_built() : 0; }
   bool can_capture() const override { return true; }
   void capture_begin() override {
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin graph capture");
