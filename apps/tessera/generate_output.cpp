@@ -99,6 +99,9 @@ nlohmann::json result_json(const Session::Output& o, Session& s, size_t prompt_t
       {"steps", o.result.steps_run},
       {"forwards", o.result.forwards},
       {"seconds", o.seconds},
+      // The first step (planning, new shapes' primitives) apart from the median of the later steps.
+      {"first_step_seconds", o.first_step_seconds},
+      {"steady_step_seconds", o.steady_step_seconds},
       {"tokens_per_second", o.seconds > 0 ? static_cast<double>(o.result.tokens.size()) / o.seconds : 0.0},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"device_bytes_in_use", device_bytes_in_use(s.engine())},  // -1 on the CPU

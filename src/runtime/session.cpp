@@ -380,7 +380,8 @@ Session::Output Session::run(const std::vector<int32_t>& prompt, const GenerateO
   // its end, and a memory budget is checked on its largest step before the first forward.
   RequestScope request(*engine_, plan_checked(prompt, g, engine_->config().vocab, block_causal()));
   check_request_budget(*engine_, request.plan());
-  return timed(g, [&](const GenerateOptions& s) { return generate(request, prompt, s, on_step); });
+  return timed(g, on_step,
+               [&](const GenerateOptions& s, const StepFn& f) { return generate(request, prompt, s, f); });
 }
 
 size_t find_stop(std::string_view text, const std::vector<std::string>& stop) {
@@ -418,14 +419,31 @@ bool cut_at_stop(const Tokenizer& t, const std::vector<std::string>& stop, Gener
   return true;
 }
 
-Session::Output Session::timed(const GenerateOptions& g,
-                               const std::function<GenerateResult(const GenerateOptions&)>& gen) const {
+Session::Output Session::timed(
+    const GenerateOptions& g, const StepFn& on_step,
+    const std::function<GenerateResult(const GenerateOptions&, const StepFn&)>& gen) const {
   GenerateOptions s = g;
   s.stop_when = stop_checker(*tok_, g.stop);  // generation ends once the decided tokens hold one
   Output o;
   const auto t0 = std::chrono::steady_clock::now();
-  o.result = gen(s);
+  auto last = t0;
+  std::vector<double> steps;  // each step's seconds, from the end of the one before
+  o.result = gen(s, [&](const StepEvent& ev) {
+    if (on_step) on_step(ev);
+    const auto now = std::chrono::steady_clock::now();
+    steps.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+  });
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!steps.empty()) {
+    o.first_step_seconds = steps.front();
+    std::vector<double> later(steps.begin() + 1, steps.end());
+    if (!later.empty()) {
+      std::nth_element(later.begin(), later.begin() + static_cast<std::ptrdiff_t>(later.size() / 2),
+                       later.end());
+      o.steady_step_seconds = later[later.size() / 2];
+    }
+  }
   o.text = tok_->decode(o.result.tokens, true);
   o.stopped = cut_at_stop(*tok_, g.stop, o.result, o.text);
   return o;
@@ -439,7 +457,8 @@ Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, con
     b.run([&] { o = run(prompt, g, on_step); }, true);
     return o;
   }
-  return timed(g, [&](const GenerateOptions& s) { return b.generate(prompt, s, on_step); });
+  return timed(g, on_step,
+               [&](const GenerateOptions& s, const StepFn& f) { return b.generate(prompt, s, f); });
 }
 
 }  // namespace tessera

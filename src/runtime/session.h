@@ -103,6 +103,9 @@ class Session {
     std::string text;
     GenerateResult result;
     double seconds = 0;
+    // The first step (planning, the first forward of each shape, primitives made) and the median of
+    // the later steps, each from the end of the step before (on_step's own time included).
+    double first_step_seconds = 0, steady_step_seconds = 0;
     bool stopped = false;  // the text was cut before a stop sequence (result.tokens trimmed with it)
   };
   // Generates with the options `o` (validated by the caller), calling on_step after every step.
@@ -139,8 +142,10 @@ class Session {
   // chat_text without its UTF-8 check of the messages.
   std::string templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
   // Runs a generation, timed, and decodes its tokens; cuts them before the first of g's stop sequences.
-  Output timed(const GenerateOptions& g,
-               const std::function<GenerateResult(const GenerateOptions&)>& gen) const;
+  // gen receives the options and on_step wrapped with the step timer.
+  using StepFn = std::function<void(const StepEvent&)>;
+  Output timed(const GenerateOptions& g, const StepFn& on_step,
+               const std::function<GenerateResult(const GenerateOptions&, const StepFn&)>& gen) const;
   void measure_runtime();
   std::string dir_;
   std::unique_ptr<Engine> engine_;

@@ -191,6 +191,11 @@ TEST(Cli, StopSequencesCutTheTextAndSkipLaterBlocks) {
   EXPECT_EQ(full["stopped"], false);
   EXPECT_EQ(full["device_bytes_in_use"], -1);  // no GPU memory on the CPU
   EXPECT_GT(full["peak_rss_bytes"].get<size_t>(), full["activation_peak_bytes"].get<size_t>());
+  // The first step apart from the median of the 63 others: both inside the whole generation's time.
+  const double first = full["first_step_seconds"], steady = full["steady_step_seconds"];
+  EXPECT_GT(first, 0.0);
+  EXPECT_GT(steady, 0.0);
+  EXPECT_LT(first + 63 * steady * 0.5, full["seconds"].get<double>()) << out;
   // The first word of 3 or more letters after the first sixth of the text.
   const std::string word = test::word_after(text, text.size() / 6);
   ASSERT_FALSE(word.empty()) << text;
