@@ -20,6 +20,10 @@
 #   bash bench/gpu_session.sh sparse        # tessera bench, llada-8b at 16k: SparseD vs dense attention
 #   bash bench/gpu_session.sh des           # moe_bench: one MoE layer, vanilla vs DES-Seq / DES-Vote
 #   bash bench/gpu_session.sh window        # tessera bench, llada-8b: Window-Diffusion vs exact / dual cache
+#   bash bench/gpu_session.sh window-ab     # the same window row with cuDNN on and off (graphs built per row)
+#   bash bench/gpu_session.sh probe         # where a 1k step's time goes (--profile, ncu), torch eager / compile
+#   bash bench/gpu_session.sh final         # the LLaDA-8B table beside torch eager, cuda_tests, SparseD at 64k,
+#                                           # the 1k op profile, Window-Diffusion
 #   bash bench/gpu_session.sh memory        # the GPU memory generate --json and serve's /metrics report
 #   bash bench/gpu_session.sh libs          # issue "GPU speed from the field's own libraries": cuda_tests,
 #                                           # cuda_bench (cuDNN vs flash, gather tiles vs fused), forward_bench
@@ -384,6 +388,22 @@ case $stage in
     echo "== moe_bench exit $rc"
     exit "$rc"
     ;;
+  window-ab)  # the 2026-11-26 window regression: cuDNN on / off, with the graphs it built per row
+    prepare
+    rc=0
+    for c in 1 0; do
+      echo "== Window-Diffusion, TESSERA_CUDNN=$c"
+      timeout 120 "${LINEBUF[@]}" env TESSERA_CUDNN=$c ./build-cuda/tessera bench --geometry llada-8b --device cuda \
+        --prompt-len 1024 --gen-length 512 --block-length 32 --steps 512 --cache dual \
+        --compare block-length=512,cache=none,window=on --json-out "$OUT/window_cudnn$c.json" 2>&1 || rc=$?
+      python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["option"], r["seconds"], "s; cuDNN graphs built", r.get("attention_library_plans"),
+          "; step graphs recorded", r.get("step_graph_captures"), "replayed", r.get("step_graph_replays"))' \
+        "$OUT/window_cudnn$c.json" || true
+    done
+    exit "$rc"
+    ;;
   window)
     prepare
     run_bench window "${WINDOW_TIMEOUT:-570}" --prompt-len 1024 --gen-length 512 --block-length 512 --steps 512 \
@@ -422,5 +442,5 @@ print("step graphs: replays", r.get("step_graph_replays"), "nodes per replayed f
     done
     exit "$rc"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | memory | libs" ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final" ;;
 esac
