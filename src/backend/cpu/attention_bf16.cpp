@@ -85,7 +85,7 @@ TGT inline __m512i row_pairs(const float* src, int n, float scale) {
 struct Bf16Tile {
   alignas(64) uint32_t qq[kMaxD2 * kQS];            // queries: [d/2][kQS] bf16 pairs, rows in lanes
   alignas(64) uint32_t kk[kBK * kMaxD2];            // keys: [kBK][ks] bf16 pairs
-  alignas(64) float st[(kBK + kR) * kQS];           // scores, then probabilities, transposed: [key][row]
+  alignas(64) float st[(kBK + kR) * kQS];           // scores, transposed: [key][row]
   alignas(64) uint32_t pp[kBK / 2 * kQS];           // probabilities of key pairs: [key / 2][row]
   alignas(64) uint32_t vv[kBK / 2 * (kMaxD + 16)];  // values of key pairs: [key / 2][vs]
   alignas(64) float acc[kBQ * (kMaxD + 16)];        // [row][vs]
@@ -274,40 +274,43 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
           if (!visible(p.mask, p.block_size, p.q_pos[qa + i], kp)) t.st[j * kQS + i] = kNegInf;
       }
     }
-    // Online softmax down the keys, 16 rows at a time; a key is used iff some row of the tile gives it
-    // a weight > 0.
-    uint8_t used[kBK + 1] = {};
+    // Online softmax down the keys, 16 rows at a time, the probabilities of each key pair interleaved
+    // into t.pp as they are made. A key is used iff some row of the tile gives it a weight > 0: in a
+    // tile no mask cuts, every key (an unused one would be weighed 0, and its V is a computed row).
+    uint8_t used[kBK + 2];
+    std::fill(used, used + nk + 2, static_cast<uint8_t>(mask_elems ? 0 : 1));
+    used[nk] = used[nk + 1] = 0;
+    const int nk2 = (nk + 1) / 2;
     for (int v = 0; v < t.nv; ++v) {
       const __mmask16 real = lanes(nq - v * 16);
-      float* sv = t.st + v * 16;
+      const float* sv = t.st + v * 16;
       __m512 mx = ninf;
       for (int j = 0; j < nk; ++j) mx = _mm512_max_ps(_mm512_load_ps(sv + j * kQS), mx);
       const __m512 m = _mm512_load_ps(t.m + v * 16), mnew = _mm512_max_ps(m, mx);
       const __m512 msub = _mm512_mask_mov_ps(mnew, _mm512_cmp_ps_mask(mnew, ninf, _CMP_EQ_OQ), zero);
       const __m512 alpha = exp_neg16(_mm512_sub_ps(m, msub));
       __m512 sum = zero;
-      for (int j = 0; j < nk; ++j) {
-        const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_load_ps(sv + j * kQS), msub));
-        _mm512_store_ps(sv + j * kQS, e);
-        sum = _mm512_add_ps(sum, e);
-        used[j] |= _mm512_mask_cmp_ps_mask(real, e, zero, _CMP_GT_OQ) != 0 ? 1 : 0;
+      for (int jp = 0; jp < nk2; ++jp) {
+        const int j = 2 * jp;
+        const __m512 e0 = exp_neg16(_mm512_sub_ps(_mm512_load_ps(sv + j * kQS), msub));
+        const __m512 e1 =
+            j + 1 < nk ? exp_neg16(_mm512_sub_ps(_mm512_load_ps(sv + (j + 1) * kQS), msub)) : zero;
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+        _mm512_store_si512(t.pp + jp * kQS + v * 16, interleave_bf16(e0, e1));
+        if (mask_elems) {
+          used[j] |= _mm512_mask_cmp_ps_mask(real, e0, zero, _CMP_GT_OQ) != 0 ? 1 : 0;
+          used[j + 1] |= _mm512_mask_cmp_ps_mask(real, e1, zero, _CMP_GT_OQ) != 0 ? 1 : 0;
+        }
       }
-      if (nk % 2 != 0) _mm512_store_ps(sv + nk * kQS, zero);
       _mm512_store_ps(t.l + v * 16, _mm512_fmadd_ps(_mm512_load_ps(t.l + v * 16), alpha, sum));
       _mm512_store_ps(t.m + v * 16, mnew);
       _mm512_store_ps(t.alpha + v * 16, alpha);
     }
-    // The used key pairs: their probabilities interleaved, their V rows (an unused key's V is never
-    // read: zeros stand in) interleaved by pairs.
+    // The used key pairs' V rows (an unused key's V is never read: zeros stand in), interleaved by pairs.
     int n_pairs = 0;
-    for (int jp = 0; jp < (nk + 1) / 2; ++jp) {
+    for (int jp = 0; jp < nk2; ++jp) {
       if ((used[2 * jp] | used[2 * jp + 1]) == 0) continue;
       pairs[n_pairs++] = jp;
-      for (int v = 0; v < t.nv; ++v) {
-        const float* s0 = t.st + 2 * jp * kQS + v * 16;
-        _mm512_store_si512(t.pp + jp * kQS + v * 16,
-                           interleave_bf16(_mm512_load_ps(s0), _mm512_load_ps(s0 + kQS)));
-      }
       const float* v0 = used[2 * jp] != 0 ? c.v + rows[i0 + 2 * jp] * c.kv_stride + hk * c.d : nullptr;
       const float* v1 =
           used[2 * jp + 1] != 0 ? c.v + rows[i0 + 2 * jp + 1] * c.kv_stride + hk * c.d : nullptr;
