@@ -2,6 +2,8 @@
 // softmax, never the L x L matrix; f32 arithmetic in register-blocked micro-kernels. Packed sequences,
 // GQA, query subset vs key set by absolute positions, causal / block-causal, block-sparse patterns. With
 // `bf16` the same drivers run attention_bf16.cpp's tiles (bf16 operands, f32 accumulation).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -466,12 +468,15 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];
     if (p.block_mask == nullptr) {
-      const int64_t ntiles = (qb - qa + kBQ - 1) / kBQ;
+      // The bf16 kernel takes kBQ2 rows per tile where that still leaves four tiles per thread.
+      const int64_t big = (qb - qa + kBQ2 - 1) / kBQ2;
+      const int64_t rows = bf16 && big * n_heads >= 4 * omp_get_max_threads() ? kBQ2 : kBQ;
+      const int64_t ntiles = (qb - qa + rows - 1) / rows;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
       for (int h = 0; h < n_heads; ++h) {
         for (int64_t t = 0; t < ntiles; ++t) {
-          const int64_t a = qa + t * kBQ;
-          tile(c, p, a, std::min(a + kBQ, qb), KeyRows{ka, kb - ka, nullptr}, h, h / group, out.data,
+          const int64_t a = qa + t * rows;
+          tile(c, p, a, std::min(a + rows, qb), KeyRows{ka, kb - ka, nullptr}, h, h / group, out.data,
                out.dtype);
         }
       }

@@ -36,9 +36,9 @@ namespace tessera::cpu {
 namespace {
 
 constexpr int kMaxD2 = kMaxD / 2;
-// Row stride of the tiles with rows across lanes: kBQ plus one vector, so that walking down the keys
+// Row stride of the tiles with rows across lanes: kBQ2 plus one vector, so that walking down the keys
 // (the softmax, P V's broadcasts) does not put every row in the same few L1 sets (as 512-byte strides do).
-constexpr int kQS = kBQ + 16;
+constexpr int kQS = kBQ2 + 16;
 constexpr int kR = 4;   // key rows (scores) or query rows (P V) per micro-kernel
 constexpr int kNV = 4;  // vectors of 16 lanes per micro-kernel row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -88,8 +88,8 @@ struct Bf16Tile {
   alignas(64) float st[(kBK + kR) * kQS];           // scores, transposed: [key][row]
   alignas(64) uint32_t pp[kBK / 2 * kQS];           // probabilities of key pairs: [key / 2][row]
   alignas(64) uint32_t vv[kBK / 2 * (kMaxD + 16)];  // values of key pairs: [key / 2][vs]
-  alignas(64) float acc[kBQ * (kMaxD + 16)];        // [row][vs]
-  alignas(64) float m[kBQ], l[kBQ], alpha[kBQ];     // per row
+  alignas(64) float acc[kBQ2 * (kMaxD + 16)];       // [row][vs]
+  alignas(64) float m[kBQ2], l[kBQ2], alpha[kBQ2];  // per row
   int d2 = 0, ks = 0, dp = 0,
       vs = 0;  // pairs per row; kk's row stride; padded head dim; vv's and acc's stride
   int nv = 0;  // query vectors (16 rows each)
@@ -233,7 +233,7 @@ TGT void init_tile(const TileCtx& c, int nq, Bf16Tile& t) {
 
 TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, const KeyRows& rows,
                           int64_t hq, int64_t hk, void* out, DType out_dtype) {
-  Bf16Tile t;  // about 430 KiB of stack, as the f32 kernel's tiles
+  Bf16Tile t;  // about 770 KiB of stack (the f32 kernel's tiles: 600 KiB)
   const int nq = static_cast<int>(qb - qa);
   const int nr = (nq + kR - 1) / kR * kR;
   init_tile(c, nq, t);

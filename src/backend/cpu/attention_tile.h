@@ -11,6 +11,9 @@ namespace tessera::cpu {
 constexpr int kBQ = 128;  // query rows per tile
 constexpr int kBK = 128;  // keys per tile
 constexpr int kMaxD = 256;
+// The bf16 kernel's dense query tiles may hold up to twice kBQ rows: each K / V row it gathers then
+// serves twice the rows (those gathers, rows a page apart, are what it waits for most).
+constexpr int kBQ2 = 2 * kBQ;
 
 inline bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
   switch (mask) {
@@ -41,7 +44,8 @@ struct KeyRows {
   int64_t operator[](int64_t i) const { return list != nullptr ? list[i] : ka + i; }
 };
 
-// One (query tile, head): rows [qa, qb) of the query set (at most kBQ) against the keys of rows, written
+// One (query tile, head): rows [qa, qb) of the query set (at most kBQ; the bf16 kernel's kBQ2) against
+// the keys of rows, written
 // to out (f32 or bf16) at the rows' head columns.
 using AttendTileFn = void (*)(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb,
                               const KeyRows& rows, int64_t hq, int64_t hk, void* out, DType out_dtype);
