@@ -25,7 +25,9 @@
 #define TESSERA_BF16_KERNEL 1
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as "may be used
 // uninitialized" (a known false positive; as in core/ggml_quant.cpp).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace tessera::cpu {
