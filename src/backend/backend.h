@@ -51,6 +51,10 @@ struct AttnParams {
   // bf16 Q in `out` and lets cuDNN write O here, then copies O to `out`. Without it (or without
   // kv_scratch) that path is not taken.
   void* q_scratch = nullptr;
+  // The narrowest dtype the backend may round q, k, v (and the probabilities) to while accumulating in
+  // f32: BF16 where the graph computes in bf16 (the executor passes the output's dtype), F32 for f32
+  // arithmetic throughout. The CPU backend's bf16 kernel (CpuAttention) runs only under BF16.
+  DType operands = DType::F32;
 };
 // SparseD pattern selection (sparse_select): block-wise importance of one layer's attention and the
 // head-specific tiles kept, with the paper's isolated selection of prompt and generation keys.
@@ -67,6 +71,7 @@ struct SparseSelectParams {
   int attn_block = 0;
   const int32_t* q_pos = nullptr;
   int64_t n_qb = 0, n_kb = 0;
+  DType operands = DType::F32;  // as AttnParams::operands: BF16 lets the scores use bf16 q and k
 };
 // Tiles kept per key set of n blocks: floor(n * rho) + 1, at most n (0 for an empty set).
 inline int64_t sparse_keep(int64_t n, float rho) {
@@ -351,7 +356,19 @@ class Backend {
   virtual uint64_t recording_epoch() const { return 0; }
 };
 
-std::unique_ptr<Backend> make_cpu_backend();
+// The CPU attention kernel (attention and sparse_select). Auto: bf16 operands with f32 accumulation
+// where the CPU has AVX-512 BF16 and the call allows it (AttnParams::operands BF16), f32 otherwise; the
+// environment variable TESSERA_CPU_ATTN=f32 (or bf16) turns Auto into that choice (A/B runs). F32: the
+// f32 kernel always (the reference). BF16: the bf16 kernel wherever the call allows it; creating the
+// backend fails on a CPU without AVX-512 BF16.
+enum class CpuAttention { Auto, F32, BF16 };
+struct CpuBackendOptions {
+  CpuAttention attention = CpuAttention::Auto;
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
+// The kernel `choice` resolves to on this CPU and environment: F32 or BF16 (a BF16 this CPU cannot run
+// is an error).
+CpuAttention resolve_cpu_attention(CpuAttention choice);
 // Returns nullptr (with a reason) when tessera was built without CUDA or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(std::string* why_not);
 

@@ -60,6 +60,7 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   TESSERA_CHECK(q.dtype == DType::F32 && k.dtype == DType::F32 && v.dtype == DType::F32,
                 std::string("attention (") + device_tag(dev) + "): q, k, v must be f32");
   TESSERA_CHECK(f32_or_bf16(out.dtype), "attention: output must be f32 or bf16");
+  TESSERA_CHECK(f32_or_bf16(p.operands), "attention: operands must be f32 or bf16");
   TESSERA_CHECK(head_dim <= 256, "attention: head_dim above 256 is not supported");
   TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "attention: n_heads must be a multiple of n_kv_heads");
@@ -85,6 +86,7 @@ void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv
   TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
                 "sparse_select: q/k widths do not match the head counts");
   TESSERA_CHECK(p.block > 0, "sparse_select: block must be > 0");
+  TESSERA_CHECK(f32_or_bf16(p.operands), "sparse_select: operands must be f32 or bf16");
   TESSERA_CHECK(p.rho >= 0.0f && p.rho <= 1.0f, "sparse_select: rho must be in [0, 1]");
   TESSERA_CHECK(p.n_prompt_keys >= 0 && p.n_prompt_keys <= k.rows(),
                 "sparse_select: n_prompt_keys must be in [0, key rows]");

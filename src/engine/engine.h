@@ -51,6 +51,9 @@ struct EngineOptions {
   bool profile_ops = false;  // time every op (synchronised) into Engine::op_seconds()
   // Replay repeated steps as recorded CUDA graphs (step_graphs.h; exact: the same kernels run).
   bool step_graphs = true;
+  // The CPU backend's attention kernel (backend.h CpuAttention): Auto runs a bf16 model's attention on
+  // bf16 operands where the CPU has AVX-512 BF16 (TESSERA_CPU_ATTN=f32 turns that off); F32 never.
+  CpuAttention cpu_attention = CpuAttention::Auto;
   // Wraps the device's backend (tests: a CPU backend that records and replays steps as CUDA does).
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };

@@ -131,6 +131,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       ap.cu_k = cu_k.as<const int32_t>();
       ap.q_pos = q_pos.as<const int32_t>();
       ap.k_pos = k_pos.as<const int32_t>();
+      ap.operands = o.dtype;  // a bf16 graph's attention may round its operands to bf16
       if (op.out.size() > 1) ap.kv_scratch = out(1).data;  // planned bf16 K/V staging
       if (op.out.size() > 2) ap.q_scratch = out(2).data;   // q itself, which attention may overwrite
       uint8_t* pattern = nullptr;
@@ -149,6 +150,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       if (c.sparse != nullptr && c.sparse->select) {
         SparseSelectParams sp = c.sparse->p;
         sp.scale = op.p.scale;
+        sp.operands = o.dtype;
         if (sp.attn_block > 0) {  // block-causal: pattern rows by position, over the canvas's strides
           sp.q_pos = ap.q_pos;
           sp.n_qb = c.sparse->q_blocks;

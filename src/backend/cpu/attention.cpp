@@ -1,6 +1,9 @@
 // Tiled (flash-style) attention on the CPU: tiles of 128 query rows against 128 keys with an online
 // softmax, never the L x L matrix; f32 arithmetic in register-blocked micro-kernels. Packed sequences,
-// GQA, query subset vs key set by absolute positions, causal / block-causal, block-sparse patterns.
+// GQA, query subset vs key set by absolute positions, causal / block-causal, block-sparse patterns. With
+// `bf16` the same drivers run attention_bf16.cpp's tiles (bf16 operands, f32 accumulation).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/attention_tile.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/simd.h"
 #include "backend/op_checks.h"
@@ -15,31 +19,6 @@
 
 namespace tessera::cpu {
 namespace {
-
-constexpr int kBQ = 128;
-constexpr int kBK = 128;
-constexpr int kMaxD = 256;
-
-inline bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
-  switch (mask) {
-    case MaskKind::None:
-      return true;
-    case MaskKind::Causal:
-      return kp <= qp;
-    case MaskKind::BlockCausal:
-      return kp / block <= qp / block;
-  }
-  return true;
-}
-
-struct TileCtx {
-  const float* q;
-  const float* k;
-  const float* v;
-  int64_t q_stride, kv_stride;  // floats per row
-  int d;
-  float scale;
-};
 
 // exp(x) for x <= 0, vectorisable: 2^(x log2 e) with a degree-6 polynomial for the fraction
 // (relative error < 2e-7 on the range attention uses). Below about -87.3 (2^-126, the smallest
@@ -183,14 +162,6 @@ inline std::pair<int32_t, int32_t> load_queries(const TileCtx& c, const int32_t*
   }
   return {qmin, qmax};
 }
-
-// The keys one (query tile, head) visits, in order: the rows [ka, ka + n), or (block-sparse) the n rows
-// of list, the concatenated key blocks that the tile's query block keeps.
-struct KeyRows {
-  int64_t ka = 0, n = 0;
-  const int32_t* list = nullptr;
-  int64_t operator[](int64_t i) const { return list != nullptr ? list[i] : ka + i; }
-};
 
 // Keys [i0, i0 + nk) of rows, kv head hk, transposed into kt[d][kKt], padded with zero keys to whole
 // vectors: whole kW x kW blocks (kW keys by kW dimensions) transposed in registers, the rest element by
@@ -435,7 +406,7 @@ void block_importance(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, 
 // computing some positions of the canvas the pattern was built for), that of its position (q_pos /
 // k_pos, each ascending).
 void attend_sparse(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
-                   int n_heads, int group, Tensor& out) {
+                   int n_heads, int group, AttendTileFn tile, Tensor& out) {
   const int64_t bs = p.sparse_block;
   const bool by_position = p.sparse_q_blocks > 0;
   const int64_t n_qb = by_position ? p.sparse_q_blocks : (qb - qa + bs - 1) / bs;  // the pattern's strides
@@ -478,16 +449,18 @@ void attend_sparse(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb
           for (int64_t r = key_from[static_cast<size_t>(j)]; r < key_from[static_cast<size_t>(j) + 1]; ++r)
             list.push_back(static_cast<int32_t>(r));
         }
-        attend_tile(c, p, q.a, q.end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h,
-                    h / group, out.data, out.dtype);
+        tile(c, p, q.a, q.end, KeyRows{ka, static_cast<int64_t>(list.size()), list.data()}, h, h / group,
+             out.data, out.dtype);
       }
     }
   }
 }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
-               int head_dim, const AttnParams& p) {
+               int head_dim, const AttnParams& p, bool bf16) {
   check_attention(q, k, v, out, n_heads, n_kv_heads, head_dim, p, Device::CPU);
+  TESSERA_CHECK(!bf16 || bf16_attention_supported(), "attention: this CPU has no AVX-512 BF16");
+  const AttendTileFn tile = bf16 ? attend_tile_bf16 : attend_tile;
   static_assert(kMaxD >= 256, "the CPU kernel runs every head_dim check_attention accepts");
   const TileCtx c{
       q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
@@ -495,18 +468,21 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];
     if (p.block_mask == nullptr) {
-      const int64_t ntiles = (qb - qa + kBQ - 1) / kBQ;
+      // The bf16 kernel takes kBQ2 rows per tile where that still leaves four tiles per thread.
+      const int64_t big = (qb - qa + kBQ2 - 1) / kBQ2;
+      const int64_t rows = bf16 && big * n_heads >= 4 * omp_get_max_threads() ? kBQ2 : kBQ;
+      const int64_t ntiles = (qb - qa + rows - 1) / rows;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
       for (int h = 0; h < n_heads; ++h) {
         for (int64_t t = 0; t < ntiles; ++t) {
-          const int64_t a = qa + t * kBQ;
-          attend_tile(c, p, a, std::min(a + kBQ, qb), KeyRows{ka, kb - ka, nullptr}, h, h / group, out.data,
-                      out.dtype);
+          const int64_t a = qa + t * rows;
+          tile(c, p, a, std::min(a + rows, qb), KeyRows{ka, kb - ka, nullptr}, h, h / group, out.data,
+               out.dtype);
         }
       }
       continue;
     }
-    attend_sparse(c, p, qa, qb, ka, kb, n_heads, group, out);
+    attend_sparse(c, p, qa, qb, ka, kb, n_heads, group, tile, out);
   }
 }
 
@@ -528,7 +504,7 @@ void keep_best(const double* imp, int64_t a, int64_t b, int64_t n_keep, std::vec
 // the importance of its rows over the keys each sees (a run of rows of one attention block at a time,
 // so the mask is a shorter key prefix), written into the pattern row of its position's block.
 void select_block_causal(const TileCtx& c, const SparseSelectParams& p, int64_t Mq, int64_t Mk, int n_heads,
-                         int group, uint8_t* mask) {
+                         int group, BlockImportanceFn importance, uint8_t* mask) {
   const int64_t B = p.block, AB = p.attn_block, n_kb = (Mk + B - 1) / B;
   const int64_t g = p.n_prompt_keys / B;
   const int64_t keep_pre = sparse_keep(g, p.rho), keep_gen = sparse_keep(n_kb - g, p.rho);
@@ -554,7 +530,7 @@ void select_block_causal(const TileCtx& c, const SparseSelectParams& p, int64_t 
           int64_t e = a + 1;
           while (e < r1 && p.q_pos[e] / AB == ab) ++e;
           const int64_t keys = std::min(Mk, (ab + 1) * AB);
-          block_importance(c, a, e, keys, h, h / group, e - a, B, n_kb, imp.data());
+          importance(c, a, e, keys, h, h / group, e - a, B, n_kb, imp.data());
           a = e;
         }
         uint8_t* row = mask + (h * p.n_qb + p.q_pos[r0] / B) * p.n_kb;
@@ -569,11 +545,13 @@ void select_block_causal(const TileCtx& c, const SparseSelectParams& p, int64_t 
 }  // namespace
 
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
-                   const SparseSelectParams& p, uint8_t* mask) {
+                   const SparseSelectParams& p, uint8_t* mask, bool bf16) {
   check_sparse_select(q, k, n_heads, n_kv_heads, head_dim, p);
+  TESSERA_CHECK(!bf16 || bf16_attention_supported(), "sparse_select: this CPU has no AVX-512 BF16");
+  const BlockImportanceFn importance = bf16 ? block_importance_bf16 : block_importance;
   if (p.attn_block > 0) {
     const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
-    select_block_causal(c, p, q.rows(), k.rows(), n_heads, n_heads / n_kv_heads, mask);
+    select_block_causal(c, p, q.rows(), k.rows(), n_heads, n_heads / n_kv_heads, importance, mask);
     return;
   }
   const int64_t B = p.block, Mq = q.rows(), Mk = k.rows();
@@ -594,7 +572,7 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
       for (int64_t t = 0; t < n_tiles; ++t) {
         const int64_t qb0 = t * per_tile, qb1 = std::min(n_qb, qb0 + per_tile);
         std::fill(imp.begin(), imp.end(), 0.0);
-        block_importance(c, qb0 * B, std::min(qb1 * B, Mq), Mk, h, h / group, B, B, n_kb, imp.data());
+        importance(c, qb0 * B, std::min(qb1 * B, Mq), Mk, h, h / group, B, B, n_kb, imp.data());
         for (int64_t qb = qb0; qb < qb1; ++qb) {
           const double* bimp = imp.data() + (qb - qb0) * n_kb;
           uint8_t* row = mask + (h * n_qb + qb) * n_kb;

@@ -1,8 +1,10 @@
 // CpuBackend: host memory, oneDNN GEMMs, OpenMP kernels.
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/attention_tile.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm.h"
@@ -13,6 +15,8 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : bf16_attention_(resolve_cpu_attention(o.attention) == CpuAttention::BF16) {}
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
 
@@ -44,11 +48,11 @@ class CpuBackend final : public Backend {
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
                  const AttnParams& p) override {
-    cpu::attention(q, k, v, out, nh, nkv, hd, p);
+    cpu::attention(q, k, v, out, nh, nkv, hd, p, bf16_attention_ && p.operands == DType::BF16);
   }
   void sparse_select(const Tensor& q, const Tensor& k, int nh, int nkv, int hd, const SparseSelectParams& p,
                      uint8_t* mask) override {
-    cpu::sparse_select(q, k, nh, nkv, hd, p, mask);
+    cpu::sparse_select(q, k, nh, nkv, hd, p, mask, bf16_attention_ && p.operands == DType::BF16);
   }
   void swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::swiglu(g, u, out); }
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override {
@@ -79,12 +83,28 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::GemmEngine gemm_;
+  bool bf16_attention_;  // attention and sparse_select run the bf16 kernel where the call allows it
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+CpuAttention resolve_cpu_attention(CpuAttention choice) {
+  if (choice == CpuAttention::Auto) {
+    const char* env = std::getenv("TESSERA_CPU_ATTN");
+    const std::string e = env != nullptr ? env : "";
+    if (e == "f32") return CpuAttention::F32;
+    if (!e.empty() && e != "bf16" && e != "auto")
+      fail("TESSERA_CPU_ATTN='" + e + "': expected f32, bf16 or auto");
+    if (e != "bf16") return cpu::bf16_attention_supported() ? CpuAttention::BF16 : CpuAttention::F32;
+    choice = CpuAttention::BF16;
+  }
+  if (choice == CpuAttention::BF16 && !cpu::bf16_attention_supported())
+    fail("cpu: bf16 attention needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none: use f32");
+  return choice;
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace tessera

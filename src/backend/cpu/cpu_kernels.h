@@ -14,10 +14,12 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
+// bf16: the tiles run on bf16 operands with f32 accumulation (AVX-512 BF16; attention_bf16.cpp), else
+// in f32 (the reference).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
-               int head_dim, const AttnParams& p);
+               int head_dim, const AttnParams& p, bool bf16 = false);
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
-                   const SparseSelectParams& p, uint8_t* mask);
+                   const SparseSelectParams& p, uint8_t* mask, bool bf16 = false);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);
 void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
              Tensor& scratch, Tensor& out);
