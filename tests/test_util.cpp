@@ -113,6 +113,26 @@ double rel_error(const float* a, const float* b, size_t n) {
   return den == 0 ? num : num / den;
 }
 
+void expect_selection_matches(const std::vector<uint8_t>& got, const SparseSelection& ref,
+                              const SparseSelectCase& c, int* clear_rows) {
+  const int64_t g = c.prompt / c.block;
+  *clear_rows = 0;
+  for (int64_t r = 0; r < c.hq * ref.n_qb; ++r) {
+    const uint8_t* row = got.data() + r * ref.n_kb;
+    int64_t pre = 0, gen = 0;
+    for (int64_t kb = 0; kb < ref.n_kb; ++kb) {
+      ASSERT_TRUE(row[kb] == 0 || row[kb] == 1);
+      (kb < g ? pre : gen) += row[kb];
+    }
+    EXPECT_EQ(pre, sparse_keep(g, c.rho));
+    EXPECT_EQ(gen, sparse_keep(ref.n_kb - g, c.rho));
+    if (!ref.clear[static_cast<size_t>(r)]) continue;
+    ++*clear_rows;
+    for (int64_t kb = 0; kb < ref.n_kb; ++kb)
+      EXPECT_EQ(row[kb], ref.mask[static_cast<size_t>(r * ref.n_kb + kb)]) << "row " << r << " block " << kb;
+  }
+}
+
 SparseSelection sparse_select_reference(const std::vector<float>& q, const std::vector<float>& k, int64_t mq,
                                         int64_t mk, int hq, int hkv, int d, float scale, int block, float rho,
                                         int64_t n_prompt_keys, double tie) {

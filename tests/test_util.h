@@ -51,6 +51,11 @@ struct SparseSelectCase {
 SparseSelection sparse_select_reference(const std::vector<float>& q, const std::vector<float>& k, int64_t mq,
                                         int64_t mk, int hq, int hkv, int d, float scale, int block, float rho,
                                         int64_t n_prompt_keys, double tie = 1e-4);
+// Checks a sparse_select mask `got` (c.hq * ref.n_qb rows of ref.n_kb blocks) against the reference: every
+// entry 0 or 1 (fatal otherwise), each row keeping sparse_keep() blocks of the prompt and of the
+// generation, and the rows the reference calls clear equal to its mask; *clear_rows counts those rows.
+void expect_selection_matches(const std::vector<uint8_t>& got, const SparseSelection& ref,
+                              const SparseSelectCase& c, int* clear_rows);
 
 }  // namespace tessera::test
 

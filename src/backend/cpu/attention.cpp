@@ -146,7 +146,6 @@ inline void vector_blocks(int n_vectors, F&& f) {
 inline std::pair<int32_t, int32_t> load_queries(const TileCtx& c, const int32_t* q_pos, int64_t qa, int nq,
                                                 int nr, int64_t hq, float* qs) {
   const int d = c.d;
-  int32_t qmin = std::numeric_limits<int32_t>::max(), qmax = std::numeric_limits<int32_t>::min();
   for (int i = 0; i < nr; ++i) {
     float* qi = qs + i * d;
     if (i >= nq) {
@@ -155,12 +154,8 @@ inline std::pair<int32_t, int32_t> load_queries(const TileCtx& c, const int32_t*
     }
     const float* src = c.q + (qa + i) * c.q_stride + hq * d;
     for (int t = 0; t < d; ++t) qi[t] = src[t] * c.scale;
-    if (q_pos != nullptr) {
-      qmin = std::min(qmin, q_pos[qa + i]);
-      qmax = std::max(qmax, q_pos[qa + i]);
-    }
   }
-  return {qmin, qmax};
+  return position_span(q_pos, qa, nq);
 }
 
 // Keys [i0, i0 + nk) of rows, kv head hk, transposed into kt[d][kKt], padded with zero keys to whole
@@ -247,23 +242,12 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
     l[i] = 0.0f;
     std::fill(acc + i * dp, acc + (i + 1) * dp, 0.0f);
   }
-  const bool masked = p.mask != MaskKind::None;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t i0 = 0; i0 < rows.n; i0 += kBK) {
     const int nk = static_cast<int>(std::min<int64_t>(kBK, rows.n - i0));
-    // Masks per element only where the tile needs them: visibility is monotone in both positions, so
-    // a tile whose last key the first query sees is wholly visible, and one whose first key the last
-    // query cannot see is skipped.
-    bool mask_elems = false;
-    if (masked) {
-      int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
-      for (int j = 0; j < nk; ++j) {
-        kmin = std::min(kmin, p.k_pos[rows[i0 + j]]);
-        kmax = std::max(kmax, p.k_pos[rows[i0 + j]]);
-      }
-      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
-      mask_elems = !visible(p.mask, p.block_size, qmin, kmax);
-    }
+    const TileMask tm = tile_mask(p, rows, i0, nk, qmin, qmax);  // masks per element only where needed
+    if (tm == TileMask::Skip) continue;
+    const bool mask_elems = tm == TileMask::PerElement;
     const int nkv = (nk + kW - 1) / kW;  // key vectors
     load_keys(c, rows, i0, nk, hk, true, kt);
     tile_scores(qs, nr, d, kt, nkv, s);

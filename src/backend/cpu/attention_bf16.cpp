@@ -240,33 +240,19 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
   const int nr = (nq + kR - 1) / kR * kR;
   init_tile(c, nq, t);
   pack_queries(c, qa, nq, hq, t);
-  int32_t qmin = std::numeric_limits<int32_t>::max(), qmax = std::numeric_limits<int32_t>::min();
-  if (p.q_pos != nullptr) {
-    for (int i = 0; i < nq; ++i) {
-      qmin = std::min(qmin, p.q_pos[qa + i]);
-      qmax = std::max(qmax, p.q_pos[qa + i]);
-    }
-  }
+  const auto [qmin, qmax] = position_span(p.q_pos, qa, nq);
   for (int i = 0; i < t.nv * 16; ++i) {
     t.m[i] = kNegInf;
     t.l[i] = 0.0f;
   }
   std::fill(t.acc, t.acc + nr * t.vs, 0.0f);
-  const bool masked = p.mask != MaskKind::None;
   const __m512 ninf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();
   int pairs[kBK / 2];
   for (int64_t i0 = 0; i0 < rows.n; i0 += kBK) {
     const int nk = static_cast<int>(std::min<int64_t>(kBK, rows.n - i0));
-    bool mask_elems = false;  // as in the f32 kernel: whole tiles skipped or seen where the mask allows
-    if (masked) {
-      int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
-      for (int j = 0; j < nk; ++j) {
-        kmin = std::min(kmin, p.k_pos[rows[i0 + j]]);
-        kmax = std::max(kmax, p.k_pos[rows[i0 + j]]);
-      }
-      if (!visible(p.mask, p.block_size, qmax, kmin)) continue;
-      mask_elems = !visible(p.mask, p.block_size, qmin, kmax);
-    }
+    const TileMask tm = tile_mask(p, rows, i0, nk, qmin, qmax);  // as in the f32 kernel
+    if (tm == TileMask::Skip) continue;
+    const bool mask_elems = tm == TileMask::PerElement;
     pack_keys(c, rows, i0, nk, hk, true, t);
     tile_scores(t, nk);
     if (mask_elems) {

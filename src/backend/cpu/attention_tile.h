@@ -2,7 +2,10 @@
 // (attention.cpp, the reference) and the bf16 one (attention_bf16.cpp: bf16 operands, f32 accumulation,
 // AVX-512 BF16, chosen at run time).
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <utility>
 
 #include "backend/backend.h"
 
@@ -43,6 +46,33 @@ struct KeyRows {
   const int32_t* list = nullptr;
   int64_t operator[](int64_t i) const { return list != nullptr ? list[i] : ka + i; }
 };
+
+// The smallest and largest of the positions q_pos[qa, qa + nq) (a tile's queries); without positions
+// (no mask) the empty span {INT32_MAX, INT32_MIN}.
+inline std::pair<int32_t, int32_t> position_span(const int32_t* q_pos, int64_t qa, int nq) {
+  int32_t qmin = std::numeric_limits<int32_t>::max(), qmax = std::numeric_limits<int32_t>::min();
+  for (int i = 0; q_pos != nullptr && i < nq; ++i) {
+    qmin = std::min(qmin, q_pos[qa + i]);
+    qmax = std::max(qmax, q_pos[qa + i]);
+  }
+  return {qmin, qmax};
+}
+
+// How one key tile meets query positions [qmin, qmax] under the mask. Visibility is monotone in both
+// positions, so a tile whose first key the last query cannot see is skipped, one whose last key the
+// first query sees is wholly visible, and only the rest need the mask per element.
+enum class TileMask { Skip, Whole, PerElement };
+inline TileMask tile_mask(const AttnParams& p, const KeyRows& rows, int64_t i0, int nk, int32_t qmin,
+                          int32_t qmax) {
+  if (p.mask == MaskKind::None) return TileMask::Whole;
+  int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
+  for (int j = 0; j < nk; ++j) {
+    kmin = std::min(kmin, p.k_pos[rows[i0 + j]]);
+    kmax = std::max(kmax, p.k_pos[rows[i0 + j]]);
+  }
+  if (!visible(p.mask, p.block_size, qmax, kmin)) return TileMask::Skip;
+  return visible(p.mask, p.block_size, qmin, kmax) ? TileMask::Whole : TileMask::PerElement;
+}
 
 // One (query tile, head): rows [qa, qb) of the query set (at most kBQ; the bf16 kernel's kBQ2) against
 // the keys of rows, written
