@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
     Tensor tp = pos.t(DType::I32, {L});
     add_memory("rope (q, in place)", sL + " 32x128",
                time_ms(
-                   b, [&] { b.rope(tx, tp, 128, 128, 5e5f, true); }, 7, 10),
+                   b, [&] { b.rope(tx, tp, 128, RopeParams{.rotary_dim = 128, .theta = 5e5f}); }, 7, 10),
                static_cast<double>(L * D) * 8);
     Tensor g = y.t(DType::BF16, {L, F}), u = z.t(DType::BF16, {L, F});
     add_memory("swiglu bf16", sL + " ffn=12288",

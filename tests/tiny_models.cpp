@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/ggml_quant.h"
 #include "engine/engine.h"
+#include "io/config.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "test_util.h"
@@ -368,6 +369,30 @@ std::vector<ReferenceRun> expect_matches_reference(const std::filesystem::path& 
     EXPECT_EQ(r.tokens, want[i].tokens) << at;
   }
   return want;
+}
+
+void expect_config_error(const std::filesystem::path& src, const std::string& name,
+                         const std::function<void(nlohmann::json&)>& edit, const std::string& expect) {
+  const auto d = temp_dir("bad_config_" + name);
+  for (const auto& f : std::filesystem::directory_iterator(src))
+    std::filesystem::copy(f.path(), d / f.path().filename(),
+                          std::filesystem::copy_options::overwrite_existing);
+  std::ifstream in(d / "config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  in.close();
+  edit(c);
+  std::ofstream(d / "config.json") << c.dump(2);
+  try {
+    (void)load_config(d);
+    ADD_FAILURE() << name << ": expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find(expect), std::string::npos) << name << ": " << err.what();
+  }
+  // The CLI reports the same in one line and exits non-zero.
+  std::string out;
+  EXPECT_NE(run_command(std::string(TESSERA_BINARY) + " generate -m " + d.string() + " -p hi", &out), 0);
+  EXPECT_NE(out.find(expect), std::string::npos) << out;
+  EXPECT_LE(std::count(out.begin(), out.end(), '\n'), 1) << out;
 }
 
 }  // namespace tessera::test

@@ -2,6 +2,7 @@
 // per test process, and the numpy reference forward of tests/reference/reference.py.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -118,6 +119,11 @@ std::vector<GenerateOptions> llada2_generate_cases(int32_t eos_id);
 // whole blocks of 32) quantized by ggml's reference quantizers: q4_0 for the down projections, q8_0
 // for the others; the metadata and the 1-D tensors as they are.
 void requantize_gguf(const std::filesystem::path& src, const std::filesystem::path& dst);
+
+// A copy of the checkpoint at `src` whose config.json `edit` changed must fail to load with `expect` in
+// the error, from load_config and from the CLI (one line, non-zero exit); `name` tells the cases apart.
+void expect_config_error(const std::filesystem::path& src, const std::string& name,
+                         const std::function<void(nlohmann::json&)>& edit, const std::string& expect);
 
 }  // namespace tessera::test
 

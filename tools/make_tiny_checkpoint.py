@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream or LLaDA-MoE.
+"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream, LLaDA-MoE, LLaDA2 or
+Nemotron-Labs-Diffusion.
 
-  make_tiny_checkpoint.py --family llada|dream|llada_moe|llada2 --out DIR [--seed 0] [--hidden 64] [--layers 2]
+  make_tiny_checkpoint.py --family llada|dream|llada_moe|llada2|nemotron --out DIR [--seed 0] [--hidden 64] [--layers 2]
       [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512] [--shards 2]
       [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
       llada_moe only: [--experts 8] [--top-k 2] [--expert-inter 32] [--first-dense 0] [--shared-inter 0]
@@ -9,6 +10,7 @@
       llada2: the llada_moe expert options (defaults --experts 16 --top-k 3 --first-dense 1
       --routed-scale 2.5 --partial-rotary 0.5 --layers 3, kv heads = heads / 2) and [--n-group 4]
       [--topk-group 2] [--shared-experts 1] [--bias-scale 0.1]
+      nemotron: [--head-dim 24] [--nemotron-mscale] [--nemotron-lora R] (kv heads 2)
 
 Output (same file names, config field names, tensor names and dtypes as the real checkpoints, see
 shared/specs/models.md):
@@ -23,6 +25,8 @@ shared/specs/models.md):
                                     then (only if the text runs out of pairs) <|reserved_N|> added
                                     tokens, then the family's special tokens at the top of the vocab
   tokenizer_config.json, generation_config.json
+  linear_spec_lora/                 nemotron with --nemotron-lora R only: PEFT's adapter_config.json and
+                                    adapter_model.safetensors (the draft-only o_proj LoRA, see below)
 
 Special-token ids (V = --vocab):
   llada: <|endoftext|> V-6 (eos = pad), <|startoftext|> V-5 (bos), <|mdm_mask|> V-4 (mask),
@@ -30,6 +34,7 @@ Special-token ids (V = --vocab):
   dream: <|endoftext|> V-4 (eos = pad = bos), <|im_start|> V-3, <|im_end|> V-2, <|mask|> V-1 (mask)
   llada_moe, llada2: <|endoftext|> V-5 (eos = pad), <|mask|> V-4 (mask), <role> V-3, </role> V-2,
          <|role_end|> V-1 (llada2's config.json names no mask / eos id, as the real one)
+  nemotron: <unk> V-6, <s> V-5 (bos), </s> V-4 (eos = pad), [INST] V-3, [/INST] V-2, <mask> V-1 (mask)
 
 LLaDA-MoE layout (modeling_lladamoe.py): Qwen2-style names without biases plus
 self_attn.{q,k}_norm.weight [head_dim]; MoE layers mlp.gate.weight [E, d] (router) and
@@ -44,10 +49,19 @@ the first --first-dense layers mlp.{gate,up,down}_proj (intermediate_size), then
 [E, d], mlp.gate.expert_bias [E] (~N(0, --bias-scale^2): a trained, non-zero bias), mlp.experts.E.*, and
 mlp.shared_experts.* of --expert-inter * --shared-experts; model.norm.weight, lm_head.weight.
 
+Nemotron-Labs-Diffusion layout (tiny_nemotron.py; Ministral-3 names under encoder., untied
+diffusion_head.weight): explicit head_dim (--head-dim 24: q_proj out 96 != hidden 64), YaRN
+rope_parameters (factor 16, original_max_position_embeddings 64 on purpose, llama_4_scaling_beta 0.1;
+no mscale keys unless --nemotron-mscale), mask / bos / eos / pad ids in config.json, block_size 32,
+dlm_paradigm "bidirectional". --nemotron-lora R (R > 0) writes the draft-only LoRA of linear
+self-speculation in linear_spec_lora/: adapter_config.json (r R, lora_alpha 2R, target_modules ["o_proj"])
+and adapter_model.safetensors with base_model.model.encoder.layers.i.self_attn.o_proj.lora_A.weight
+[R, heads * head_dim] and ...lora_B.weight [hidden, R] per layer (both non-zero), drawn after the LM head.
+
 Weights: linears N(0, 1/fan_in) stored [out, in]; embeddings N(0, 1); norm weights 1 + 0.1 N(0, 1);
 biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer in the order
-the tensors are listed, then final norm, then LM head), so a given --seed and geometry always gives
-the same weights.
+the tensors are listed, then final norm, then LM head, then nemotron's LoRA), so a given --seed and
+geometry always gives the same weights (with or without --nemotron-lora).
 """
 import argparse
 import json
@@ -58,6 +72,8 @@ from collections import Counter
 
 import numpy as np
 
+import tiny_nemotron  # the --family nemotron builder (beside this file)
+
 # Special tokens of each family, in the order they take the top ids of the vocabulary.
 SPECIALS = {
     "llada": ["<|endoftext|>", "<|startoftext|>", "<|mdm_mask|>", "<|eot_id|>", "<|start_header_id|>",
@@ -65,6 +81,7 @@ SPECIALS = {
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],
     "llada_moe": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
     "llada2": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
+    "nemotron": tiny_nemotron.SPECIALS,
 }
 
 # Built-in English text the BPE merges are learnt from.
@@ -356,10 +373,16 @@ def build_llada2(a, rng, lin, norm, ids, kv, torch_dtype):
 
 def build(a):
     """Returns (tensors {name: float32}, config.json, tokenizer.json, tokenizer_config.json,
-    generation_config.json) for the parsed arguments."""
+    generation_config.json, lora) for the parsed arguments; lora is None, or (adapter tensors,
+    adapter_config.json) of nemotron's --nemotron-lora."""
     fam = a.family
-    if a.hidden % a.heads:
+    if fam != "nemotron" and a.hidden % a.heads:
         raise SystemExit("--hidden must be a multiple of --heads")
+    if fam != "nemotron" and (a.head_dim or a.nemotron_mscale or a.nemotron_lora):
+        raise SystemExit("--head-dim, --nemotron-mscale and --nemotron-lora are nemotron options "
+                         "(others: head_dim = hidden / heads, no LoRA)")
+    if a.nemotron_lora < 0:
+        raise SystemExit("--nemotron-lora R needs R > 0 (the LoRA rank)")
     if a.kv_heads:
         kv = a.kv_heads
     elif fam in ("llada", "llada_moe"):
@@ -371,7 +394,7 @@ def build(a):
     if a.heads % kv:
         raise SystemExit("--heads must be a multiple of --kv-heads")
     qkv_bias = (fam == "dream") if a.qkv_bias is None else a.qkv_bias
-    if fam in ("llada_moe", "llada2") and qkv_bias:
+    if fam in ("llada_moe", "llada2", "nemotron") and qkv_bias:
         raise SystemExit(f"{fam}: q/k/v biases are not written (attention_bias / use_qkv_bias false)")
     d, f, V, hd = a.hidden, a.intermediate, a.vocab, a.hidden // a.heads
     rng = np.random.default_rng(a.seed)
@@ -387,7 +410,7 @@ def build(a):
 
     tok, ids = make_tokenizer(fam, V)
     torch_dtype = "bfloat16" if a.dtype == "bf16" else "float32"
-    t = {}
+    t, lora = {}, None
     if fam == "llada":
         p = "model.transformer."
         t[p + "wte.weight"] = rng.standard_normal((V, d)).astype(np.float32)
@@ -424,6 +447,11 @@ def build(a):
         t, cfg, tcfg = build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype)
     elif fam == "llada2":
         t, cfg, tcfg = build_llada2(a, rng, lin, norm, ids, kv, torch_dtype)
+    elif fam == "nemotron":
+        a.head_dim = a.head_dim or 24
+        t, cfg, tcfg = tiny_nemotron.build_nemotron(a, rng, lin, norm, ids, kv, torch_dtype)
+        if a.nemotron_lora:
+            lora = tiny_nemotron.build_lora(a, lin)  # after every base weight
     else:
         t["model.embed_tokens.weight"] = rng.standard_normal((V, d)).astype(np.float32)
         for i in range(a.layers):
@@ -458,18 +486,18 @@ def build(a):
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     gen = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id", ids.get("<|endoftext|>")),
            "pad_token_id": cfg["pad_token_id"], "transformers_version": "4.46.0"}
-    return t, cfg, tok, tcfg, gen
+    return t, cfg, tok, tcfg, gen, lora
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=["llada", "dream", "llada_moe", "llada2"], required=True)
+    ap.add_argument("--family", choices=["llada", "dream", "llada_moe", "llada2", "nemotron"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=0, help="default: heads (llada), 2 (dream)")
+    ap.add_argument("--kv-heads", type=int, default=0, help="default: heads (llada), 2 (dream, nemotron)")
     ap.add_argument("--intermediate", type=int, default=160)
     ap.add_argument("--vocab", type=int, default=300)
     ap.add_argument("--max-pos", type=int, default=512)
@@ -491,6 +519,10 @@ def main():
     ap.add_argument("--topk-group", type=int, default=2, help="llada2: groups kept per token")
     ap.add_argument("--shared-experts", type=int, default=1, help="llada2: num_shared_experts (0 = none)")
     ap.add_argument("--bias-scale", type=float, default=0.1, help="llada2: expert_bias ~ N(0, scale^2)")
+    ap.add_argument("--head-dim", type=int, default=0, help="nemotron: explicit head_dim (default 24)")
+    ap.add_argument("--nemotron-mscale", action="store_true", help="nemotron: mscale = mscale_all_dim = 1.0")
+    ap.add_argument("--nemotron-lora", type=int, default=0, metavar="R",
+                    help="nemotron: write the draft-only o_proj LoRA of rank R in linear_spec_lora/ (default: none)")
     a = ap.parse_args()
     if a.family == "llada2":  # LLaDA2.0-mini's shape in small: GQA, a dense first layer, half rotary
         for key, value in (("experts", 16), ("top_k", 3), ("first_dense", 1), ("routed_scale", 2.5),
@@ -498,7 +530,7 @@ def main():
             if getattr(a, key) == ap.get_default(key):
                 setattr(a, key, value)
 
-    t, cfg, tok, tcfg, gen = build(a)
+    t, cfg, tok, tcfg, gen, lora = build(a)
     os.makedirs(a.out, exist_ok=True)
     dt = "BF16" if a.dtype == "bf16" else "F32"
     names = list(t.keys())
@@ -522,8 +554,16 @@ def main():
         with open(os.path.join(a.out, name), "w", encoding="utf-8") as fh:
             json.dump(obj, fh, indent=None if name == "tokenizer.json" else 2, ensure_ascii=ascii_only)
             fh.write("\n")
+    if lora:
+        lora_dir = os.path.join(a.out, tiny_nemotron.LORA_DIR)
+        os.makedirs(lora_dir, exist_ok=True)
+        write_safetensors(os.path.join(lora_dir, "adapter_model.safetensors"), lora[0], dt)
+        with open(os.path.join(lora_dir, "adapter_config.json"), "w") as fh:
+            json.dump(lora[1], fh, indent=2)
+            fh.write("\n")
     print(f"wrote {a.out}: {a.family}, {sum(v.size for v in t.values())} parameters, "
-          f"{a.shards if a.shards > 1 else 1} file(s), {dt}")
+          f"{a.shards if a.shards > 1 else 1} file(s), {dt}"
+          + (f", LoRA rank {a.nemotron_lora} in {tiny_nemotron.LORA_DIR}/" if lora else ""))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,16 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
                   "bytes (runtime overhead not included): each step chunks the FFN / logits only as much as "
                   "it must; a request that cannot fit fails before it starts")
       ->check(size_validator());
+  sub->add_option("--mode", a.mode,
+                  "how the canvas is written: diffusion (unmasking; on a tri-mode model such as "
+                  "Nemotron-Labs-Diffusion, block diffusion seeded and committed by causal passes), ar (one "
+                  "token per causal forward) or spec (linear self-speculation: a bidirectional draft of "
+                  "--block-length, verified by one causal pass; at temperature 0 the same text as ar); ar "
+                  "and spec need a tri-mode model")
+      ->check(CLI::IsMember({"diffusion", "ar", "spec"}));
+  sub->add_flag("--no-draft-adapter", a.no_draft_adapter,
+                "--mode spec: draft without the checkpoint's draft adapter (the LoRA on o_proj in "
+                "linear_spec_lora/, which drafts use by default when the model has one)");
   sub->add_option(
          "--cache", a.cache,
          "KV cache (Fast-dLLM): none (exact), prefix (reuse K/V before the block), dual (also after it); "
@@ -200,6 +210,8 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   g.alg_temp = a.alg_temp;
   g.seed = a.seed;
   g.cache = parse_kv_cache(a.cache);
+  if (a.mode) g.mode = parse_decode_mode(*a.mode);
+  g.draft_adapter = !a.no_draft_adapter;
   g.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
   g.sparse_block = a.sparse_block.value_or(g.sparse_block);
   g.sparse_rho = a.sparse_rho.value_or(g.sparse_rho);

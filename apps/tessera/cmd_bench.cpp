@@ -50,7 +50,7 @@ namespace {
 struct BenchArgs {
   std::string model, geometry, prompt, json_out, svg, device = "cpu", precision = "auto",
                                                       alg = "low_confidence";
-  std::string cache = "none";
+  std::string cache = "none", mode = "diffusion";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1, batch = 0;
   float threshold = 0.0f, temperature = 0.0f;
   uint64_t seed = 0;
@@ -322,6 +322,8 @@ int run_bench(const BenchArgs& a) {
   base.temperature = a.temperature;
   base.seed = a.seed;
   base.cache = parse_kv_cache(a.cache);
+  base.mode = parse_decode_mode(a.mode);
+  base.causal_context = cfg.tri_mode;  // a tri-mode model's diffusion is seeded and committed causally
   base.stop_at_eos = a.eos;
   TESSERA_CHECK(!a.eos || cfg.eos_id >= 0, "--eos: this model has no EOS token");
   if (cfg.eos_id >= 0) base.eos_ids = {cfg.eos_id};  // window-early-stop ends at it
@@ -455,6 +457,7 @@ int run_bench(const BenchArgs& a) {
                     {"alg", name(base.alg)},
                     {"threshold", base.threshold},
                     {"cache", name(base.cache)},
+                    {"mode", name(base.mode)},
                     {"reps", a.reps},
                     {"rows", comparisons},
                     {"batch", batch_json}};
@@ -499,6 +502,9 @@ void add_bench(CLI::App& app, Registry& reg) {
       ->check(in_range(0, 1));
   sub->add_option("--cache", a->cache, "KV cache of the baseline")
       ->check(CLI::IsMember({"none", "prefix", "dual"}));
+  sub->add_option("--mode", a->mode,
+                  "how the baseline writes the canvas: diffusion, ar or spec (ar and spec: tri-mode models)")
+      ->check(CLI::IsMember({"diffusion", "ar", "spec"}));
   sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--precision", a->precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));

@@ -168,6 +168,12 @@ typedef enum tessera_kv_cache {
 
 typedef enum tessera_des { TESSERA_DES_OFF = 0, TESSERA_DES_SEQ = 1, TESSERA_DES_VOTE = 2 } tessera_des;
 typedef enum tessera_des_scope { TESSERA_DES_SCOPE_BLOCK = 0, TESSERA_DES_SCOPE_ALL = 1 } tessera_des_scope;
+/* --mode: how the canvas is written (AR and SPEC need a tri-mode model: Nemotron-Labs-Diffusion). */
+typedef enum tessera_mode {
+  TESSERA_MODE_DIFFUSION = 0, /* unmasking (a tri-mode model's: seeded and committed by causal passes) */
+  TESSERA_MODE_AR = 1,        /* one token per causal forward */
+  TESSERA_MODE_SPEC = 2       /* linear self-speculation (greedy: the same text as AR) */
+} tessera_mode;
 
 /* Every decoding option of `tessera generate` (the flag of each in its comment). Start from
  * tessera_generate_options_init, which sets the model's defaults (its generation_config.json). Lengths
@@ -209,6 +215,7 @@ typedef struct tessera_generate_options {
   const char* suffix;  /* --suffix: infilling text after the generated span; NULL: none */
   int32_t logprobs;    /* --logprobs N: -1 off, else 0..20 alternatives per token */
   int32_t stop_at_eos; /* nonzero (default): the answer ends at the first EOS */
+  int32_t mode;        /* --mode: a tessera_mode */
 } tessera_generate_options;
 
 /* The model's defaults. An editing preset: tessera_generate_options_edit_preset. */

@@ -126,6 +126,7 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
     TESSERA_FIELD(edit_penalty, float)
     TESSERA_FIELD(logprobs, int32_t)
     TESSERA_FIELD(stop_at_eos, int32_t)
+    TESSERA_FIELD(mode, int32_t)
 #undef TESSERA_FIELD
     if (key == "edit_mode") {
       check(tessera_generate_options_edit_preset(&c, get<std::string>(v, key).c_str()));

@@ -184,6 +184,7 @@ tessera_generate_options default_options(const Session& s) {
   o.edit_penalty = g.edit_penalty;
   o.logprobs = -1;
   o.stop_at_eos = g.stop_at_eos;
+  o.mode = static_cast<int32_t>(g.mode);
   return o;
 }
 
@@ -243,6 +244,7 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   g.logprobs = o.logprobs >= 0;
   *logprobs_top = std::max(o.logprobs, 0);
   g.stop_at_eos = o.stop_at_eos != 0;
+  g.mode = enum_in<tessera::DecodeMode>(o.mode, TESSERA_MODE_SPEC, "mode");
   // The model's default unmasking (left as initialised) gives way where the options need a
   // probability-like confidence, as in `tessera generate`.
   if (g.alg == s.default_alg()) tessera::fit_default_alg(g);

@@ -223,6 +223,38 @@ inline float rope_inv_freq(float theta, int i, int rotary_dim) {
   return static_cast<float>(1.0 / std::pow(static_cast<double>(theta), 2.0 * i / rotary_dim));
 }
 
+// The rotary embedding of one op: RoPE with theta, optionally YaRN-scaled (rope_type "yarn") and with
+// the Llama-4 query scale (Ministral-3).
+struct RopeParams {
+  int rotary_dim = 0;  // rotated dims of each head
+  float theta = 10000.0f;
+  bool neox = true;  // rotate-half pairs (i, i + rot/2); false: interleaved pairs (2i, 2i+1)
+  // YaRN (Hugging Face's _compute_yarn_parameters), on when yarn_factor > 0: pair i's frequency blends
+  // theta's (extrapolation) and theta's / yarn_factor (interpolation) with ramp_i = clamp((i - ramp_lo) /
+  // (ramp_hi - ramp_lo), 0, 1): inv_freq_i = theta_i * (1 - ramp_i) + theta_i / factor * ramp_i. cos and
+  // sin are multiplied by attn_factor (so the rotated dims of q and k are).
+  float yarn_factor = 0.0f, ramp_lo = 0.0f, ramp_hi = 0.0f, attn_factor = 1.0f;
+  // Llama-4 position scale, on when pos_beta > 0: after the rotation every dim of a row at position p is
+  // multiplied by 1 + pos_beta * ln(1 + floor(p / pos_orig)) (1 below pos_orig).
+  float pos_beta = 0.0f;
+  int pos_orig = 0;
+};
+
+// Pair i's inverse frequency under p (computed in double, rounded once: identical on every backend).
+inline float rope_inv_freq(const RopeParams& p, int i) {
+  const double extra = 1.0 / std::pow(static_cast<double>(p.theta), 2.0 * i / p.rotary_dim);
+  if (p.yarn_factor <= 0.0f) return static_cast<float>(extra);
+  const double span = p.ramp_hi == p.ramp_lo ? 0.001 : static_cast<double>(p.ramp_hi) - p.ramp_lo;
+  const double ramp = std::clamp((i - static_cast<double>(p.ramp_lo)) / span, 0.0, 1.0);
+  return static_cast<float>(extra / p.yarn_factor * ramp + extra * (1.0 - ramp));
+}
+
+// The Llama-4 position scale of RopeParams at position pos (1 when off).
+inline float rope_pos_scale(const RopeParams& p, int32_t pos) {
+  if (p.pos_beta <= 0.0f || p.pos_orig <= 0) return 1.0f;
+  return 1.0f + p.pos_beta * std::log(1.0f + static_cast<float>(pos / p.pos_orig));
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -259,11 +291,10 @@ class Backend {
   virtual void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) = 0;
 
   // In-place rotary embedding on x [M, H * head_dim] f32 with positions [M] i32. Rotates the first
-  // rotary_dim dims of each head. neox=true: rotate-half pairs (i, i + rot/2); false: interleaved
-  // pairs (2i, 2i+1). inv_freq_i = rope_inv_freq(theta, i, rotary_dim) (the correctly rounded f32
-  // value, identical on every backend); angle = f32(position * inv_freq_i); cos/sin in f32.
-  virtual void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta,
-                    bool neox) = 0;
+  // p.rotary_dim dims of each head (RopeParams: the pairs, YaRN, the Llama-4 scale). inv_freq_i =
+  // rope_inv_freq(p, i) (the correctly rounded f32 value, identical on every backend); angle =
+  // f32(position * inv_freq_i); cos/sin in f32, times p.attn_factor.
+  virtual void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p) = 0;
 
   // Flash-style attention, never materialising scores: q [Mq, Hq*D] f32, k/v [Mk, Hk*D] f32,
   // out [Mq, Hq*D] f32 or bf16. GQA: query head h uses kv head h / (Hq / Hk).

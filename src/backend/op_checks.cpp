@@ -1,6 +1,7 @@
 #include "backend/op_checks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -49,10 +50,17 @@ void check_gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, con
   TESSERA_CHECK(f32_or_bf16(c.dtype), "gather_gemm: output must be f32 or bf16");
 }
 
-void check_rope(const Tensor& x, const Tensor& positions, int head_dim, int rotary_dim) {
+void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p) {
   TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
-  TESSERA_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rotary_dim > 0, "rope: bad rotary_dim");
+  TESSERA_CHECK(p.rotary_dim % 2 == 0 && p.rotary_dim <= head_dim && p.rotary_dim > 0,
+                "rope: bad rotary_dim");
+  TESSERA_CHECK(head_dim > 0 && x.cols() % head_dim == 0,
+                "rope: the row width is not a multiple of head_dim");
   TESSERA_CHECK(positions.numel() == x.rows(), "rope: one position per row expected");
+  TESSERA_CHECK(p.theta > 0.0f && std::isfinite(p.theta), "rope: theta must be positive");
+  TESSERA_CHECK(p.yarn_factor <= 0.0f || (p.yarn_factor >= 1.0f && p.ramp_lo <= p.ramp_hi),
+                "rope: YaRN needs factor >= 1 and ramp_lo <= ramp_hi");
+  TESSERA_CHECK(p.pos_beta <= 0.0f || p.pos_orig > 0, "rope: the position scale needs pos_orig > 0");
 }
 
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int n_heads,

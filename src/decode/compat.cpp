@@ -103,14 +103,67 @@ constexpr Entry kTable[] = {
     {Feature::Des,
      Feature::Batching,
      {Combination::Alone, "the engine holds one request's expert state: such requests run one at a time"}},
+    {Feature::TriMode,
+     Feature::KvCache,
+     {Combination::Refused,
+      "tri-mode decoding keeps its own cache, written by causal passes (exact); use cache none with "
+      "mode ar / spec or causal-context diffusion"}},
+    {Feature::TriMode,
+     Feature::SparseD,
+     {Combination::Refused,
+      "SparseD is not defined over a causally written cache yet; turn sparse off with mode ar / spec or "
+      "causal-context diffusion"}},
+    {Feature::TriMode,
+     Feature::Window,
+     {Combination::Refused,
+      "the window prunes a bidirectional canvas; tri-mode decoding writes it left to right from a causal "
+      "cache; turn the window off"}},
+    {Feature::TriMode,
+     Feature::Cfg,
+     {Combination::Refused,
+      "cfg's unconditional canvas has no causal prefix to seed its blocks; set cfg-scale 0"}},
+    {Feature::TriMode,
+     Feature::Infilling,
+     {Combination::Refused, "a causal pass cannot see a suffix after the text it writes; drop the suffix"}},
+    {Feature::TriMode,
+     Feature::Des,
+     {Combination::Refused, "the tri-mode models are dense: DES needs a mixture-of-experts model"}},
+    {Feature::TriMode,
+     Feature::BlockCausal,
+     {Combination::Refused, "a block-causal model (LLaDA2) has no causal mode"}},
+    {Feature::TriMode,
+     Feature::Editing,
+     {Combination::Refused,
+      "token editing rewrites decided tokens, which a causal pass has already written into the cache; "
+      "turn editing off"}},
+    {Feature::TriMode,
+     Feature::Structured,
+     {Combination::Refused,
+      "structured output runs its own left-to-right schedule over a bidirectional canvas, not yet over "
+      "a causal cache; drop the format on a tri-mode model"}},
+    {Feature::TriMode,
+     Feature::Threshold,
+     {Combination::Exact,
+      "the threshold of causal-context diffusion's steps (conf >= threshold, at least one) and of spec's "
+      "drafts (0: one draft pass)"}},
 };
 
 }  // namespace
 
 std::string_view feature_name(Feature f) {
-  static constexpr std::array<std::string_view, kFeatures> names = {
-      "KV cache",  "SparseD",  "window",  "cfg",      "infilling",        "DES", "LLaDA2 (block-causal)",
-      "threshold", "logprobs", "editing", "batching", "structured output"};
+  static constexpr std::array<std::string_view, kFeatures> names = {"KV cache",
+                                                                    "SparseD",
+                                                                    "window",
+                                                                    "cfg",
+                                                                    "infilling",
+                                                                    "DES",
+                                                                    "LLaDA2 (block-causal)",
+                                                                    "threshold",
+                                                                    "logprobs",
+                                                                    "editing",
+                                                                    "batching",
+                                                                    "structured output",
+                                                                    "tri-mode (ar / spec)"};
   return names[static_cast<size_t>(f)];
 }
 
@@ -151,6 +204,8 @@ bool uses(const GenerateOptions& o, Feature f, bool block_causal) {
       return false;
     case Feature::Structured:
       return o.constraint != nullptr;
+    case Feature::TriMode:
+      return o.causal();
   }
   return false;
 }

@@ -22,8 +22,9 @@ enum class Feature : uint8_t {
   Editing,      // --edit-mode / --edit-threshold (token editing)
   Batching,     // concurrent requests in serve (engine/batcher)
   Structured,   // structured output (serve's response_format, --json-schema): GenerateOptions::constraint
+  TriMode,      // a tri-mode model's causal decoding: mode ar / spec, causal-context diffusion
 };
-constexpr int kFeatures = 12;
+constexpr int kFeatures = 13;
 
 enum class Combination : uint8_t {
   Exact,        // the combination is exact where each part is

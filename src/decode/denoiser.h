@@ -75,6 +75,21 @@ class Denoiser {
   // generate() sets it to the generation's block length before the first forward.
   virtual int attention_block() const { return 0; }
   virtual void set_attention_block(int block) { (void)block; }
+  // Tri-mode models (Nemotron-Labs-Diffusion): the attention of the next forwards. Causal: position p
+  // attends to positions <= p, the logits of position p come from row p - 1 (the next-token prediction;
+  // position 0 has none), and a KV-cache step reads only the rows up to its last computed one (a later
+  // row, even one never computed, is invisible to it). Not causal: the model's own (bidirectional)
+  // attention. Models without the mode refuse set_causal(true).
+  virtual bool supports_causal() const { return false; }
+  virtual void set_causal(bool causal) {
+    if (causal) fail("this model has no causal (autoregressive) mode");
+  }
+  // Tri-mode models with a draft adapter (Nemotron's linear_spec_lora: a LoRA on o_proj): whether the
+  // next forwards add it (self-speculation's drafts do; no other forward).
+  virtual bool supports_draft_adapter() const { return false; }
+  virtual void set_draft_adapter(bool on) {
+    if (on) fail("this model has no draft adapter");
+  }
 
   // KV cache (Fast-dLLM prefix / dual cache; the engine's State tensors). kv_cache_reset starts a
   // request: a cache for canvases of up to `capacity` positions with every row unwritten.

@@ -153,6 +153,7 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   }
   check_combinations(o, block_causal);  // what cannot be defined together (decode/compat.cpp)
   if (block_causal) return;             // blocks on the model's block grid: any block length, steps per block
+  if (o.mode != DecodeMode::Diffusion) return;  // ar and spec: no blocks of steps
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);
 }
@@ -198,7 +199,14 @@ GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, 
            "requested format (" + std::to_string(L.grammar->min_tokens()) + " tokens); allow more tokens");
   }
   decode::init_canvas(L, prompt);
-  if (block_causal)
+  TESSERA_CHECK(!(plan.causal && prompt.empty()),
+                "mode " + std::string(name(o.mode)) +
+                    " starts with a causal pass over the prompt: give a prompt of at least one token");
+  if (o.mode == DecodeMode::Ar)
+    decode::run_autoregressive(L);
+  else if (o.mode == DecodeMode::Spec)
+    decode::run_speculative(L);
+  else if (block_causal)
     decode::run_block_causal(L);
   else
     decode::run_bidirectional(L);

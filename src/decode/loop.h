@@ -4,7 +4,8 @@
 //   unmask policy      which candidates a step decides (unmask.cpp: confidence ranks, sampled positions,
 //                      Dream's origin coin)
 //   row policy         which candidates a step may decide and which canvas rows its forward computes
-//                      (rows.cpp: full recompute, prefix / dual KV cache; window.cpp: Window-Diffusion)
+//                      (rows.cpp: full recompute, prefix / dual KV cache; window.cpp: Window-Diffusion;
+//                      causal.cpp: a tri-mode model's causally written cache, and its ar / spec layouts)
 //   attention policy   the SparseD phase of each forward (sparse.cpp)
 //   expert policy      the rows DES shares experts over (experts.cpp)
 //   guidance           cfg's two forwards combined on the host, editing's penalty, structured output's
@@ -194,5 +195,8 @@ Parts choose_parts(const GenerateOptions& o, const RequestPlan& plan);
 // transfer.cpp: the block layouts.
 void run_bidirectional(Loop& L);
 void run_block_causal(Loop& L);
+// causal.cpp: the tri-mode layouts (GenerateOptions::mode ar and spec).
+void run_autoregressive(Loop& L);
+void run_speculative(Loop& L);
 
 }  // namespace tessera::decode

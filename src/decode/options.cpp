@@ -22,6 +22,7 @@ constexpr std::array<std::string_view, 3> kCache = {"none", "prefix", "dual"};
 constexpr std::array<std::string_view, 3> kDes = {"off", "seq", "vote"};
 constexpr std::array<std::string_view, 2> kScope = {"block", "all"};
 constexpr std::array<std::string_view, 3> kEditMode = {"off", "quality", "speed"};
+constexpr std::array<std::string_view, 3> kMode = {"diffusion", "ar", "spec"};
 
 }  // namespace
 
@@ -40,6 +41,12 @@ DesScope parse_des_scope(std::string_view s) {
 }
 EditMode parse_edit_mode(std::string_view s) {
   return parse_choice<EditMode>(s, kEditMode, "edit mode", "off, quality or speed");
+}
+DecodeMode parse_decode_mode(std::string_view s) {
+  return parse_choice<DecodeMode>(s, kMode, "mode", "diffusion, ar or spec");
+}
+std::string_view name(DecodeMode m) {
+  return kMode[static_cast<size_t>(m)];
 }
 EditPreset edit_preset(EditMode m) {
   return m == EditMode::Quality ? EditPreset{0.7f, 0.5f, 16} : EditPreset{0.5f, 0.0f, 16};

@@ -41,6 +41,14 @@ struct EditPreset {
   int max_post_steps;
 };
 EditPreset edit_preset(EditMode m);  // m != Off
+// How a generation writes the canvas (GenerateOptions::mode). Diffusion: the unmasking loops (on a
+// tri-mode model with causal_context: block diffusion seeded and committed by causal passes,
+// decode/causal.cpp). Ar and Spec need a tri-mode model (Nemotron-Labs-Diffusion): Ar decodes one token
+// per causal forward; Spec is linear self-speculation (a bidirectional draft fills a block, a causal
+// pass verifies it, the longest matching run plus one token is kept).
+enum class DecodeMode : uint8_t { Diffusion, Ar, Spec };
+DecodeMode parse_decode_mode(std::string_view s);
+std::string_view name(DecodeMode m);
 
 Unmask parse_unmask(std::string_view s);
 KvCache parse_kv_cache(std::string_view s);
@@ -125,6 +133,15 @@ struct GenerateOptions {
   float edit_threshold = 0.9f;
   int max_post_steps = 16;
   float edit_penalty = 0.0f;
+  // Tri-mode models (decode/causal.cpp): the mode, and whether Diffusion runs with the causal context
+  // (the session sets it for a tri-mode model: its blocks are seeded by the causal prefill and each
+  // finished block's K / V written by a causal pass, as the model was trained). Ar and Spec always
+  // write the cache causally. Spec's drafts use `threshold` (0: one draft pass fills the block).
+  DecodeMode mode = DecodeMode::Diffusion;
+  bool causal_context = false;
+  bool draft_adapter = true;  // spec: drafts add the checkpoint's draft adapter (LoRA) when it has one
+  // Whether the generation's forwards switch to causal attention (Denoiser::set_causal).
+  bool causal() const { return mode != DecodeMode::Diffusion || causal_context; }
 };
 
 // Throws Error with a one-line message for invalid options (vocab_size bounds eos ids). block_causal:

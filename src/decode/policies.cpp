@@ -9,7 +9,7 @@ Parts choose_parts(const GenerateOptions& o, const RequestPlan& plan) {
                : o.edit     ? make_edit_schedule(o)
                             : make_schedule(o, plan);
   p.unmask = o.edit ? make_edit_sampling() : make_unmask(o);
-  p.rows = o.window ? make_window_rows(o, plan) : make_cache_rows(o, plan);
+  p.rows = o.window ? make_window_rows(o, plan) : o.causal() ? make_causal_rows(o) : make_cache_rows(o, plan);
   if (o.sparse) p.attention = make_sparse(o, plan);
   if (plan.des) p.experts = make_experts(o);
   if (o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint) p.guidance = make_guidance(o);

@@ -18,5 +18,6 @@ std::unique_ptr<Guidance> make_guidance(const GenerateOptions& o);              
 std::unique_ptr<TransferSchedule> make_edit_schedule(const GenerateOptions& o);         // edit.cpp
 std::unique_ptr<UnmaskPolicy> make_edit_sampling();                                     // edit.cpp
 std::unique_ptr<TransferSchedule> make_constrained_schedule(const GenerateOptions& o);  // constrained.cpp
+std::unique_ptr<RowPolicy> make_causal_rows(const GenerateOptions& o);                  // causal.cpp
 
 }  // namespace tessera::decode

@@ -30,8 +30,9 @@ RequestPlan plan_request(const GenerateOptions& o, int64_t prompt_len, bool bloc
   p.logit_rows = block_causal ? o.block_length : std::min(o.block_length, o.gen_length);
   p.host_logits = o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint != nullptr;
   p.logprobs = o.logprobs;
-  // The KV cache (prefix / dual) or the window's phase cache holds every canvas row.
-  if (o.cache != KvCache::None || (o.window && o.window_refresh > 0)) {
+  // The KV cache (prefix / dual), the window's phase cache or the causal cache holds every canvas row.
+  p.causal = o.causal();
+  if (o.cache != KvCache::None || (o.window && o.window_refresh > 0) || p.causal) {
     p.kv_capacity = p.canvas;
     p.kv_streams = o.cfg_scale > 0.0f ? 2 : 1;
   }
@@ -68,6 +69,10 @@ RequestScope::RequestScope(Denoiser& d, const RequestPlan& p) : d_(d), p_(p) {
       des_ = true;
     }
     if (p.attention_block > 0) d.set_attention_block(p.attention_block);
+    if (p.causal)
+      TESSERA_CHECK(d.supports_causal(),
+                    "mode ar, mode spec and causal-context diffusion need a tri-mode model "
+                    "(Nemotron-Labs-Diffusion); this model decodes by diffusion only (mode diffusion)");
     if (p.sparse) {
       TESSERA_CHECK(d.supports_sparse_attention(), "this denoiser has no sparse attention; turn sparse off");
       d.sparse_begin(p.canvas, p.sparse_config);
@@ -86,6 +91,10 @@ RequestScope::~RequestScope() {
 void RequestScope::close() noexcept {
   try {
     if (kv_) d_.kv_cache_end();
+    if (p_.causal) {  // back to the model's own forwards, whatever step the request ended in
+      d_.set_causal(false);
+      if (d_.supports_draft_adapter()) d_.set_draft_adapter(false);
+    }
     if (des_) d_.des_end();
     if (sparse_) d_.sparse_end();
   } catch (...) {  // (the ends free or flag state; none throws)

@@ -26,6 +26,9 @@ struct RequestPlan {
   SparseConfig sparse_config;
   bool des = false;  // DES state (or only its unique-expert counts: des_config.mode Off)
   DesConfig des_config;
+  // Tri-mode decoding (GenerateOptions::causal()): some forwards are causal; the KV cache holds the
+  // canvas, written causally (decode/causal.cpp).
+  bool causal = false;
   // Whether its forwards can be packed with other requests' (no per-request attention or expert state,
   // no whole logit rows from a KV cache).
   bool shares_forwards() const {

@@ -153,6 +153,7 @@ void run_bidirectional(Loop& L) {
   for (int b = 0; b < lay.num_blocks; ++b) {
     const int lo = L.P + b * lay.block_length, hi = lo + lay.block_length;
     begin_block(L, lo, hi);
+    if (L.ended) break;  // the row policy decided an EOS before the block's steps (tri-mode's seed)
     L.parts.schedule->run_block(L, lo, hi, lay.steps_per_block, g);
     // Every position before hi is decided: an EOS (or a stop sequence) there ends the answer, later
     // blocks are skipped (mid_block_stop: as soon as the decided prefix held it).

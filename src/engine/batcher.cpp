@@ -15,8 +15,10 @@ using Clock = std::chrono::steady_clock;
 // One forward a request asked for: predict (tokens, conf) or logits (out).
 struct Batcher::Call {
   bool logits = false;
-  int block = 0;  // the request's attention block (block-causal models)
-  int slot = -1;  // a KV-cache step: the request's slot of the engine's cache pool (else -1)
+  int block = 0;        // the request's attention block (block-causal models)
+  bool causal = false;  // a tri-mode model's causal forward (Denoiser::set_causal)
+  bool draft = false;   // with the draft adapter (Denoiser::set_draft_adapter)
+  int slot = -1;        // a KV-cache step: the request's slot of the engine's cache pool (else -1)
   std::span<const int32_t> canvas, positions;
   std::span<const int32_t> rows;  // a KV-cache step: the canvas rows computed
   SampleParams sp;
@@ -49,6 +51,16 @@ class Batcher::Proxy final : public Denoiser {
   int64_t vocab_size() const override { return b_.vocab_; }
   int32_t mask_token() const override { return b_.mask_; }
   int attention_block() const override { return block_; }
+  bool supports_causal() const override { return b_.tri_mode_; }
+  void set_causal(bool causal) override {
+    if (causal && !b_.tri_mode_) Denoiser::set_causal(causal);
+    causal_ = causal;
+  }
+  bool supports_draft_adapter() const override { return b_.draft_adapter_; }
+  void set_draft_adapter(bool on) override {
+    if (on && !b_.draft_adapter_) Denoiser::set_draft_adapter(on);
+    draft_ = on;
+  }
   void set_attention_block(int block) override {
     if (b_.initial_block_ == 0) fail("set_attention_block: the model is not block-causal");
     if (block <= 0) fail("the attention block must be positive (got " + std::to_string(block) + ")");
@@ -110,6 +122,8 @@ class Batcher::Proxy final : public Denoiser {
   }
   void post(Call& c) {
     c.block = block_;
+    c.causal = causal_;
+    c.draft = draft_;
     std::unique_lock<std::mutex> l(b_.m_);
     c.posted = Clock::now();
     b_.pending_.push_back(&c);
@@ -119,6 +133,7 @@ class Batcher::Proxy final : public Denoiser {
   }
   Batcher& b_;
   int block_;
+  bool causal_ = false, draft_ = false;
   const int slot_;
   std::vector<int32_t> range_;  // predict_cached's rows
   PredictLogprobs lp_;          // of the last call that asked for them
@@ -130,7 +145,9 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
       grace_(grace),
       vocab_(engine.vocab_size()),
       mask_(engine.mask_token()),
-      initial_block_(engine.attention_block()) {
+      initial_block_(engine.attention_block()),
+      tri_mode_(engine.supports_causal()),
+      draft_adapter_(engine.supports_draft_adapter()) {
   if (max_batch < 1) fail("the batch size must be at least 1 (got " + std::to_string(max_batch) + ")");
     // The forwards run on the engine thread's OpenMP team. An idle team of another thread (this one's,
     // if it ran the model's loading or earlier forwards) makes libgomp count more threads than cores and
@@ -305,7 +322,7 @@ void Batcher::loop() {
   }
 }
 
-// Groups the calls by kind and attention block (one packed forward each), in order of arrival.
+// Groups the calls by kind, attention block and causality (one packed forward each), in order of arrival.
 void Batcher::run_calls(std::deque<Call*>& calls) {
   std::vector<bool> taken(calls.size(), false);
   std::vector<Call*> group;
@@ -314,6 +331,7 @@ void Batcher::run_calls(std::deque<Call*>& calls) {
     group.clear();
     for (size_t j = i; j < calls.size(); ++j) {
       if (!taken[j] && calls[j]->logits == calls[i]->logits && calls[j]->block == calls[i]->block &&
+          calls[j]->causal == calls[i]->causal && calls[j]->draft == calls[i]->draft &&
           (calls[j]->slot >= 0) == (calls[i]->slot >= 0)) {
         group.push_back(calls[j]);
         taken[j] = true;
@@ -322,6 +340,8 @@ void Batcher::run_calls(std::deque<Call*>& calls) {
     try {
       if (initial_block_ > 0 && engine_.attention_block() != calls[i]->block)
         engine_.set_attention_block(calls[i]->block);
+      if (tri_mode_) engine_.set_causal(calls[i]->causal);
+      if (draft_adapter_) engine_.set_draft_adapter(calls[i]->draft);
     } catch (...) {
       for (Call* c : group) c->error = std::current_exception();
       continue;

@@ -91,7 +91,9 @@ class Batcher {
   const std::chrono::microseconds grace_;
   const int64_t vocab_;
   const int32_t mask_;
-  const int initial_block_;  // the engine's attention block at construction (0: not block-causal)
+  const int initial_block_;   // the engine's attention block at construction (0: not block-causal)
+  const bool tri_mode_;       // the model has a causal mode (Denoiser::set_causal)
+  const bool draft_adapter_;  // and a draft adapter (Denoiser::set_draft_adapter)
 
   mutable std::mutex m_;
   std::condition_variable engine_cv_;   // the engine thread waits here

@@ -143,7 +143,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
     }
     for (size_t j = 0; j < s.positions.size(); ++j) {
       const int32_t pos = s.positions[j];
-      if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
+      check_position(pos, n);
       rows_.push_back(base + logit_row(pos));
       keys_.push_back(pos);
       if (mode == OutputMode::LogProb) targets_.push_back(s.targets[j]);
@@ -164,7 +164,7 @@ const graph::Program& Engine::run(OutputMode mode, std::span<const SeqInput> seq
 
 const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
                                            const SampleParams* sp) {
-  const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
+  const graph::GraphTemplate& g = model_->graph(mode, kv_cache, causal_, draft_);
   const graph::Program& prog = program_for(mode, shape, kv_cache);
   ws_->commit(prog.peak);
 
@@ -215,9 +215,9 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
 }
 
 const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
-  const auto m = static_cast<size_t>(mode), slot = m + (kv_cache ? kOutputModes : 0);
+  const auto m = static_cast<size_t>(mode), slot = m + kOutputModes * static_cast<size_t>(variant(kv_cache));
   if (!io_ready_[slot]) {
-    const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
+    const graph::GraphTemplate& g = model_->graph(mode, kv_cache, causal_, draft_);
     GraphIo& r = io_[slot];
     r.tokens = g.find("tokens");
     r.q_pos = g.find("q_pos");
@@ -421,7 +421,7 @@ void Engine::cached_rows(const CachedSeq& s, std::vector<int32_t>& out) {
     out.push_back(r);
   }
   for (const int32_t pos : s.positions) {
-    if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
+    check_position(pos, n);
     const int32_t row = logit_row(pos);
     if (!std::binary_search(s.rows.begin(), s.rows.end(), row)) out.push_back(row);
   }
@@ -430,7 +430,26 @@ void Engine::cached_rows(const CachedSeq& s, std::vector<int32_t>& out) {
     out.erase(std::unique(out.begin(), out.end()), out.end());
   }
   TESSERA_CHECK(!out.empty(), "KV cache: a step must compute at least one row");
-  kv_->check_written(s.slot, n, out);
+  // A causal step's keys end at its last computed row (no computed row sees a later one).
+  kv_->check_written(s.slot, causal_ ? out.back() + 1 : n, out);
+}
+
+void Engine::check_position(int32_t pos, int64_t n) const {
+  if (pos < 0 || pos >= n) fail("forward: position " + std::to_string(pos) + " is outside the canvas");
+  if (causal_ && pos == 0) fail("forward: a causal forward predicts no position 0 (nothing precedes it)");
+}
+
+void Engine::set_draft_adapter(bool on) {
+  TESSERA_CHECK(!on || supports_draft_adapter(), "this model has no draft adapter (linear_spec_lora)");
+  draft_ = on;
+}
+
+void Engine::set_causal(bool causal) {
+  TESSERA_CHECK(!causal || model_->config().tri_mode,
+                std::string("the ") + family_name(model_->config().family) +
+                    " model has no causal mode (autoregressive decoding needs a tri-mode model such as "
+                    "Nemotron-Labs-Diffusion)");
+  causal_ = causal;
 }
 
 const graph::Program& Engine::run_cached(OutputMode mode, std::span<const CachedSeq> seqs,
@@ -457,7 +476,8 @@ const graph::Program& Engine::run_cached(OutputMode mode, std::span<const Cached
       q_pos_.push_back(r);
       cache_rows_.push_back(static_cast<int32_t>(base + r));
     }
-    const auto n = static_cast<int32_t>(s.canvas.size());
+    // Keys: the whole canvas; a causal step's end at its last computed row (cached_rows).
+    const auto n = causal_ ? seq_q_.back() + 1 : static_cast<int32_t>(s.canvas.size());
     for (int32_t i = 0; i < n; ++i) {
       k_pos_.push_back(i);
       kv_rows_.push_back(static_cast<int32_t>(base + i));

@@ -227,6 +227,13 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // Block-causal models only (throws Error otherwise): rebuilds the graphs with the new block and
   // drops the cached plans when the block changes.
   void set_attention_block(int block) override;
+  // Tri-mode models (ModelConfig::tri_mode): the causal graphs are a second set beside the model's own
+  // (both cached, so switching costs nothing).
+  bool supports_causal() const override { return model_->config().tri_mode; }
+  void set_causal(bool causal) override;
+  bool causal() const { return causal_; }
+  bool supports_draft_adapter() const override { return model_->config().draft_adapter.rank > 0; }
+  void set_draft_adapter(bool on) override;
 
  private:
   Engine() = default;
@@ -248,8 +255,17 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // (its KV cache variant when kv_cache).
   const graph::Program& execute_step(OutputMode mode, bool kv_cache, const graph::StepShape& shape,
                                      const SampleParams* sp);
-  // The hidden row whose logits predict position pos (Dream's shift: pos - 1, row 0 for pos 0).
-  int32_t logit_row(int32_t pos) const { return model_->config().logit_shift ? std::max(pos - 1, 0) : pos; }
+  // The hidden row whose logits predict position pos (Dream's shift: pos - 1, row 0 for pos 0; a causal
+  // forward: pos - 1, checked by check_position).
+  int32_t logit_row(int32_t pos) const {
+    return causal_ || model_->config().logit_shift ? std::max(pos - 1, 0) : pos;
+  }
+  // Throws Error unless position pos of a canvas of n has a logit row (a causal forward predicts no
+  // position 0: nothing precedes it).
+  void check_position(int32_t pos, int64_t n) const;
+  // The graph variant of the current forwards: mode + kOutputModes * variant(kv_cache) indexes the
+  // plans and the graph inputs (kv_cache + 2 * causal + 4 * draft adapter).
+  int variant(bool kv_cache) const { return (kv_cache ? 1 : 0) + (causal_ ? 2 : 0) + (draft_ ? 4 : 0); }
   // Throws Error for a token id outside the vocabulary.
   void check_token(int32_t t) const;
   void read_output(const graph::Program& p, int id, void* dst, size_t bytes);
@@ -295,7 +311,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   std::unique_ptr<Workspace> ws_;
   // The plan cache.
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t,
-                             int64_t>;  // mode + kOutputModes * kv_cache, n_query, n_kv, n_logits, n_seqs
+                             int64_t>;  // mode + kOutputModes * variant, n_query, n_kv, n_logits, n_seqs
   struct CachedPlan {
     graph::Program prog;
     double search_ms = 0.0;
@@ -305,8 +321,10 @@ class Engine final : public Denoiser, private KvPool::Budget {
   uint64_t program_serial_ = 0;
   StepStats last_;
   size_t max_peak_ = 0;
-  GraphIo io_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
-  bool io_ready_[2 * kOutputModes] = {};
+  GraphIo io_[8 * kOutputModes];  // [mode + kOutputModes * variant]
+  bool io_ready_[8 * kOutputModes] = {};
+  bool causal_ = false;  // set_causal
+  bool draft_ = false;   // set_draft_adapter
   PredictLogprobs logprobs_;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_, cache_rows_, kv_rows_;

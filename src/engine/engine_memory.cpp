@@ -22,12 +22,12 @@ const graph::Program& Engine::program_for(OutputMode mode, graph::StepShape shap
 
 const graph::Program* Engine::try_program(OutputMode mode, graph::StepShape shape, bool kv_cache,
                                           size_t& floor) {
-  const PlanKey key{static_cast<int>(mode) + (kv_cache ? kOutputModes : 0), shape.n_query, shape.n_kv,
+  const PlanKey key{static_cast<int>(mode) + kOutputModes * variant(kv_cache), shape.n_query, shape.n_kv,
                     shape.n_logits, shape.n_seqs};
   auto it = plans_.find(key);
   last_.plan_cached = it != plans_.end();
   if (it == plans_.end()) {
-    const graph::GraphTemplate& g = model_->graph(mode, kv_cache);
+    const graph::GraphTemplate& g = model_->graph(mode, kv_cache, causal_, draft_);
     CachedPlan c;
     shape.k_ffn = opt_.k_ffn;
     shape.k_logits = opt_.k_logits;

@@ -116,7 +116,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
     }
     case OpKind::Rope: {
       Tensor o = out(0);
-      b.rope(o, in(1), op.p.head_dim, op.p.rotary_dim, op.p.rope_theta, op.p.neox);
+      b.rope(o, in(1), op.p.head_dim, op.p.rope);
       break;
     }
     case OpKind::Attention: {

@@ -81,9 +81,9 @@ struct Ref {
 struct OpParams {
   float eps = 0.0f;
   bool accumulate = false;  // Gemm: c += a w^T
-  int n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0;
-  float rope_theta = 0.0f, scale = 0.0f;
-  bool neox = true;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 0.0f;
+  RopeParams rope;  // Rope
   MaskKind mask = MaskKind::None;
   int block_size = 0;
   MoeRouteParams route;  // MoeRoute (expert_bias comes from the op's optional second input)

@@ -52,6 +52,28 @@ struct ModelConfig {
   // follows each generation's block length, see Engine::set_attention_block).
   int64_t mask_block = 0;
   MoeConfig moe;
+  // YaRN RoPE scaling (rope_type "yarn", on when factor > 0; Hugging Face's _compute_yarn_parameters
+  // names) and the Llama-4 query scale (Ministral-3: llama_4_scaling_beta, 0 = none).
+  struct RopeScaling {
+    float factor = 0.0f, beta_fast = 32.0f, beta_slow = 1.0f;
+    float attn_factor = 1.0f;  // cos / sin scale (HF's attention_factor, from mscale / mscale_all_dim)
+    int64_t original_max = 0;  // original_max_position_embeddings
+    bool truncate = true;
+    float llama4_beta = 0.0f;
+  } rope_scaling;
+  // Tri-mode models (Nemotron-Labs-Diffusion): one checkpoint whose forwards are causal (autoregressive
+  // prefill and steps, the verify pass) or bidirectional (diffusion drafts), chosen per forward
+  // (Denoiser::set_causal). default_mode: the generation mode the checkpoint names ("ar" unless said).
+  bool tri_mode = false;
+  int64_t diffusion_block = 0;  // config.json block_size: the trained block length (0: not given)
+  // A draft adapter (Nemotron's PEFT `linear_spec_lora/`): a LoRA on o_proj that self-speculation's
+  // bidirectional drafts use and no other forward does. rank 0: none. dir: its folder, relative to the
+  // model directory; scale: lora_alpha / r (/ sqrt(r) with use_rslora).
+  struct DraftAdapter {
+    int64_t rank = 0;
+    float scale = 1.0f;
+    std::string dir;
+  } draft_adapter;
   int32_t mask_id = -1, eos_id = -1, bos_id = -1, pad_id = -1;
 
   bool is_moe_layer(int64_t layer) const {

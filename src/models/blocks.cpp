@@ -84,11 +84,12 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
   const int x = g.add_tensor("x", -1, DType::F32, Sym::NQuery, o.hidden);  // residual stream
   g.add_op(OpKind::Embed, "embed", -1, {{tokens}, {embed}}, {{x}});
 
-  OpParams rope;
-  rope.head_dim = static_cast<int>(o.head_dim);
-  rope.rotary_dim = static_cast<int>(o.rotary_dim > 0 ? o.rotary_dim : o.head_dim);
-  rope.rope_theta = o.rope_theta;
-  rope.neox = o.neox;
+  OpParams rope_k;  // the keys' rotation; the queries' adds the Llama-4 position scale, if any
+  rope_k.head_dim = static_cast<int>(o.head_dim);
+  rope_k.rope = o.rope;
+  rope_k.rope.pos_beta = 0.0f;
+  OpParams rope_q = rope_k;
+  rope_q.rope.pos_beta = o.rope.pos_beta;
   OpParams attn;
   attn.n_heads = static_cast<int>(o.n_heads);
   attn.n_kv_heads = static_cast<int>(o.n_kv_heads);
@@ -128,8 +129,8 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
       g.add_op(OpKind::RmsNorm, "attn_k_norm", l, {{k}, {g.add_weight("attn_k_norm.weight", l, L.k_norm)}},
                {{k}}, norm);
     }
-    g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
-    g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
+    g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope_q);
+    g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope_k);
     int keys = k, values = v;
     if (o.kv_cache) {  // this step's rows go into the cache; attention reads the step's keys from it
       // The cache pool holds the canvases of every request with a cache (the Engine's slots), in the
@@ -158,6 +159,13 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_op(OpKind::Attention, "attention", l, {{q}, {keys}, {values}, {cu_q}, {cu_k}, {q_pos}, {k_pos}},
              attn_outs, attn);
     g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);  // x += att wo^T
+    if (o.draft_adapter && L.lora_a.ndim > 0) {  // x += (att lora_a^T) lora_b^T (scale folded into b)
+      const int mid = g.add_tensor("attn_lora", l, o.act, Sym::NQuery, L.lora_a.rows());
+      g.add_op(OpKind::Gemm, "attn_lora_a", l, {{att}, {g.add_weight("attn_lora_a.weight", l, L.lora_a)}},
+               {{mid}});
+      g.add_op(OpKind::Gemm, "attn_lora_b", l,
+               {{mid}, {g.add_weight("attn_lora_b.weight", l, L.lora_b)}, {x}}, {{x}}, acc);
+    }
 
     // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk. A dense layer runs
     // the SwiGLU FFN, an MoE layer the routed experts and, if it has one, the shared expert.

@@ -7,6 +7,35 @@
 
 namespace tessera {
 
+RopeParams rope_params(const ModelConfig& c) {
+  RopeParams p;
+  p.rotary_dim = static_cast<int>(c.rotary());
+  p.theta = c.rope_theta;
+  p.neox = !c.rope_interleaved;
+  const ModelConfig::RopeScaling& y = c.rope_scaling;
+  if (y.factor > 0.0f) {
+    // find_correction_dim: the pair index whose wavelength turns `rot` times over the original context.
+    const double dim = p.rotary_dim, base = c.rope_theta, orig = static_cast<double>(y.original_max);
+    auto correction = [&](double rot) {
+      return dim * std::log(orig / (rot * 2.0 * M_PI)) / (2.0 * std::log(base));
+    };
+    double lo = correction(y.beta_fast), hi = correction(y.beta_slow);
+    if (y.truncate) {
+      lo = std::floor(lo);
+      hi = std::ceil(hi);
+    }
+    p.yarn_factor = y.factor;
+    p.ramp_lo = static_cast<float>(std::max(lo, 0.0));
+    p.ramp_hi = static_cast<float>(std::min(hi, dim - 1.0));
+    p.attn_factor = y.attn_factor;
+  }
+  if (y.llama4_beta > 0.0f) {
+    p.pos_beta = y.llama4_beta;
+    p.pos_orig = static_cast<int>(y.original_max);
+  }
+  return p;
+}
+
 GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
   GraphOptions o;
   o.act = act;
@@ -14,12 +43,10 @@ GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
   o.n_heads = c.n_heads;
   o.n_kv_heads = c.n_kv_heads;
   o.head_dim = c.head_dim;
-  o.rotary_dim = c.rotary();
+  o.rope = rope_params(c);
   o.intermediate = c.intermediate;
   o.vocab = c.vocab;
   o.eps = c.rms_eps;
-  o.rope_theta = c.rope_theta;
-  o.neox = !c.rope_interleaved;
   o.mask = c.causal ? MaskKind::Causal : c.mask_block > 0 ? MaskKind::BlockCausal : MaskKind::None;
   o.mask_block = static_cast<int>(c.mask_block);
   const MoeConfig& m = c.moe;

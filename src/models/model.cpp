@@ -25,6 +25,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   } else {
     m->cfg_ = load_config(dir);
     m->ckpt_ = Checkpoint::open(dir);
+    if (m->cfg_.draft_adapter.rank > 0) {  // its tensors join the checkpoint's (PEFT names: no clash)
+      auto adapter = std::make_shared<Checkpoint>(Checkpoint::open(dir / m->cfg_.draft_adapter.dir));
+      for (const auto& [name, t] : adapter->tensors()) m->ckpt_.add(t);
+      m->ckpt_.keep(adapter);
+    }
   }
   m->backend_ = &backend;
   const ModelConfig& c = m->cfg_;
@@ -46,7 +51,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   int64_t last_layer = -1, l = 0;
   std::string rest;
   for (const auto& [name, t] : m->ckpt_.tensors()) {
-    for (const char* stem : {"model.layers.", "model.transformer.blocks."}) {
+    for (const char* stem : {"model.layers.", "model.transformer.blocks.", "encoder.layers."}) {
       if (split_layer(name, stem, l, rest)) last_layer = std::max(last_layer, l);
     }
   }
@@ -82,12 +87,18 @@ Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t col
   return bind_rows(name, total_rows, cols, row0, rows, gemm_weight, {total_rows, cols});
 }
 
+Tensor Model::bind_scaled(const std::string& name, std::vector<int64_t> shape, float scale) {
+  TESSERA_CHECK(shape.size() == 2, "bind_scaled: a 2-D weight expected for " + name);
+  return bind_rows(name, shape[0], shape[1], 0, shape[0], true, shape, scale);
+}
+
 Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
-                        bool gemm_weight, const std::vector<int64_t>& file_shape) {
+                        bool gemm_weight, const std::vector<int64_t>& file_shape, float scale) {
   TESSERA_CHECK(
       row0 >= 0 && rows > 0 && row0 + rows <= total_rows,
       "bind: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) + ") outside " + name);
   const StTensor& st = ckpt_.get(name, file_shape);
+  TESSERA_CHECK(st.quant < 0 || scale == 1.0f, "bind: a scaled quantized weight (" + name + ")");
   if (st.quant >= 0) return bind_quantized(st, cols, row0, rows, gemm_weight, file_shape);
   const size_t numel = static_cast<size_t>(rows * cols);
   const size_t src_off = static_cast<size_t>(row0 * cols) * dtype_size(st.dtype);
@@ -104,17 +115,19 @@ Tensor Model::bind_rows(const std::string& name, int64_t total_rows, int64_t col
   t.shape[0] = rows;
   const size_t bytes = numel * dtype_size(want);
   weight_bytes_ += bytes;
-  if (want == st.dtype && backend_->device() == Device::CPU) {
+  if (want == st.dtype && backend_->device() == Device::CPU && scale == 1.0f) {
     t.data = const_cast<void*>(src);  // zero copy from the mmap
     return t;
   }
   void* dst = backend_->alloc_weights(bytes);
   owned_.push_back(dst);
-  if (want == st.dtype) {
+  if (want == st.dtype && scale == 1.0f) {
     backend_->copy_to_device(dst, src, bytes);
   } else {
     std::vector<float> f(numel);
     convert_to_f32(src, st.dtype, f.data(), f.size());
+    if (scale != 1.0f)
+      for (float& v : f) v *= scale;
     std::vector<char> conv(bytes);
     convert_from_f32(f.data(), conv.data(), want, f.size());
     backend_->copy_to_device(dst, conv.data(), bytes);
@@ -248,11 +261,18 @@ void Model::set_mask_block(int64_t block) {
   for (auto& g : graphs_) g.reset();
 }
 
-const graph::GraphTemplate& Model::graph(OutputMode mode, bool kv_cache) {
-  auto& slot = graphs_[static_cast<int>(mode) + (kv_cache ? kOutputModes : 0)];
+const graph::GraphTemplate& Model::graph(OutputMode mode, bool kv_cache, bool causal, bool draft) {
+  TESSERA_CHECK(!draft || cfg_.draft_adapter.rank > 0, "this model has no draft adapter");
+  auto& slot = graphs_[static_cast<int>(mode) +
+                       kOutputModes * ((kv_cache ? 1 : 0) + (causal ? 2 : 0) + (draft ? 4 : 0))];
   if (!slot) {
     GraphOptions o = opts_;
     o.kv_cache = kv_cache;
+    o.draft_adapter = draft;
+    if (causal) {
+      o.mask = MaskKind::Causal;
+      o.mask_block = 0;
+    }
     slot = std::make_unique<graph::GraphTemplate>(build_dense_graph(w_, o, mode));
   }
   return *slot;

@@ -36,6 +36,9 @@ constexpr int kOutputModes = 4;
 struct LayerWeights {
   Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo;
   Tensor q_norm, k_norm;  // qk-norm: [head_dim] RMSNorm weights applied to every q / k head
+  // The draft adapter on o_proj (ModelConfig::draft_adapter): x += (att lora_a^T) lora_b^T in draft
+  // forwards; lora_a [rank, q width], lora_b [hidden, rank] with the adapter's scale folded in.
+  Tensor lora_a, lora_b;
   Tensor ffn_norm, w_gate, w_up, w_down;
   Tensor router;       // [n_experts, hidden], act dtype
   Tensor expert_bias;  // [n_experts] f32 selection bias
@@ -52,9 +55,9 @@ struct DenseWeights {
 struct GraphOptions {
   DType act = DType::BF16;  // compute dtype of GEMM inputs
   int64_t hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
-  int64_t rotary_dim = 0;  // rotated dims of each head (partial rotary); FFN sizes come from the weights
-  float eps = 1e-5f, rope_theta = 10000.0f;
-  bool neox = true;
+  RopeParams rope;  // the rotary embedding of k (q's adds the Llama-4 scale, if any); FFN sizes come from the
+                    // weights
+  float eps = 1e-5f;
   MaskKind mask = MaskKind::None;
   int mask_block = 0;
   MoeRouteParams route;  // MoE layers (expert_bias: the layer's expert_bias weight)
@@ -67,6 +70,8 @@ struct GraphOptions {
   // positions, and attention reads the whole cache (bf16: through f32 transients k_all / v_all). A
   // step computes only its n_query rows; the other rows' K / V come from the cache.
   bool kv_cache = false;
+  // Draft graph: o_proj adds each layer's draft adapter (LayerWeights::lora_a / lora_b).
+  bool draft_adapter = false;
 };
 
 // Precision::Auto's compute dtype: the dtype most weight bytes are stored in (as loaded: GGUF's
@@ -98,11 +103,16 @@ class Model {
   DType act_dtype() const { return opts_.act; }
   size_t weight_bytes() const { return weight_bytes_; }
   // The family's graph template for an output mode (built once, cached); kv_cache: the variant that
-  // reads and writes the KV cache (GraphOptions::kv_cache).
-  const graph::GraphTemplate& graph(OutputMode mode, bool kv_cache = false);
+  // reads and writes the KV cache (GraphOptions::kv_cache); causal: with causal attention instead of
+  // the model's own mask (tri-mode models' autoregressive forwards); draft: with the draft adapter
+  // (GraphOptions::draft_adapter; a model that has one).
+  const graph::GraphTemplate& graph(OutputMode mode, bool kv_cache = false, bool causal = false,
+                                    bool draft = false);
 
   // Used by the family files while binding weights.
   Tensor bind(const std::string& name, std::vector<int64_t> shape, bool gemm_weight);
+  // bind() of a GEMM weight multiplied by `scale` (a copy in the compute dtype; a LoRA's alpha / r).
+  Tensor bind_scaled(const std::string& name, std::vector<int64_t> shape, float scale);
   // Rows [row0, row0 + rows) of the 2-D tensor `name` of shape {total_rows, cols} (a fused weight such
   // as LLaDA2's query_key_value): a zero-copy view into the mapped file where bind() would be zero
   // copy, else only those rows are converted / copied.
@@ -130,7 +140,7 @@ class Model {
  private:
   Model() = default;
   Tensor bind_rows(const std::string& name, int64_t total_rows, int64_t cols, int64_t row0, int64_t rows,
-                   bool gemm_weight, const std::vector<int64_t>& file_shape);
+                   bool gemm_weight, const std::vector<int64_t>& file_shape, float scale = 1.0f);
   Tensor bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int64_t rows, bool gemm_weight,
                         const std::vector<int64_t>& file_shape);
   ModelConfig cfg_;
@@ -142,7 +152,8 @@ class Model {
   size_t weight_bytes_ = 0;
   size_t quant_tile_bytes_ = 0;   // CUDA: the largest tile of its quantized GEMM weights (counted)
   bool binding_experts_ = false;  // inside bind_experts (CUDA converts quantized experts at load)
-  std::unique_ptr<graph::GraphTemplate> graphs_[2 * kOutputModes];  // [mode + kOutputModes * kv_cache]
+  // [mode + kOutputModes * (kv_cache + 2 * causal + 4 * draft)]
+  std::unique_ptr<graph::GraphTemplate> graphs_[8 * kOutputModes];
 };
 
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).
@@ -167,6 +178,9 @@ DenseWeights shape_only_weights(const ModelConfig& c, DType act);
 // The graph options of config c computing in act on `device` (CUDA with bf16 activations plans the bf16
 // K / V staging buffer of its tensor-core attention).
 GraphOptions graph_options(const ModelConfig& c, DType act, Device device = Device::CPU);
+// The rotary embedding of config c: rotary dims, theta, pairs and YaRN (the Llama-4 query scale is in
+// pos_beta / pos_orig; the graph applies it to q only).
+RopeParams rope_params(const ModelConfig& c);
 // Real geometries by name (llada-8b, dream-7b, llada-mid: 4 layers, d=1024, llada-moe-7b,
 // llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only. Each family's
 // are in its file (models/registry.h).

@@ -12,10 +12,7 @@ namespace {
 
 // One line per family: its FamilyInfo, defined in models/<family>.cpp.
 constexpr const FamilyInfo* kFamilies[] = {
-    &kLladaFamily,
-    &kDreamFamily,
-    &kLladaMoeFamily,
-    &kLlada2Family,
+    &kLladaFamily, &kDreamFamily, &kLladaMoeFamily, &kLlada2Family, &kNemotronFamily,
 };
 
 }  // namespace
@@ -47,7 +44,7 @@ ModelConfig named_geometry(const std::string& name) {
       if (name == g.name) {
         c.family = static_cast<Family>(i);
         g.make(c);
-        c.head_dim = c.hidden / c.n_heads;
+        if (c.head_dim == 0) c.head_dim = c.hidden / c.n_heads;  // explicit where the geometry sets it
         return c;
       }
       known += (known.empty() ? "" : ", ") + std::string(g.name);

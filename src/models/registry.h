@@ -12,7 +12,7 @@
 namespace tessera {
 
 // A real geometry by name (config only, no weights): `make` fills a config, then named_geometry sets its
-// family and head_dim = hidden / heads.
+// family and, unless `make` set it, head_dim = hidden / heads.
 struct GeometryPreset {
   const char* name;
   void (*make)(ModelConfig& c);
@@ -36,5 +36,6 @@ extern const FamilyInfo kLladaFamily;     // models/llada.cpp
 extern const FamilyInfo kDreamFamily;     // models/dream.cpp
 extern const FamilyInfo kLladaMoeFamily;  // models/llada_moe.cpp
 extern const FamilyInfo kLlada2Family;    // models/llada2.cpp
+extern const FamilyInfo kNemotronFamily;  // models/nemotron.cpp
 
 }  // namespace tessera

@@ -187,12 +187,17 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
   // The model's own layout first (generation_config.json, else LLaDA's: one block, a token per step;
   // block-causal models (LLaDA2MoeModelLM.generate): block_length 32, the model's attention block, steps
   // per block = block_length, threshold 0.95), then fitted to the length asked for.
-  const int model_block = model_block_;
+  // Tri-mode models (Nemotron-Labs-Diffusion's generate): blocks of the trained block_size (32), steps
+  // per block = block_length, threshold 0.9, the causal context.
+  const ModelConfig& mc = engine_->config();
+  const int tri_block = mc.tri_mode ? static_cast<int>(std::max<int64_t>(mc.diffusion_block, 1)) : 0;
+  const int model_block = model_block_ > 0 ? model_block_ : tri_block;
   g.gen_length = gc_gen_length_.value_or(128);
   g.block_length = gc_block_length_.value_or(model_block > 0 ? model_block : g.gen_length);
   g.steps = gc_steps_.value_or(model_block > 0 ? g.block_length : g.gen_length);
   fit_layout(g, gen_length.value_or(g.gen_length), block_length, steps, notes);
-  g.threshold = gc_threshold_.value_or(model_block > 0 ? 0.95f : 0.0f);
+  g.threshold = gc_threshold_.value_or(model_block_ > 0 ? 0.95f : mc.tri_mode ? 0.9f : 0.0f);
+  g.causal_context = mc.tri_mode;
   g.alg = default_alg();
   g.temperature = gc_temperature_.value_or(g.temperature);
   g.top_p = gc_top_p_.value_or(g.top_p);

@@ -182,25 +182,38 @@ TEST_F(CudaTest, RmsNormMatchesCpu) {
 }
 
 TEST_F(CudaTest, RopeMatchesCpu) {
-  for (const auto& [rows, heads, hd, rot, neox] : std::vector<std::tuple<int64_t, int64_t, int, int, bool>>{
-           {40, 4, 64, 64, true},
-           {17, 2, 128, 64, true},
-           {9, 3, 32, 32, false},
+  for (const auto& [rows, heads, hd, rot, neox, yarn] :
+       std::vector<std::tuple<int64_t, int64_t, int, int, bool, bool>>{
+           {40, 4, 64, 64, true, false},
+           {17, 2, 128, 64, true, false},
+           {9, 3, 32, 32, false, false},
            // a block per row (>= 64 rows): interleaved pairs as float2, rotate-half, partial rotary
-           {64, 32, 128, 128, false},
-           {100, 8, 128, 64, true},
-           {70, 3, 32, 32, false}}) {
+           {64, 32, 128, 128, false, false},
+           {100, 8, 128, 64, true, false},
+           {70, 3, 32, 32, false, false},
+           // YaRN with its cos / sin scale and the Llama-4 query scale (Ministral-3), both kernels
+           {100, 8, 128, 128, true, true},
+           {12, 4, 128, 128, true, true}}) {
+    RopeParams rp{.rotary_dim = rot, .theta = 500000.0f, .neox = neox};
+    if (yarn) {
+      rp.yarn_factor = 16.0f;
+      rp.ramp_lo = 20.0f;
+      rp.ramp_hi = 41.0f;
+      rp.attn_factor = 1.277f;
+      rp.pos_beta = 0.1f;
+      rp.pos_orig = 8192;  // positions up to 30000: scales 1 to 1 + 0.1 ln 4
+    }
     auto x = random_floats(static_cast<size_t>(rows * heads * hd), 21 + static_cast<uint64_t>(hd));
     const auto pos = random_ids(static_cast<size_t>(rows), 30000, 5);
     std::vector<float> ref = x;
     std::vector<int32_t> p = pos;
     Tensor tx(ref.data(), DType::F32, {rows, heads * hd});
-    cpu->rope(tx, Tensor(p.data(), DType::I32, {rows}), hd, rot, 500000.0f, neox);
+    cpu->rope(tx, Tensor(p.data(), DType::I32, {rows}), hd, rp);
     DevBuf dx(*gpu, x.size() * 4), dp(*gpu, pos.size() * 4);
     dx.upload(x);
     dp.upload(pos);
     Tensor gx = dx.view(DType::F32, {rows, heads * hd});
-    gpu->rope(gx, dp.view(DType::I32, {rows}), hd, rot, 500000.0f, neox);
+    gpu->rope(gx, dp.view(DType::I32, {rows}), hd, rp);
     const auto got = dx.download<float>(x.size());
     EXPECT_CLOSE_TO_CPU(got, ref, 1e-4);
   }

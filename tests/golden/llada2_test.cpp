@@ -144,32 +144,8 @@ TEST(Llada2, GenerateMatchesTheReferenceLoop) {
   }
 }
 
-void expect_config_error(const std::filesystem::path& src, const std::string& name,
-                         const std::function<void(nlohmann::json&)>& edit, const std::string& expect) {
-  const auto d = test::temp_dir("llada2_bad_" + name);
-  for (const auto& f : std::filesystem::directory_iterator(src))
-    std::filesystem::copy(f.path(), d / f.path().filename(),
-                          std::filesystem::copy_options::overwrite_existing);
-  std::ifstream in(d / "config.json");
-  nlohmann::json c = nlohmann::json::parse(in);
-  in.close();
-  edit(c);
-  std::ofstream(d / "config.json") << c.dump(2);
-  try {
-    (void)load_config(d);
-    FAIL() << name << ": expected an error";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find(expect), std::string::npos) << name << ": " << err.what();
-  }
-  // The CLI reports the same in one line and exits non-zero.
-  std::string out;
-  EXPECT_NE(test::run_command(std::string(TESSERA_BINARY) + " generate -m " + d.string() + " -p hi", &out),
-            0);
-  EXPECT_NE(out.find(expect), std::string::npos) << out;
-  EXPECT_LE(std::count(out.begin(), out.end(), '\n'), 1) << out;
-}
-
 TEST(Llada2, MalformedConfigsFailClearly) {
+  using test::expect_config_error;
   TESSERA_TINY_OR_SKIP(dir, "llada2", kArgs);
   using J = nlohmann::json;
   expect_config_error(

@@ -57,8 +57,8 @@ class RecordingBackend final : public Backend {
   void gather_gemm(const Tensor& a, const Tensor& r, const Tensor& w, Tensor& c) override {
     run([=, this]() mutable { b_->gather_gemm(a, r, w, c); });
   }
-  void rope(Tensor& x, const Tensor& pos, int hd, int rot, float theta, bool neox) override {
-    run([=, this]() mutable { b_->rope(x, pos, hd, rot, theta, neox); });
+  void rope(Tensor& x, const Tensor& pos, int hd, const RopeParams& p) override {
+    run([=, this]() mutable { b_->rope(x, pos, hd, p); });
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
                  const AttnParams& p) override {

@@ -195,3 +195,23 @@ def test_chat_goes_through_the_models_template(tmp_path):
     want = json.loads(out.strip().splitlines()[-1])
     assert got.token_ids == want["tokens"] and got.prompt_token_ids[-1] != got.prompt_token_ids[0]
     assert len(got.prompt_token_ids) == want["prompt_tokens"]
+
+
+def test_the_modes_of_a_tri_mode_model(tmp_path, llm):
+    """A tiny random Nemotron-Labs-Diffusion checkpoint: mode "spec" writes "ar"'s text at temperature 0;
+    a bad mode, and "ar" on a diffusion-only model, raise with the engine's message."""
+    import sys
+    pytest.importorskip("numpy")
+    model = str(tmp_path / "nemotron")
+    subprocess.run([sys.executable, os.path.join(SOURCE, "tools", "make_tiny_checkpoint.py"), "--family", "nemotron",
+                    "--out", model], check=True, capture_output=True)
+    tri = tessera.LLM(model)
+    prompt = [5, 9, 3, 7, 11, 20]
+    ar = tri.generate(prompt, tessera.SamplingParams(gen_length=24, mode="ar", stop_at_eos=False))[0]
+    spec = tri.generate(prompt, tessera.SamplingParams(gen_length=24, mode="spec", block_length=4,
+                                                       stop_at_eos=False))[0]
+    assert ar.token_ids == spec.token_ids and len(ar.token_ids) == 24
+    with pytest.raises(tessera.InvalidArgumentError, match="mode"):
+        tessera.SamplingParams(mode="fastest")._options()
+    with pytest.raises(tessera.InvalidArgumentError, match="tri-mode"):
+        llm.generate("Once", tessera.SamplingParams(gen_length=8, mode="ar"))

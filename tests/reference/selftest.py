@@ -789,6 +789,8 @@ def cli_logits_rows():
 
 import selftest_combos  # noqa: E402 (SparseD with the window and cfg, the window and SparseD on LLaDA2)
 selftest_combos.register(check, make, close, recording_hidden)
+import selftest_nemotron  # noqa: E402 (Nemotron-Labs-Diffusion: ref_nemotron.py and --family nemotron)
+selftest_nemotron.register(check, close, TMP)
 
 
 def main():

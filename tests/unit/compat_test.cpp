@@ -67,6 +67,9 @@ void use(GenerateOptions& o, Feature f, bool& block_causal) {
     case Feature::Structured:
       o.constraint = std::make_shared<AnyText>();
       break;
+    case Feature::TriMode:
+      o.mode = DecodeMode::Spec;
+      break;
   }
 }
 

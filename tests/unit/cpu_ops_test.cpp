@@ -314,18 +314,50 @@ TEST(CpuOps, RopeNeoxAndInterleavedHandComputed) {
   std::vector<float> x = {1, 2, 3, 4};
   std::vector<int32_t> pos = {2};
   Tensor tx(x.data(), DType::F32, {1, 4}), tp(pos.data(), DType::I32, {1});
-  be->rope(tx, tp, 4, 4, 100.0f, true);
+  be->rope(tx, tp, 4, RopeParams{.rotary_dim = 4, .theta = 100.0f});
   // neox pairs (0,2) angle 2 and (1,3) angle 0.2
   EXPECT_NEAR(x[0], 1 * std::cos(2.0) - 3 * std::sin(2.0), 1e-5);
   EXPECT_NEAR(x[2], 3 * std::cos(2.0) + 1 * std::sin(2.0), 1e-5);
   EXPECT_NEAR(x[1], 2 * std::cos(0.2) - 4 * std::sin(0.2), 1e-5);
   EXPECT_NEAR(x[3], 4 * std::cos(0.2) + 2 * std::sin(0.2), 1e-5);
   x = {1, 2, 3, 4};
-  be->rope(tx, tp, 4, 4, 100.0f, false);
+  be->rope(tx, tp, 4, RopeParams{.rotary_dim = 4, .theta = 100.0f, .neox = false});
   // interleaved pairs (0,1) angle 2 and (2,3) angle 0.2
   EXPECT_NEAR(x[0], 1 * std::cos(2.0) - 2 * std::sin(2.0), 1e-5);
   EXPECT_NEAR(x[1], 2 * std::cos(2.0) + 1 * std::sin(2.0), 1e-5);
   EXPECT_NEAR(x[2], 3 * std::cos(0.2) - 4 * std::sin(0.2), 1e-5);
+}
+
+// YaRN and the Llama-4 query scale by hand: head_dim 4, theta 100 (inv_freq {1, 0.1}), factor 10 with
+// the ramp over pairs [0, 1]: pair 0 keeps its frequency, pair 1 takes 0.1 / 10; cos and sin times 2;
+// position 2 with pos_orig 1: every dim times 1 + 0.5 ln(1 + 2).
+TEST(CpuOps, RopeYarnAndPositionScaleHandComputed) {
+  auto be = make_cpu_backend();
+  const RopeParams p{.rotary_dim = 4,
+                     .theta = 100.0f,
+                     .yarn_factor = 10.0f,
+                     .ramp_lo = 0.0f,
+                     .ramp_hi = 1.0f,
+                     .attn_factor = 2.0f,
+                     .pos_beta = 0.5f,
+                     .pos_orig = 1};
+  EXPECT_FLOAT_EQ(rope_inv_freq(p, 0), 1.0f);
+  EXPECT_FLOAT_EQ(rope_inv_freq(p, 1), 0.01f);
+  std::vector<float> x = {1, 2, 3, 4};
+  std::vector<int32_t> pos = {2};
+  Tensor tx(x.data(), DType::F32, {1, 4}), tp(pos.data(), DType::I32, {1});
+  be->rope(tx, tp, 4, p);
+  const double s = 2.0 * (1.0 + 0.5 * std::log(3.0));
+  EXPECT_NEAR(x[0], s * (1 * std::cos(2.0) - 3 * std::sin(2.0)), 1e-5);
+  EXPECT_NEAR(x[2], s * (3 * std::cos(2.0) + 1 * std::sin(2.0)), 1e-5);
+  EXPECT_NEAR(x[1], s * (2 * std::cos(0.02) - 4 * std::sin(0.02)), 1e-5);
+  EXPECT_NEAR(x[3], s * (4 * std::cos(0.02) + 2 * std::sin(0.02)), 1e-5);
+  // Below pos_orig the scale is 1: only the YaRN factor remains.
+  x = {1, 2, 3, 4};
+  RopeParams q = p;
+  q.pos_orig = 3;
+  be->rope(tx, tp, 4, q);
+  EXPECT_NEAR(x[0], 2 * (1 * std::cos(2.0) - 3 * std::sin(2.0)), 1e-5);
 }
 
 TEST(CpuOps, SwigluAndEmbed) {

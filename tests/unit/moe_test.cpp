@@ -536,7 +536,7 @@ TEST(MoeGeometry, ShapeOnlyGraphsPlanTheMoeTensors) {
   EXPECT_GE(g.find("blk.1.ffn_router_bias.weight"), 0);
   for (const graph::OpDecl& op : g.ops()) {
     if (op.kind == graph::OpKind::Rope) {
-      EXPECT_EQ(op.p.rotary_dim, 64);
+      EXPECT_EQ(op.p.rope.rotary_dim, 64);
     }
     if (op.kind == graph::OpKind::Attention) {
       EXPECT_EQ(op.p.mask, MaskKind::BlockCausal);

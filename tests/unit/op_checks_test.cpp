@@ -18,11 +18,18 @@ TEST(OpChecks, CpuBackendChecksRopeRotaryDim) {
   std::vector<float> x(2 * 8, 1.0f);
   std::vector<int32_t> pos = {0, 1};
   Tensor tx(x.data(), DType::F32, {2, 8}), tp(pos.data(), DType::I32, {2});
-  be->rope(tx, tp, 8, 8, 10000.0f, true);  // valid
+  be->rope(tx, tp, 8, RopeParams{.rotary_dim = 8, .theta = 10000.0f});  // valid
   for (const int rot : {0, 3, 10})
-    test::expect_error([&] { be->rope(tx, tp, 8, rot, 10000.0f, true); }, "rope: bad rotary_dim");
+    test::expect_error([&] { be->rope(tx, tp, 8, RopeParams{.rotary_dim = rot, .theta = 10000.0f}); },
+                       "rope: bad rotary_dim");
   Tensor short_pos(pos.data(), DType::I32, {1});
-  test::expect_error([&] { be->rope(tx, short_pos, 8, 8, 10000.0f, true); }, "rope: one position per row");
+  test::expect_error([&] { be->rope(tx, short_pos, 8, RopeParams{.rotary_dim = 8, .theta = 10000.0f}); },
+                     "rope: one position per row");
+  // YaRN and the position scale are checked too.
+  test::expect_error([&] { be->rope(tx, tp, 8, RopeParams{.rotary_dim = 8, .yarn_factor = 0.5f}); },
+                     "rope: YaRN needs factor >= 1");
+  test::expect_error([&] { be->rope(tx, tp, 8, RopeParams{.rotary_dim = 8, .pos_beta = 0.1f}); },
+                     "rope: the position scale needs pos_orig > 0");
 }
 
 TEST(OpChecks, CpuBackendChecksRmsnormGroup) {

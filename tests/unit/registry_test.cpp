@@ -15,11 +15,12 @@ namespace tessera {
 namespace {
 
 TEST(Registry, EnumeratorsIndexTheirFamilies) {
-  ASSERT_EQ(families().size(), 4u);
+  ASSERT_EQ(families().size(), 5u);  // the four enumerators, then Nemotron-Labs-Diffusion (none needed)
   EXPECT_STREQ(family_name(Family::LLaDA), "llada");
   EXPECT_STREQ(family_name(Family::Dream), "dream");
   EXPECT_STREQ(family_name(Family::LLaDAMoE), "llada-moe");
   EXPECT_STREQ(family_name(Family::LLaDA2), "llada2");
+  EXPECT_STREQ(family_name(static_cast<Family>(4)), "nemotron-diffusion");
   EXPECT_STREQ(family_name(static_cast<Family>(99)), "?");
   EXPECT_EQ(&family_info(Family::Dream), &kDreamFamily);
   test::expect_error([] { family_info(static_cast<Family>(99)); }, "no model family 99");
@@ -49,9 +50,13 @@ TEST(Registry, EveryFamilyIsComplete) {
 // Every model_type tessera reads is claimed by exactly one family, and "llada" by LLaDA-MoE only when
 // the config has the MoE field names without d_model.
 TEST(Registry, ModelTypesHaveOneFamilyEach) {
-  const std::map<std::string, Family> want = {
-      {"llada", Family::LLaDA},       {"Dream", Family::Dream},        {"dream", Family::Dream},
-      {"lladamoe", Family::LLaDAMoE}, {"llada_moe", Family::LLaDAMoE}, {"llada2_moe", Family::LLaDA2}};
+  const std::map<std::string, Family> want = {{"llada", Family::LLaDA},
+                                              {"Dream", Family::Dream},
+                                              {"dream", Family::Dream},
+                                              {"lladamoe", Family::LLaDAMoE},
+                                              {"llada_moe", Family::LLaDAMoE},
+                                              {"llada2_moe", Family::LLaDA2},
+                                              {"nemotron_labs_diffusion", static_cast<Family>(4)}};
   const nlohmann::json plain = nlohmann::json::object(), moe = {{"num_experts", 4}},
                        both = {{"num_experts", 4}, {"d_model", 8}};
   auto claimants = [](const std::string& type, const nlohmann::json& j) {
@@ -86,7 +91,8 @@ TEST(Registry, GgufArchitecturesAndGeometriesAreUnique) {
   EXPECT_EQ(archs, (std::set<std::string>{"llada", "dream", "llada-moe"}));
   test::expect_error([] { named_geometry("gpt-2"); },
                      "unknown geometry 'gpt-2' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, "
-                     "llada-moe-mid, llada2-mini, llada2-mid)");
+                     "llada-moe-mid, llada2-mini, llada2-mid, nemotron-diffusion-3b, nemotron-diffusion-8b, "
+                     "nemotron-diffusion-14b)");
 }
 
 }  // namespace

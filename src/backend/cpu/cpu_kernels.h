@@ -9,7 +9,7 @@ class GemmEngine;  // oneDNN matmul primitives, cached per shape (gemm.cpp)
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
-void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox);
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);

@@ -94,16 +94,15 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
   }
 }
 
-void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox) {
-  check_rope(x, positions, head_dim, rotary_dim);
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p) {
+  check_rope(x, positions, head_dim, p);
   const int64_t n = x.rows();
   const int64_t heads = x.cols() / head_dim;
-  const int half = rotary_dim / 2;
+  const int half = p.rotary_dim / 2;
+  const bool neox = p.neox;
   float inv_freq[512];
   TESSERA_CHECK(half <= 512, "rope: head_dim too large");
-  for (int i = 0; i < half; ++i) {
-    inv_freq[i] = rope_inv_freq(theta, i, rotary_dim);
-  }
+  for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(p, i);
   const auto* pos = positions.as<const int32_t>();
   float* xs = x.as<float>();
 #pragma omp parallel for if (n > 8)
@@ -111,9 +110,10 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
     float cs[512], sn[512];
     for (int i = 0; i < half; ++i) {
       const float ang = static_cast<float>(pos[r]) * inv_freq[i];
-      cs[i] = std::cos(ang);
-      sn[i] = std::sin(ang);
+      cs[i] = std::cos(ang) * p.attn_factor;
+      sn[i] = std::sin(ang) * p.attn_factor;
     }
+    const float scale = rope_pos_scale(p, pos[r]);
     for (int64_t h = 0; h < heads; ++h) {
       float* v = xs + r * x.cols() + h * head_dim;
       for (int i = 0; i < half; ++i) {
@@ -123,6 +123,8 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, floa
         v[a] = x0 * cs[i] - x1 * sn[i];
         v[b] = x1 * cs[i] + x0 * sn[i];
       }
+      if (scale != 1.0f)
+        for (int d = 0; d < head_dim; ++d) v[d] *= scale;
     }
   }
 }

@@ -154,8 +154,8 @@ class CudaBackend final : public Backend {
     p.k = a.cols();
     cuda::mma_gemm(p, stream_);
   }
-  void rope(Tensor& x, const Tensor& pos, int hd, int rot, float theta, bool neox) override {
-    cuda::rope(x, pos, hd, rot, theta, neox, stream_);
+  void rope(Tensor& x, const Tensor& pos, int hd, const RopeParams& p) override {
+    cuda::rope(x, pos, hd, p, stream_);
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
                  const AttnParams& p) override {

@@ -37,8 +37,7 @@ bool mma_supported(const MmaProblem& p);
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out, cudaStream_t s);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_t s);
-void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
-          cudaStream_t s);
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, cudaStream_t s);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);
 // dst[rows[i], :] = src[i, :] (a copy, or f32 rounded into bf16); rows outside [0, dst.rows()) are
 // skipped (the engine validates them).

@@ -88,16 +88,30 @@ __global__ void rmsnorm_row_kernel(const float* x, const void* w, int wdt, int64
   }
 }
 
+// A rope op's per-pair inverse frequencies (rope_inv_freq, computed on the host: the same f32 values
+// as the CPU backend's) and scales, passed by value.
+struct RopeTable {
+  float inv_freq[256];
+  float attn_factor, pos_beta;
+  int pos_orig;
+};
+
+__device__ __forceinline__ float rope_row_scale(const RopeTable& t, int32_t pos) {
+  if (t.pos_beta <= 0.0f) return 1.0f;
+  return 1.0f + t.pos_beta * logf(1.0f + static_cast<float>(pos / t.pos_orig));
+}
+
 // One block per row: the row's cos / sin are computed once into shared memory (the same arithmetic as
 // one thread per pair did for every head), then the block rotates every head's pairs.
 __global__ void rope_row_kernel(float* x, const int32_t* pos, int64_t heads, int head_dim, int half,
-                                int rotary_dim, float theta, bool neox) {
+                                const RopeTable t, bool neox) {
   extern __shared__ float cs_sn[];  // [half] cos, then [half] sin
   const int64_t r = blockIdx.x;
   const float p = static_cast<float>(pos[r]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float inv_freq = static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * i / rotary_dim));
-    sincosf(p * inv_freq, &cs_sn[half + i], &cs_sn[i]);
+    sincosf(p * t.inv_freq[i], &cs_sn[half + i], &cs_sn[i]);
+    cs_sn[i] *= t.attn_factor;
+    cs_sn[half + i] *= t.attn_factor;
   }
   __syncthreads();
   float* row = x + r * heads * head_dim;
@@ -114,27 +128,41 @@ __global__ void rope_row_kernel(float* x, const int32_t* pos, int64_t heads, int
       reinterpret_cast<float2*>(v)[i] = make_float2(xv.x * cs - xv.y * sn, xv.y * cs + xv.x * sn);
     }
   }
+  const float scale = rope_row_scale(t, pos[r]);
+  if (scale != 1.0f) {  // the Llama-4 scale of every dim, after the rotation
+    __syncthreads();
+    for (int64_t idx = threadIdx.x; idx < heads * head_dim; idx += blockDim.x) row[idx] *= scale;
+  }
 }
 
 // One thread per (row, head, rotary pair).
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t rows, int64_t heads, int head_dim, int half,
-                            int rotary_dim, float theta, bool neox) {
+                            const RopeTable t, bool neox) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t total = rows * heads * half;
   if (idx >= total) return;
   const int i = static_cast<int>(idx % half);
   const int64_t h = (idx / half) % heads;
   const int64_t r = idx / (static_cast<int64_t>(half) * heads);
-  const float inv_freq = static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * i / rotary_dim));
-  const float ang = static_cast<float>(pos[r]) * inv_freq;
+  const float ang = static_cast<float>(pos[r]) * t.inv_freq[i];
   float sn, cs;
   sincosf(ang, &sn, &cs);
+  cs *= t.attn_factor;
+  sn *= t.attn_factor;
   float* v = x + r * heads * head_dim + h * head_dim;
   const int a = neox ? i : 2 * i;
   const int b = neox ? i + half : 2 * i + 1;
   const float x0 = v[a], x1 = v[b];
   v[a] = x0 * cs - x1 * sn;
   v[b] = x1 * cs + x0 * sn;
+}
+
+// The Llama-4 position scale: one thread per element of the rows (after the rotation).
+__global__ void rope_scale_kernel(float* x, const int32_t* pos, int64_t rows, int64_t width,
+                                  const RopeTable t) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * width) return;
+  x[idx] *= rope_row_scale(t, pos[idx / width]);
 }
 
 __global__ void swiglu_f32_kernel(const float* g, const float* u, float* o, int64_t n) {
@@ -254,21 +282,29 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
   check_launch("rmsnorm");
 }
 
-void rope(Tensor& x, const Tensor& positions, int head_dim, int rotary_dim, float theta, bool neox,
-          cudaStream_t s) {
-  check_rope(x, positions, head_dim, rotary_dim);
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, cudaStream_t s) {
+  check_rope(x, positions, head_dim, p);
   const int64_t rows = x.rows(), heads = x.cols() / head_dim;
-  const int half = rotary_dim / 2;
+  const int half = p.rotary_dim / 2;
+  TESSERA_CHECK(half <= 256, "rope: at most 512 rotated dims per head on CUDA");
   const int64_t total = rows * heads * half;
   if (total == 0) return;
+  RopeTable t{};
+  for (int i = 0; i < half; ++i) t.inv_freq[i] = rope_inv_freq(p, i);
+  t.attn_factor = p.attn_factor;
+  t.pos_beta = p.pos_beta > 0.0f && p.pos_orig > 0 ? p.pos_beta : 0.0f;
+  t.pos_orig = p.pos_orig;
   // A block per row where the rows are many and float2 pairs stay aligned (interleaved pairs); the
   // thread-per-pair kernel for the rest (a handful of rows fills no more of the GPU either way).
-  if (rows >= 64 && (neox || (head_dim % 2 == 0 && reinterpret_cast<uintptr_t>(x.data) % 8 == 0))) {
+  if (rows >= 64 && (p.neox || (head_dim % 2 == 0 && reinterpret_cast<uintptr_t>(x.data) % 8 == 0))) {
     rope_row_kernel<<<static_cast<unsigned>(rows), 256, static_cast<size_t>(2 * half) * sizeof(float), s>>>(
-        x.as<float>(), positions.as<const int32_t>(), heads, head_dim, half, rotary_dim, theta, neox);
+        x.as<float>(), positions.as<const int32_t>(), heads, head_dim, half, t, p.neox);
   } else {
     rope_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0, s>>>(
-        x.as<float>(), positions.as<const int32_t>(), rows, heads, head_dim, half, rotary_dim, theta, neox);
+        x.as<float>(), positions.as<const int32_t>(), rows, heads, head_dim, half, t, p.neox);
+    if (t.pos_beta > 0.0f)
+      rope_scale_kernel<<<static_cast<unsigned>(ceil_div(rows * x.cols(), 256)), 256, 0, s>>>(
+          x.as<float>(), positions.as<const int32_t>(), rows, x.cols(), t);
   }
   check_launch("rope");
 }

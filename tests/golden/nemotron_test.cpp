@@ -1,0 +1,346 @@
+// Nemotron-Labs-Diffusion end to end on the tiny checkpoint in the real layout (tools/make_tiny_checkpoint.py
+// --family nemotron: explicit head_dim with q_proj's width unlike hidden, YaRN with its cos / sin factor,
+// the Llama-4 query scale from position 64, the untied diffusion_head) against the numpy reference
+// (tests/reference/ref_nemotron.py, written from shared/specs/nemotron-labs-diffusion.md): logits in the
+// bidirectional, causal and draft-over-cache forwards; the three decoding modes (ar, causal-context
+// diffusion, spec) decide the same tokens at the same forwards; self-speculation's greedy output equals
+// autoregressive output for many prompts and block lengths; batched requests equal alone; and the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "core/error.h"
+#include "decode/generate.h"
+#include "engine/batcher.h"
+#include "engine/engine.h"
+#include "io/config.h"
+#include "test_util.h"
+#include "tiny_models.h"
+
+namespace tessera {
+namespace {
+
+constexpr const char* kArgs = "--seed 5";
+using nlohmann::json;
+
+// ref_nemotron.py logits: [rows, V] f32 of `tokens` with rows < bidir_from causal, the others seeing
+// every key (bidir_from = tokens.size(): causal; 0: bidirectional).
+std::vector<float> ref_logits(const std::filesystem::path& dir, const std::vector<int32_t>& tokens,
+                              const std::vector<int32_t>& rows, int64_t bidir_from, int64_t V,
+                              const std::string& extra = "") {
+  const auto out = dir / ("nref_" + std::to_string(::getpid()) + ".bin");
+  const std::string cmd = test::python() + " " +
+                          (test::source_dir() / "tests/reference/ref_nemotron.py").string() +
+                          " logits --model " + dir.string() + " --tokens " + test::join_ids(tokens) +
+                          " --rows " + test::join_ids(rows) + " --bidir-from " + std::to_string(bidir_from) +
+                          " --out " + out.string() + " " + extra;
+  std::string log;
+  if (test::run_command(cmd, &log) != 0) {
+    ADD_FAILURE() << cmd << "\n" << log;
+    return {};
+  }
+  std::vector<float> v(rows.size() * static_cast<size_t>(V));
+  std::ifstream f(out, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  EXPECT_EQ(static_cast<size_t>(f.gcount()), v.size() * 4);
+  std::filesystem::remove(out);
+  return v;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  return test::rel_error(got.data(), want.data(), std::min(got.size(), want.size()));
+}
+
+std::vector<int32_t> range(int32_t lo, int32_t hi) {
+  std::vector<int32_t> v;
+  for (int32_t i = lo; i < hi; ++i) v.push_back(i);
+  return v;
+}
+
+TEST(Nemotron, ConfigReadsMinistral3) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  const ModelConfig c = load_config(dir);
+  EXPECT_STREQ(family_name(c.family), "nemotron-diffusion");
+  EXPECT_TRUE(c.tri_mode);
+  EXPECT_EQ(c.head_dim, 24);
+  EXPECT_NE(c.n_heads * c.head_dim, c.hidden);  // q_proj's width is not hidden
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.rope_scaling.factor, 16.0f);
+  EXPECT_EQ(c.rope_scaling.original_max, 64);
+  EXPECT_FLOAT_EQ(c.rope_scaling.llama4_beta, 0.1f);
+  // No mscale keys: HF's attention_factor 0.1 ln(16) + 1.
+  EXPECT_NEAR(c.rope_scaling.attn_factor, 0.1 * std::log(16.0) + 1.0, 1e-6);
+  EXPECT_EQ(c.diffusion_block, 32);
+  EXPECT_GE(c.mask_id, 0);
+  EXPECT_GE(c.eos_id, 0);
+  const auto [n, experts] = test::checkpoint_params(dir);
+  EXPECT_EQ(c.param_count(), n);
+  EXPECT_EQ(experts, 0);
+}
+
+// The real geometries plan with an explicit head_dim (3B: hidden 3072, q width 4096).
+TEST(Nemotron, GeometriesKeepTheExplicitHeadDim) {
+  const ModelConfig c = named_geometry("nemotron-diffusion-3b");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.n_heads * c.head_dim, 4096);
+  EXPECT_EQ(c.hidden, 3072);
+  EXPECT_TRUE(c.tri_mode);
+  const RopeParams r = rope_params(c);
+  EXPECT_FLOAT_EQ(r.yarn_factor, 16.0f);
+  EXPECT_FLOAT_EQ(r.attn_factor, 1.0f);  // the released configs' mscale = mscale_all_dim
+  EXPECT_EQ(r.pos_orig, 16384);
+  EXPECT_LT(r.ramp_lo, r.ramp_hi);
+}
+
+TEST(Nemotron, LogitsMatchReferenceInEveryAttentionMode) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const int64_t V = e->vocab_size();
+  const int64_t n = 130;  // past original_max 64: the Llama-4 query scale is 1 + 0.1 ln 2 there
+  const auto canvas = test::random_canvas(n, V, 17, e->mask_token(), 0.3);
+  // Bidirectional: the model's own attention, logits of position p from row p.
+  std::vector<float> got(static_cast<size_t>(n * V));
+  e->logits(canvas, test::all_positions(n), got);
+  EXPECT_LT(rel_err(got, ref_logits(dir, canvas, range(0, static_cast<int32_t>(n)), 0, V)), 1e-3);
+  // Causal: position p from row p - 1 (the next-token prediction).
+  e->set_causal(true);
+  got.assign(static_cast<size_t>((n - 1) * V), 0.0f);
+  e->logits(canvas, range(1, static_cast<int32_t>(n)), got);
+  EXPECT_LT(rel_err(got, ref_logits(dir, canvas, range(0, static_cast<int32_t>(n - 1)), n, V)), 1e-3);
+  // A draft over the cache: causal rows [0, c) written by a causal step, then the block [c, b) computed
+  // bidirectionally against them.
+  const int32_t c = 70, b = 102;
+  e->kv_cache_reset(n);
+  std::vector<float> seed(static_cast<size_t>(V));
+  const std::vector<int32_t> seed_pos{c};
+  e->logits_cached(std::span(canvas).first(c + 1), 0, c, seed_pos, seed);
+  EXPECT_LT(
+      rel_err(seed, ref_logits(dir, std::vector<int32_t>(canvas.begin(), canvas.begin() + c), {c - 1}, c, V)),
+      1e-3);
+  e->set_causal(false);
+  got.assign(static_cast<size_t>((b - c) * V), 0.0f);
+  e->logits_cached(std::span(canvas).first(b), c, b, range(c, b), got);
+  EXPECT_LT(rel_err(got, ref_logits(dir, std::vector<int32_t>(canvas.begin(), canvas.begin() + b),
+                                    range(c, b), c, V)),
+            1e-3);
+  e->kv_cache_end();
+}
+
+// The reference's generation: {"tokens", "trace": [{"kind", "rows", "decided": [[pos, tok], ...]}],
+// "forwards"}.
+json ref_generate(const std::filesystem::path& dir, const std::vector<int32_t>& prompt,
+                  const GenerateOptions& o) {
+  const std::string extra = o.draft_adapter ? "" : " --no-lora";
+  const auto out = dir / ("ngen_" + std::to_string(::getpid()) + ".json");
+  std::string cmd = test::python() + " " + (test::source_dir() / "tests/reference/ref_nemotron.py").string() +
+                    " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
+                    " --gen-length " + std::to_string(o.gen_length) + " --mode " + std::string(name(o.mode)) +
+                    " --block-length " + std::to_string(o.block_length) + " --threshold " +
+                    std::to_string(o.threshold) + " --out " + out.string() + extra;
+  std::string log;
+  if (test::run_command(cmd, &log) != 0) {
+    ADD_FAILURE() << cmd << "\n" << log;
+    return {};
+  }
+  std::ifstream f(out);
+  json j = json::parse(f);
+  std::filesystem::remove(out);
+  return j;
+}
+
+// The positions each forward of a reference trace decided (those that decided any).
+std::vector<std::vector<int32_t>> ref_order(const json& ref) {
+  std::vector<std::vector<int32_t>> order;
+  for (const json& t : ref["trace"]) {
+    std::vector<int32_t> d;
+    for (const json& pt : t["decided"]) d.push_back(pt[0].get<int32_t>());
+    if (!d.empty()) order.push_back(d);
+  }
+  return order;
+}
+
+GenerateOptions mode_options(DecodeMode m, int gen, int block, float threshold) {
+  GenerateOptions o;
+  o.mode = m;
+  o.causal_context = true;
+  o.gen_length = gen;
+  o.block_length = block;
+  o.steps = block;
+  o.threshold = threshold;
+  o.stop_at_eos = false;
+  return o;
+}
+
+// Every mode decides the reference's tokens at the reference's forwards (f32).
+TEST(Nemotron, GenerationMatchesReferenceInEveryMode) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const int64_t V = e->vocab_size();
+  struct Case {
+    DecodeMode mode;
+    int block;
+    float threshold;
+  };
+  const Case cases[] = {{DecodeMode::Ar, 8, 0.0f},
+                        {DecodeMode::Diffusion, 8, 0.2f},
+                        {DecodeMode::Diffusion, 16, 0.05f},
+                        {DecodeMode::Spec, 8, 0.0f},
+                        {DecodeMode::Spec, 5, 0.3f}};
+  for (const int plen : {5, 9}) {
+    const auto prompt = test::ordinary_tokens(plen, V, 40 + static_cast<uint64_t>(plen));
+    for (const Case& k : cases) {
+      const GenerateOptions o = mode_options(k.mode, 48, k.block, k.threshold);
+      SCOPED_TRACE(std::string(name(k.mode)) + " block " + std::to_string(k.block) + " threshold " +
+                   std::to_string(k.threshold) + " prompt " + std::to_string(plen));
+      const GenerateResult r = generate(*e, prompt, o);
+      const json ref = ref_generate(dir, prompt, o);
+      ASSERT_TRUE(ref.is_object());
+      EXPECT_EQ(r.tokens, ref["tokens"].get<std::vector<int32_t>>());
+      EXPECT_EQ(r.order, ref_order(ref));
+      EXPECT_EQ(r.forwards, ref["forwards"].get<int64_t>());
+    }
+  }
+}
+
+// Lossless self-speculation: at temperature 0 spec writes exactly ar's text, for many prompts, block
+// lengths and draft thresholds, with and without the stop at EOS (bf16, as the model runs).
+TEST(Nemotron, SpeculationEqualsAutoregressiveGreedy) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir);
+  const int64_t V = e->vocab_size();
+  int64_t ar_forwards = 0, spec_forwards = 0;
+  for (uint64_t s = 0; s < 4; ++s) {
+    const auto prompt = test::ordinary_tokens(3 + static_cast<int64_t>(s) * 5, V, 100 + s);
+    for (const bool eos : {false, true}) {
+      GenerateOptions ar = mode_options(DecodeMode::Ar, 32, 8, 0.0f);
+      ar.stop_at_eos = eos;
+      ar.eos_ids = {e->config().eos_id};
+      const GenerateResult want = generate(*e, prompt, ar);
+      ar_forwards += want.forwards;
+      for (const int block : {2, 5, 32}) {
+        for (const float thr : {0.0f, 0.5f}) {
+          GenerateOptions sp = ar;
+          sp.mode = DecodeMode::Spec;
+          sp.block_length = block;
+          sp.threshold = thr;
+          const GenerateResult got = generate(*e, prompt, sp);
+          EXPECT_EQ(got.tokens, want.tokens) << "prompt " << s << " block " << block << " threshold " << thr;
+          spec_forwards += got.forwards;
+        }
+      }
+    }
+  }
+  EXPECT_GT(ar_forwards, 0);
+  EXPECT_GT(spec_forwards, 0);
+}
+
+// The draft adapter (linear_spec_lora/, PEFT's LoRA on o_proj; make_tiny_checkpoint.py --nemotron-lora):
+// drafts over the causal cache add it and match the reference's; causal forwards never do; spec's drafts
+// use it (the reference's trace, and still ar's text), and --no-draft-adapter drafts without it.
+TEST(Nemotron, DraftAdapterOnlyInSpeculationsDrafts) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", "--seed 5 --nemotron-lora 4");
+  const ModelConfig c = load_config(dir);
+  EXPECT_EQ(c.draft_adapter.rank, 4);
+  EXPECT_FLOAT_EQ(c.draft_adapter.scale, 2.0f);  // lora_alpha 8 / r 4
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  ASSERT_TRUE(e->supports_draft_adapter());
+  const int64_t V = e->vocab_size(), n = 90;
+  const auto canvas = test::random_canvas(n, V, 23, e->mask_token(), 0.3);
+  const int32_t lo = 50, hi = 80;
+  const auto prefix = std::vector<int32_t>(canvas.begin(), canvas.begin() + hi);
+  e->kv_cache_reset(n);
+  e->set_causal(true);
+  std::vector<float> seed(static_cast<size_t>(V));
+  e->logits_cached(std::span(canvas).first(lo + 1), 0, lo, std::vector<int32_t>{lo}, seed);
+  e->set_causal(false);
+  std::vector<float> plain(static_cast<size_t>((hi - lo) * V)), adapted(plain.size());
+  e->logits_cached(std::span(canvas).first(hi), lo, hi, range(lo, hi), plain);
+  e->set_draft_adapter(true);
+  e->logits_cached(std::span(canvas).first(hi), lo, hi, range(lo, hi), adapted);
+  e->set_draft_adapter(false);
+  e->kv_cache_end();
+  EXPECT_LT(rel_err(plain, ref_logits(dir, prefix, range(lo, hi), lo, V)), 1e-3);
+  EXPECT_LT(rel_err(adapted, ref_logits(dir, prefix, range(lo, hi), lo, V, "--lora")), 1e-3);
+  EXPECT_GT(rel_err(adapted, plain), 1e-2);  // the adapter changes the drafts
+  // Generation: spec's drafts use it by default (the reference's trace), and text stays ar's.
+  const auto prompt = test::ordinary_tokens(7, V, 61);
+  const GenerateResult ar = generate(*e, prompt, mode_options(DecodeMode::Ar, 40, 8, 0.0f));
+  for (const bool adapter : {true, false}) {
+    GenerateOptions o = mode_options(DecodeMode::Spec, 40, 8, 0.0f);
+    o.draft_adapter = adapter;
+    const GenerateResult r = generate(*e, prompt, o);
+    const json ref = ref_generate(dir, prompt, o);
+    ASSERT_TRUE(ref.is_object());
+    EXPECT_EQ(r.tokens, ref["tokens"].get<std::vector<int32_t>>()) << "adapter " << adapter;
+    EXPECT_EQ(r.forwards, ref["forwards"].get<int64_t>()) << "adapter " << adapter;
+    EXPECT_EQ(r.order, ref_order(ref)) << "adapter " << adapter;
+    EXPECT_EQ(r.tokens, ar.tokens) << "adapter " << adapter;
+  }
+  // A model without one refuses it.
+  TESSERA_TINY_OR_SKIP(plain_dir, "nemotron", kArgs);
+  auto p = Engine::load(plain_dir);
+  EXPECT_FALSE(p->supports_draft_adapter());
+  test::expect_error([&] { p->set_draft_adapter(true); }, "no draft adapter");
+}
+
+// Concurrent tri-mode requests through the batcher (causal and bidirectional forwards of different
+// requests grouped apart) decide what each decides alone.
+TEST(Nemotron, BatchedRequestsEqualAlone) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const int64_t V = e->vocab_size();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerateOptions> opts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(test::ordinary_tokens(4 + i, V, 300 + static_cast<uint64_t>(i)));
+    const DecodeMode m = i % 3 == 0 ? DecodeMode::Ar : i % 3 == 1 ? DecodeMode::Spec : DecodeMode::Diffusion;
+    opts.push_back(mode_options(m, 32, 8, 0.2f));
+  }
+  std::vector<GenerateResult> alone;
+  for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(generate(*e, prompts[i], opts[i]));
+  Batcher b(*e, 8, std::chrono::milliseconds(5));
+  std::vector<GenerateResult> got(prompts.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    th.emplace_back([&, i] { got[i] = b.generate(prompts[i], opts[i]); });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].order, alone[i].order) << "request " << i;
+  }
+  EXPECT_GT(b.stats().forwards, 0);
+}
+
+TEST(Nemotron, ErrorsAreClear) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  TESSERA_TINY_OR_SKIP(llada, "llada", "--seed 1");
+  auto e = Engine::load(dir);
+  const auto prompt = test::ordinary_tokens(6, e->vocab_size(), 1);
+  GenerateOptions o = mode_options(DecodeMode::Ar, 16, 8, 0.0f);
+  GenerateOptions cached = o;
+  cached.cache = KvCache::Prefix;
+  test::expect_error([&] { generate(*e, prompt, cached); }, "tri-mode decoding keeps its own cache");
+  test::expect_error([&] { generate(*e, std::vector<int32_t>{}, o); }, "at least one token");
+  e->set_causal(true);
+  std::vector<float> out(static_cast<size_t>(e->vocab_size()));
+  test::expect_error([&] { e->logits(prompt, std::vector<int32_t>{0}, out); }, "predicts no position 0");
+  e->set_causal(false);
+  auto l = Engine::load(llada);
+  test::expect_error([&] { generate(*l, prompt, o); }, "need a tri-mode model");
+  test::expect_error([&] { l->set_causal(true); }, "has no causal mode");
+  // A config the family cannot run is refused by name.
+  test::expect_config_error(
+      dir, "sliding_window", [](json& c) { c["sliding_window"] = 4096; },
+      "field 'sliding_window' is not supported");
+  test::expect_config_error(
+      dir, "rope_type", [](json& c) { c["rope_parameters"]["rope_type"] = "longrope"; }, "is not supported");
+}
+
+}  // namespace
+}  // namespace tessera
