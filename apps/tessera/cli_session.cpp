@@ -63,6 +63,13 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
                   "--block-length, verified by one causal pass; at temperature 0 the same text as ar); ar "
                   "and spec need a tri-mode model")
       ->check(CLI::IsMember({"diffusion", "ar", "spec"}));
+  sub->add_option(
+         "--spec-sampling", a.spec_sampling,
+         "--mode spec at temperature > 0: match (the reference's: the verify pass's samples are kept "
+         "while the drafts equal them) or rejection (speculative sampling: a draft d kept with "
+         "probability min(1, p(d) / q(d)), else a sample of the residual; more drafts kept); both "
+         "keep the model's autoregressive distribution")
+      ->check(CLI::IsMember({"match", "rejection"}));
   sub->add_flag("--no-draft-adapter", a.no_draft_adapter,
                 "--mode spec: draft without the checkpoint's draft adapter (the LoRA on o_proj in "
                 "linear_spec_lora/, which drafts use by default when the model has one)");
@@ -212,6 +219,7 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   g.cache = parse_kv_cache(a.cache);
   if (a.mode) g.mode = parse_decode_mode(*a.mode);
   g.draft_adapter = !a.no_draft_adapter;
+  g.spec_sampling = parse_spec_sampling(a.spec_sampling);
   g.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
   g.sparse_block = a.sparse_block.value_or(g.sparse_block);
   g.sparse_rho = a.sparse_rho.value_or(g.sparse_rho);

@@ -21,12 +21,13 @@ struct SessionArgs {
   std::string json_schema;         // structured output: a JSON Schema (inline JSON, or a file), or "object"
   std::optional<int> gen_length, steps, block_length;
   std::optional<std::string> alg;
-  std::string memory_budget;        // "24GiB"; empty = none
-  std::string prefix_cache;         // serve: the cross-request prefix cache's size; empty = off
-  std::string cache = "none";       // KV cache: none | prefix | dual
-  std::optional<std::string> mode;  // tri-mode models: diffusion | ar | spec
-  bool no_draft_adapter = false;    // spec: drafts without the checkpoint's draft LoRA
-  bool sparse = false;              // SparseD; the three below turn it on too
+  std::string memory_budget;            // "24GiB"; empty = none
+  std::string prefix_cache;             // serve: the cross-request prefix cache's size; empty = off
+  std::string cache = "none";           // KV cache: none | prefix | dual
+  std::optional<std::string> mode;      // tri-mode models: diffusion | ar | spec
+  bool no_draft_adapter = false;        // spec: drafts without the checkpoint's draft LoRA
+  std::string spec_sampling = "match";  // spec at temperature > 0: match | rejection
+  bool sparse = false;                  // SparseD; the three below turn it on too
   std::optional<int> sparse_block;
   std::optional<float> sparse_rho, sparse_skip;
   std::optional<std::string> des;  // DES: off | seq | vote; --des-k implies seq, --des-beta vote

@@ -212,10 +212,11 @@ typedef struct tessera_generate_options {
   float edit_penalty;        /* --edit-penalty */
   const char* const* stop;   /* --stop: stop sequences (n_stop of them; copied by the call) */
   size_t n_stop;
-  const char* suffix;  /* --suffix: infilling text after the generated span; NULL: none */
-  int32_t logprobs;    /* --logprobs N: -1 off, else 0..20 alternatives per token */
-  int32_t stop_at_eos; /* nonzero (default): the answer ends at the first EOS */
-  int32_t mode;        /* --mode: a tessera_mode */
+  const char* suffix;    /* --suffix: infilling text after the generated span; NULL: none */
+  int32_t logprobs;      /* --logprobs N: -1 off, else 0..20 alternatives per token */
+  int32_t stop_at_eos;   /* nonzero (default): the answer ends at the first EOS */
+  int32_t mode;          /* --mode: a tessera_mode */
+  int32_t spec_sampling; /* --spec-sampling: 0 match, 1 rejection (mode SPEC at temperature > 0) */
 } tessera_generate_options;
 
 /* The model's defaults. An editing preset: tessera_generate_options_edit_preset. */

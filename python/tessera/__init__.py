@@ -27,6 +27,7 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CanvasEvent", "Stream", "T
 _ALGS = {"low_confidence": 0, "random": 1, "origin": 2, "maskgit_plus": 3, "topk_margin": 4, "entropy": 5}
 _CACHES = {"none": 0, "prefix": 1, "dual": 2}
 _MODES = {"diffusion": 0, "ar": 1, "spec": 2}
+_SPEC_SAMPLING = {"match": 0, "rejection": 1}
 _DES = {"off": 0, "seq": 1, "vote": 2}
 _DES_SCOPES = {"block": 0, "all": 1}
 _PRECISIONS = {"auto": 0, "bf16": 1, "f32": 2}
@@ -82,6 +83,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     stop_at_eos: bool = True
     mode: str = "diffusion"  # ar / spec: tri-mode models (Nemotron-Labs-Diffusion)
+    spec_sampling: str = "match"  # spec at temperature > 0: match | rejection
 
     def _options(self) -> dict:
         """The C API's fields (tessera_generate_options), as the CLI derives them from its flags."""
@@ -90,6 +92,7 @@ class SamplingParams:
             "temperature": self.temperature, "cfg_scale": self.cfg, "top_k": self.top_k, "top_p": self.top_p,
             "alg_temp": self.alg_temp, "seed": self.seed, "cache": _choice(_CACHES, self.cache, "cache"),
             "mode": _choice(_MODES, self.mode, "mode"),
+            "spec_sampling": _choice(_SPEC_SAMPLING, self.spec_sampling, "spec_sampling"),
             "des_scope": _choice(_DES_SCOPES, self.des_scope, "des_scope"),
             "stop": list(self.stop), "suffix": self.suffix, "stop_at_eos": int(bool(self.stop_at_eos)),
             "logprobs": -1 if self.logprobs is None else self.logprobs,

@@ -185,6 +185,7 @@ tessera_generate_options default_options(const Session& s) {
   o.logprobs = -1;
   o.stop_at_eos = g.stop_at_eos;
   o.mode = static_cast<int32_t>(g.mode);
+  o.spec_sampling = static_cast<int32_t>(g.spec_sampling);
   return o;
 }
 
@@ -245,6 +246,7 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   *logprobs_top = std::max(o.logprobs, 0);
   g.stop_at_eos = o.stop_at_eos != 0;
   g.mode = enum_in<tessera::DecodeMode>(o.mode, TESSERA_MODE_SPEC, "mode");
+  g.spec_sampling = enum_in<tessera::SpecSampling>(o.spec_sampling, 1, "spec_sampling");
   // The model's default unmasking (left as initialised) gives way where the options need a
   // probability-like confidence, as in `tessera generate`.
   if (g.alg == s.default_alg()) tessera::fit_default_alg(g);

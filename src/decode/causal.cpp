@@ -19,6 +19,13 @@
 //     reference's rule; not distribution-preserving). Drafts add the checkpoint's draft adapter (its
 //     LoRA on o_proj, linear_spec_lora/) when it has one; no other forward does.
 // Every forward is one step (a StepEvent): drafts are provisional (editable_from), verified tokens final.
+// Why both sampling rules keep the autoregressive distribution (temperature > 0): every kept token is a
+// sample of the causal distribution given the kept tokens before it. Match keeps the verify pass's own
+// samples (fresh noise per position and forward), and only how many it keeps depends on the drafts; the
+// reference's spec text calls this rule lossy, but P(x0, x1) = p(x0) (q(x0) p(x1 | x0) + (1 - q(x0))
+// p(x1 | x0)) = p(x0) p(x1 | x0) (the next cycle samples x1 afresh). Rejection (spec_sampling.cpp) is
+// speculative sampling's rule: the same distribution, more drafts kept (tests/golden/nemotron_test.cpp
+// checks both against the exact distribution).
 #include <algorithm>
 #include <climits>
 
@@ -100,8 +107,13 @@ void run_speculative(Loop& L) {
   // The checkpoint's draft adapter, if it has one, in the drafts only (o.draft_adapter: unless turned off).
   const bool adapter = o.draft_adapter && L.den.supports_draft_adapter();
   std::vector<int32_t> drafts;
+  const bool rejection = o.spec_sampling == SpecSampling::Rejection && o.temperature > 0.0f;
   for (int c = L.P; !L.ended && c + 1 < end;) {  // c: the seed's position, rows [0, c) are final
     const int e = std::min(c + B, end);
+    if (rejection) {
+      c += speculative_sampling_cycle(L, c, e, adapter);
+      continue;
+    }
     // Draft: the positions (c, e), bidirectionally over the block, provisional until verified.
     L.editable_from = c + 1;
     while (L.prepare(c + 1, e)) {
@@ -129,7 +141,7 @@ void run_speculative(Loop& L) {
     // Verify: one causal pass over rows [c, e) predicts positions c + 1 .. e (e only inside the canvas).
     L.pos.clear();
     for (int p = c + 1; p <= std::min(e, end - 1); ++p) L.pos.push_back(p);
-    causal_forward(L, c, e, causal_params(L, static_cast<uint64_t>(e) + (uint64_t{1} << 40)));
+    causal_forward(L, c, e, causal_params(L, (uint64_t{1} << 40) + static_cast<uint64_t>(L.forwards)));
     size_t a = 1;  // kept: the matching run of drafts, then the verified token after it
     while (a < L.pos.size() && L.tok[a - 1] == drafts[a - 1]) ++a;
     for (int p = c + 1; p < e;

@@ -151,6 +151,12 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
                     "suffix token " + std::to_string(o.suffix[i]) + " at position " + std::to_string(i) +
                         " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
   }
+  if (o.spec_sampling == SpecSampling::Rejection) {
+    TESSERA_CHECK(o.mode == DecodeMode::Spec, "spec-sampling rejection applies to mode spec");
+    TESSERA_CHECK(o.threshold <= 0.0f,
+                  "spec-sampling rejection drafts in one pass (its proposal distribution); use threshold 0");
+    TESSERA_CHECK(!o.logprobs, "spec-sampling rejection cannot report log-probabilities yet; drop logprobs");
+  }
   check_combinations(o, block_causal);  // what cannot be defined together (decode/compat.cpp)
   if (block_causal) return;             // blocks on the model's block grid: any block length, steps per block
   if (o.mode != DecodeMode::Diffusion) return;  // ar and spec: no blocks of steps

@@ -198,5 +198,8 @@ void run_block_causal(Loop& L);
 // causal.cpp: the tri-mode layouts (GenerateOptions::mode ar and spec).
 void run_autoregressive(Loop& L);
 void run_speculative(Loop& L);
+// spec_sampling.cpp: one cycle of spec with SpecSampling::Rejection (temperature > 0) from the seed at c
+// over the block [c, e) (drafts with the draft adapter when `adapter`); returns the positions kept.
+int speculative_sampling_cycle(Loop& L, int c, int e, bool adapter);
 
 }  // namespace tessera::decode

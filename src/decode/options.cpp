@@ -23,6 +23,7 @@ constexpr std::array<std::string_view, 3> kDes = {"off", "seq", "vote"};
 constexpr std::array<std::string_view, 2> kScope = {"block", "all"};
 constexpr std::array<std::string_view, 3> kEditMode = {"off", "quality", "speed"};
 constexpr std::array<std::string_view, 3> kMode = {"diffusion", "ar", "spec"};
+constexpr std::array<std::string_view, 2> kSpecSampling = {"match", "rejection"};
 
 }  // namespace
 
@@ -47,6 +48,12 @@ DecodeMode parse_decode_mode(std::string_view s) {
 }
 std::string_view name(DecodeMode m) {
   return kMode[static_cast<size_t>(m)];
+}
+SpecSampling parse_spec_sampling(std::string_view s) {
+  return parse_choice<SpecSampling>(s, kSpecSampling, "spec sampling", "match or rejection");
+}
+std::string_view name(SpecSampling s) {
+  return kSpecSampling[static_cast<size_t>(s)];
 }
 EditPreset edit_preset(EditMode m) {
   return m == EditMode::Quality ? EditPreset{0.7f, 0.5f, 16} : EditPreset{0.5f, 0.0f, 16};

@@ -49,6 +49,15 @@ EditPreset edit_preset(EditMode m);  // m != Off
 enum class DecodeMode : uint8_t { Diffusion, Ar, Spec };
 DecodeMode parse_decode_mode(std::string_view s);
 std::string_view name(DecodeMode m);
+// How spec keeps drafts at temperature > 0 (GenerateOptions::spec_sampling). Match (the reference's):
+// the verify pass samples every position and its samples are kept while each drafted token equals the
+// one verified before it. Rejection (speculative sampling, Leviathan et al. / Chen et al. 2023): drafted
+// token d at a position is kept with probability min(1, p(d) / q(d)) (p: the verify pass's distribution,
+// q: the draft's), the first rejected one is replaced by a sample of the residual max(0, p - q). Both
+// keep the model's autoregressive distribution (decode/causal.cpp); rejection keeps more drafts.
+enum class SpecSampling : uint8_t { Match, Rejection };
+SpecSampling parse_spec_sampling(std::string_view s);
+std::string_view name(SpecSampling s);
 
 Unmask parse_unmask(std::string_view s);
 KvCache parse_kv_cache(std::string_view s);
@@ -140,6 +149,7 @@ struct GenerateOptions {
   DecodeMode mode = DecodeMode::Diffusion;
   bool causal_context = false;
   bool draft_adapter = true;  // spec: drafts add the checkpoint's draft adapter (LoRA) when it has one
+  SpecSampling spec_sampling = SpecSampling::Match;  // spec at temperature > 0
   // Whether the generation's forwards switch to causal attention (Denoiser::set_causal).
   bool causal() const { return mode != DecodeMode::Diffusion || causal_context; }
 };

@@ -28,7 +28,9 @@ RequestPlan plan_request(const GenerateOptions& o, int64_t prompt_len, bool bloc
   p.canvas = canvas_length(prompt_len, o, block_causal);
   p.attention_block = block_causal ? o.block_length : 0;
   p.logit_rows = block_causal ? o.block_length : std::min(o.block_length, o.gen_length);
-  p.host_logits = o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint != nullptr;
+  p.host_logits =
+      o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint != nullptr ||
+      (o.mode == DecodeMode::Spec && o.spec_sampling == SpecSampling::Rejection && o.temperature > 0.0f);
   p.logprobs = o.logprobs;
   // The KV cache (prefix / dual), the window's phase cache or the causal cache holds every canvas row.
   p.causal = o.causal();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -289,6 +290,90 @@ TEST(Nemotron, DraftAdapterOnlyInSpeculationsDrafts) {
   test::expect_error([&] { p->set_draft_adapter(true); }, "no draft adapter");
 }
 
+// X^2 of `counts` (n samples) against the distribution `want`, bins with expected counts >= 5 apart and
+// the rest merged, as the Wilson-Hilferty z of its chi-square distribution (z < 4.5: p > 3e-6).
+double chi_square_z(const std::vector<int>& counts, const std::vector<double>& want, int n) {
+  double x2 = 0, rest_o = 0, rest_e = 0;
+  int bins = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = want[i] * n;
+    if (e >= 5) {
+      x2 += (counts[i] - e) * (counts[i] - e) / e;
+      ++bins;
+    } else {
+      rest_o += counts[i];
+      rest_e += e;
+    }
+  }
+  if (rest_e > 0) {
+    x2 += (rest_o - rest_e) * (rest_o - rest_e) / rest_e;
+    ++bins;
+  }
+  const double k = bins - 1, h = 2.0 / (9.0 * k);
+  return (std::cbrt(x2 / k) - (1.0 - h)) / std::sqrt(h);
+}
+
+// At temperature > 0 both of spec's rules keep the autoregressive distribution: the token after the
+// seed (the drafted position) follows sum_x0 p(x0) p(x1 | x0), computed exactly from causal logits, as
+// ar's samples do; a wrong expectation (another temperature) is rejected by the same test.
+TEST(Nemotron, SpeculativeSamplingKeepsTheAutoregressiveDistribution) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const int64_t V = e->vocab_size();
+  const auto prompt = test::ordinary_tokens(5, V, 77);
+  const auto P = static_cast<int32_t>(prompt.size());
+  auto exact = [&](float T) {  // the distribution of the token at P + 1
+    auto soft = [&](std::vector<float> l) {
+      const float m = *std::max_element(l.begin(), l.end());
+      double z = 0;
+      std::vector<double> p(l.size());
+      for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - m) / T);
+      for (double& x : p) x /= z;
+      return p;
+    };
+    e->set_causal(true);
+    std::vector<int32_t> c = prompt;
+    c.push_back(e->mask_token());
+    std::vector<float> l(static_cast<size_t>(V));
+    e->logits(c, std::vector<int32_t>{P}, l);
+    const std::vector<double> p0 = soft(l);
+    std::vector<double> m(static_cast<size_t>(V), 0.0);
+    c.push_back(e->mask_token());
+    for (int64_t x0 = 0; x0 < V; ++x0) {
+      if (p0[static_cast<size_t>(x0)] < 1e-7) continue;
+      c[static_cast<size_t>(P)] = static_cast<int32_t>(x0);
+      e->logits(c, std::vector<int32_t>{P + 1}, l);
+      const std::vector<double> p1 = soft(l);
+      for (int64_t x = 0; x < V; ++x)
+        m[static_cast<size_t>(x)] += p0[static_cast<size_t>(x0)] * p1[static_cast<size_t>(x)];
+    }
+    e->set_causal(false);
+    return m;
+  };
+  const float T = 0.7f;
+  const std::vector<double> want = exact(T), other = exact(2.5f);
+  const int n = 2500;
+  for (const auto& [mode, rule] :
+       {std::pair{DecodeMode::Ar, SpecSampling::Match}, std::pair{DecodeMode::Spec, SpecSampling::Match},
+        std::pair{DecodeMode::Spec, SpecSampling::Rejection}}) {
+    std::vector<int> counts(static_cast<size_t>(V), 0);
+    for (int s = 0; s < n; ++s) {
+      GenerateOptions o = mode_options(mode, 2, 3, 0.0f);
+      o.temperature = T;
+      o.spec_sampling = rule;
+      o.seed = static_cast<uint64_t>(s);
+      const GenerateResult r = generate(*e, prompt, o);
+      ASSERT_EQ(r.tokens.size(), 2u);
+      ++counts[static_cast<size_t>(r.tokens[1])];
+    }
+    const std::string what = std::string(name(mode)) + " " + std::string(name(rule));
+    std::printf("%s: chi-square z %.2f against the exact distribution, %.2f against T = 2.5\n", what.c_str(),
+                chi_square_z(counts, want, n), chi_square_z(counts, other, n));
+    EXPECT_LT(chi_square_z(counts, want, n), 4.5) << what;
+    EXPECT_GT(chi_square_z(counts, other, n), 8.0) << what << ": the test cannot tell another distribution";
+  }
+}
+
 // Concurrent tri-mode requests through the batcher (causal and bidirectional forwards of different
 // requests grouped apart) decide what each decides alone.
 TEST(Nemotron, BatchedRequestsEqualAlone) {
@@ -327,6 +412,12 @@ TEST(Nemotron, ErrorsAreClear) {
   cached.cache = KvCache::Prefix;
   test::expect_error([&] { generate(*e, prompt, cached); }, "tri-mode decoding keeps its own cache");
   test::expect_error([&] { generate(*e, std::vector<int32_t>{}, o); }, "at least one token");
+  GenerateOptions rej = o;
+  rej.spec_sampling = SpecSampling::Rejection;
+  test::expect_error([&] { generate(*e, prompt, rej); }, "spec-sampling rejection applies to mode spec");
+  rej.mode = DecodeMode::Spec;
+  rej.threshold = 0.5f;
+  test::expect_error([&] { generate(*e, prompt, rej); }, "drafts in one pass");
   e->set_causal(true);
   std::vector<float> out(static_cast<size_t>(e->vocab_size()));
   test::expect_error([&] { e->logits(prompt, std::vector<int32_t>{0}, out); }, "predicts no position 0");
