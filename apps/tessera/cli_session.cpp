@@ -70,6 +70,11 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
          "probability min(1, p(d) / q(d)), else a sample of the residual; more drafts kept); both "
          "keep the model's autoregressive distribution")
       ->check(CLI::IsMember({"match", "rejection"}));
+  sub->add_option(
+         "--draft-threshold", a.draft_threshold,
+         "--mode spec: 0 (default) drafts the block in one pass; X > 0 runs draft passes deciding the "
+         "most confident position and every other with confidence >= X")
+      ->check(in_range(0.0, 1.0));
   sub->add_flag("--no-draft-adapter", a.no_draft_adapter,
                 "--mode spec: draft without the checkpoint's draft adapter (the LoRA on o_proj in "
                 "linear_spec_lora/, which drafts use by default when the model has one)");
@@ -220,6 +225,7 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   if (a.mode) g.mode = parse_decode_mode(*a.mode);
   g.draft_adapter = !a.no_draft_adapter;
   g.spec_sampling = parse_spec_sampling(a.spec_sampling);
+  g.draft_threshold = a.draft_threshold;
   g.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
   g.sparse_block = a.sparse_block.value_or(g.sparse_block);
   g.sparse_rho = a.sparse_rho.value_or(g.sparse_rho);

@@ -27,6 +27,7 @@ struct SessionArgs {
   std::optional<std::string> mode;      // tri-mode models: diffusion | ar | spec
   bool no_draft_adapter = false;        // spec: drafts without the checkpoint's draft LoRA
   std::string spec_sampling = "match";  // spec at temperature > 0: match | rejection
+  float draft_threshold = 0.0f;         // spec's drafts
   bool sparse = false;                  // SparseD; the three below turn it on too
   std::optional<int> sparse_block;
   std::optional<float> sparse_rho, sparse_skip;

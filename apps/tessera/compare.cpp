@@ -18,8 +18,8 @@ namespace tessera::cli {
 namespace {
 
 // clang-format off
-constexpr std::array<std::string_view, 35> kKeys = {
-    "steps", "block-length", "threshold", "alg", "cfg", "temperature", "cache", "mode", "spec-sampling", "sparse", "sparse-block",
+constexpr std::array<std::string_view, 36> kKeys = {
+    "steps", "block-length", "threshold", "alg", "cfg", "temperature", "cache", "mode", "spec-sampling", "draft-threshold", "sparse", "sparse-block",
     "sparse-rho", "sparse-skip", "des", "des-k", "des-beta", "des-scope", "window", "window-ex", "window-in",
     "window-refresh", "window-early-stop", "mid-block-stop", "suffix", "logprobs", "edit-mode",
     "edit-threshold", "max-post-steps", "edit-penalty", "precision", "dequantize", "device", "k-ffn",
@@ -96,6 +96,8 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         c.gen.mode = parse_decode_mode(v);
       } else if (k == "spec-sampling") {
         c.gen.spec_sampling = parse_spec_sampling(v);
+      } else if (k == "draft-threshold") {
+        c.gen.draft_threshold = real();
       } else if (k == "sparse") {
         c.gen.sparse = on_off();
       } else if (k == "sparse-block") {

@@ -55,10 +55,10 @@ const std::set<std::string, std::less<>> kShared = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
     "stream_options", "n", "stop", "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
     // tessera's options
-    "steps", "block_length", "alg", "threshold", "cache", "mode", "spec_sampling", "sparse", "sparse_block",
-    "sparse_rho", "sparse_skip", "des", "des_k", "des_beta", "des_scope", "window", "window_ex", "window_in",
-    "window_refresh", "window_early_stop", "cfg", "edit_mode", "edit_threshold", "max_post_steps",
-    "edit_penalty", "canvas"};
+    "steps", "block_length", "alg", "threshold", "cache", "mode", "spec_sampling", "draft_threshold",
+    "sparse", "sparse_block", "sparse_rho", "sparse_skip", "des", "des_k", "des_beta", "des_scope", "window",
+    "window_ex", "window_in", "window_refresh", "window_early_stop", "cfg", "edit_mode", "edit_threshold",
+    "max_post_steps", "edit_penalty", "canvas"};
 const std::set<std::string, std::less<>> kCompletionOnly = {"prompt", "suffix", "echo", "best_of"};
 const std::set<std::string, std::less<>> kChatOnly = {
     "messages", "top_logprobs", "response_format", "tools",      "tool_choice",         "parallel_tool_calls",
@@ -190,6 +190,7 @@ GenerateOptions options(const json& body, bool chat, const Session& session, con
   if (given(body, "cache")) o.cache = choice(parse_kv_cache, "cache");
   if (given(body, "mode")) o.mode = choice(parse_decode_mode, "mode");
   if (given(body, "spec_sampling")) o.spec_sampling = choice(parse_spec_sampling, "spec_sampling");
+  if (given(body, "draft_threshold")) o.draft_threshold = float_field(body, "draft_threshold");
   if (given(body, "sparse")) o.sparse = bool_field(body, "sparse");
   if (given(body, "sparse_block")) {
     o.sparse_block = small_int("sparse_block");

@@ -217,6 +217,7 @@ typedef struct tessera_generate_options {
   int32_t stop_at_eos;   /* nonzero (default): the answer ends at the first EOS */
   int32_t mode;          /* --mode: a tessera_mode */
   int32_t spec_sampling; /* --spec-sampling: 0 match, 1 rejection (mode SPEC at temperature > 0) */
+  float draft_threshold; /* --draft-threshold (mode SPEC; 0: one draft pass) */
 } tessera_generate_options;
 
 /* The model's defaults. An editing preset: tessera_generate_options_edit_preset. */

@@ -128,6 +128,7 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
     TESSERA_FIELD(stop_at_eos, int32_t)
     TESSERA_FIELD(mode, int32_t)
     TESSERA_FIELD(spec_sampling, int32_t)
+    TESSERA_FIELD(draft_threshold, float)
 #undef TESSERA_FIELD
     if (key == "edit_mode") {
       check(tessera_generate_options_edit_preset(&c, get<std::string>(v, key).c_str()));

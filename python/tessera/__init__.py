@@ -84,6 +84,7 @@ class SamplingParams:
     stop_at_eos: bool = True
     mode: str = "diffusion"  # ar / spec: tri-mode models (Nemotron-Labs-Diffusion)
     spec_sampling: str = "match"  # spec at temperature > 0: match | rejection
+    draft_threshold: float = 0.0  # spec's drafts: 0 one pass
 
     def _options(self) -> dict:
         """The C API's fields (tessera_generate_options), as the CLI derives them from its flags."""
@@ -93,6 +94,7 @@ class SamplingParams:
             "alg_temp": self.alg_temp, "seed": self.seed, "cache": _choice(_CACHES, self.cache, "cache"),
             "mode": _choice(_MODES, self.mode, "mode"),
             "spec_sampling": _choice(_SPEC_SAMPLING, self.spec_sampling, "spec_sampling"),
+            "draft_threshold": self.draft_threshold,
             "des_scope": _choice(_DES_SCOPES, self.des_scope, "des_scope"),
             "stop": list(self.stop), "suffix": self.suffix, "stop_at_eos": int(bool(self.stop_at_eos)),
             "logprobs": -1 if self.logprobs is None else self.logprobs,

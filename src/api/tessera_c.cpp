@@ -186,6 +186,7 @@ tessera_generate_options default_options(const Session& s) {
   o.stop_at_eos = g.stop_at_eos;
   o.mode = static_cast<int32_t>(g.mode);
   o.spec_sampling = static_cast<int32_t>(g.spec_sampling);
+  o.draft_threshold = g.draft_threshold;
   return o;
 }
 
@@ -247,6 +248,7 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   g.stop_at_eos = o.stop_at_eos != 0;
   g.mode = enum_in<tessera::DecodeMode>(o.mode, TESSERA_MODE_SPEC, "mode");
   g.spec_sampling = enum_in<tessera::SpecSampling>(o.spec_sampling, 1, "spec_sampling");
+  g.draft_threshold = o.draft_threshold;
   // The model's default unmasking (left as initialised) gives way where the options need a
   // probability-like confidence, as in `tessera generate`.
   if (g.alg == s.default_alg()) tessera::fit_default_alg(g);

@@ -128,10 +128,10 @@ void run_speculative(Loop& L) {
       if (adapter) L.den.set_draft_adapter(false);
       if (o.logprobs) L.lp = &L.den.last_logprobs();
       size_t k = L.pos.size();
-      if (o.threshold > 0.0f) {
+      if (o.draft_threshold > 0.0f) {
         L.rank(L.pos.size());
         k = 1;
-        while (k < L.idx.size() && L.conf[static_cast<size_t>(L.idx[k])] >= o.threshold) ++k;
+        while (k < L.idx.size() && L.conf[static_cast<size_t>(L.idx[k])] >= o.draft_threshold) ++k;
         L.commit(k);
       } else {
         L.commit_all();

@@ -144,8 +144,8 @@ constexpr Entry kTable[] = {
     {Feature::TriMode,
      Feature::Threshold,
      {Combination::Exact,
-      "the threshold of causal-context diffusion's steps (conf >= threshold, at least one) and of spec's "
-      "drafts (0: one draft pass)"}},
+      "the threshold of causal-context diffusion's steps (conf >= threshold, at least one); spec's drafts "
+      "have their own (draft-threshold)"}},
 };
 
 }  // namespace

@@ -153,10 +153,16 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   }
   if (o.spec_sampling == SpecSampling::Rejection) {
     TESSERA_CHECK(o.mode == DecodeMode::Spec, "spec-sampling rejection applies to mode spec");
-    TESSERA_CHECK(o.threshold <= 0.0f,
-                  "spec-sampling rejection drafts in one pass (its proposal distribution); use threshold 0");
+    TESSERA_CHECK(
+        o.draft_threshold <= 0.0f,
+        "spec-sampling rejection drafts in one pass (its proposal distribution); use draft-threshold 0");
     TESSERA_CHECK(!o.logprobs, "spec-sampling rejection cannot report log-probabilities yet; drop logprobs");
   }
+  TESSERA_CHECK(
+      std::isfinite(o.draft_threshold) && o.draft_threshold >= 0.0f && o.draft_threshold <= 1.0f,
+      "draft-threshold must be in [0, 1] (got " + num(o.draft_threshold) + "); 0 drafts in one pass");
+  TESSERA_CHECK(!(o.draft_threshold > 0.0f && o.mode != DecodeMode::Spec),
+                "draft-threshold applies to mode spec");
   check_combinations(o, block_causal);  // what cannot be defined together (decode/compat.cpp)
   if (block_causal) return;             // blocks on the model's block grid: any block length, steps per block
   if (o.mode != DecodeMode::Diffusion) return;  // ar and spec: no blocks of steps

@@ -145,11 +145,14 @@ struct GenerateOptions {
   // Tri-mode models (decode/causal.cpp): the mode, and whether Diffusion runs with the causal context
   // (the session sets it for a tri-mode model: its blocks are seeded by the causal prefill and each
   // finished block's K / V written by a causal pass, as the model was trained). Ar and Spec always
-  // write the cache causally. Spec's drafts use `threshold` (0: one draft pass fills the block).
+  // write the cache causally.
   DecodeMode mode = DecodeMode::Diffusion;
   bool causal_context = false;
   bool draft_adapter = true;  // spec: drafts add the checkpoint's draft adapter (LoRA) when it has one
   SpecSampling spec_sampling = SpecSampling::Match;  // spec at temperature > 0
+  // spec's drafts: 0 (the reference's default) fills the block in one pass; > 0 runs passes deciding the
+  // most confident position and every other with conf >= draft_threshold. (`threshold` is diffusion's.)
+  float draft_threshold = 0.0f;
   // Whether the generation's forwards switch to causal attention (Denoiser::set_causal).
   bool causal() const { return mode != DecodeMode::Diffusion || causal_context; }
 };

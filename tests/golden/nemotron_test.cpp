@@ -143,7 +143,8 @@ json ref_generate(const std::filesystem::path& dir, const std::vector<int32_t>& 
                     " generate --model " + dir.string() + " --prompt " + test::join_ids(prompt) +
                     " --gen-length " + std::to_string(o.gen_length) + " --mode " + std::string(name(o.mode)) +
                     " --block-length " + std::to_string(o.block_length) + " --threshold " +
-                    std::to_string(o.threshold) + " --out " + out.string() + extra;
+                    std::to_string(o.mode == DecodeMode::Spec ? o.draft_threshold : o.threshold) + " --out " +
+                    out.string() + extra;
   std::string log;
   if (test::run_command(cmd, &log) != 0) {
     ADD_FAILURE() << cmd << "\n" << log;
@@ -173,7 +174,7 @@ GenerateOptions mode_options(DecodeMode m, int gen, int block, float threshold) 
   o.gen_length = gen;
   o.block_length = block;
   o.steps = block;
-  o.threshold = threshold;
+  (m == DecodeMode::Spec ? o.draft_threshold : o.threshold) = threshold;
   o.stop_at_eos = false;
   return o;
 }
@@ -229,7 +230,7 @@ TEST(Nemotron, SpeculationEqualsAutoregressiveGreedy) {
           GenerateOptions sp = ar;
           sp.mode = DecodeMode::Spec;
           sp.block_length = block;
-          sp.threshold = thr;
+          sp.draft_threshold = thr;
           const GenerateResult got = generate(*e, prompt, sp);
           EXPECT_EQ(got.tokens, want.tokens) << "prompt " << s << " block " << block << " threshold " << thr;
           spec_forwards += got.forwards;
@@ -416,7 +417,7 @@ TEST(Nemotron, ErrorsAreClear) {
   rej.spec_sampling = SpecSampling::Rejection;
   test::expect_error([&] { generate(*e, prompt, rej); }, "spec-sampling rejection applies to mode spec");
   rej.mode = DecodeMode::Spec;
-  rej.threshold = 0.5f;
+  rej.draft_threshold = 0.5f;
   test::expect_error([&] { generate(*e, prompt, rej); }, "drafts in one pass");
   e->set_causal(true);
   std::vector<float> out(static_cast<size_t>(e->vocab_size()));
