@@ -32,13 +32,13 @@
  *
  * \section Introduction
  *
- * The cuDNN Frontend API is a C++ header-only library that demonstrates how to use the cuDNN C backend API.
- * The cuDNN C backend API is documented in the cuDNN developer guide.
+ * The cuDNN Frontend API is a C++ header-only library that demonstrates how to use the cuDNN C backend API. The cuDNN C
+ * backend API is documented in the cuDNN developer guide.
  *
  * \section Why use Frontend API
  *
- * Consider the following code snippet which showcases cudnnBackendTensor creation using the backend API and
- * its equivalent front-end API code. Many among the backend constructs follow similar pattern.
+ * Consider the following code snippet which showcases cudnnBackendTensor creation using the backend API and its
+ * equivalent front-end API code. Many among the backend constructs follow similar pattern.
  *
  *  ~~~~~~~~~~~~~~~{.cpp}
  *
@@ -105,45 +105,48 @@
 
 #include <cudnn.h>
 
-#include "cudnn_frontend/backend/device_properties.h"
-#include "cudnn_frontend/backend/kernel_cache.h"
-#include "cudnn_frontend/graph_interface.h"
-#include "cudnn_frontend/utils/attn_score_modifiers.h"
-#include "cudnn_frontend/utils/serialize.h"
 #include "cudnn_frontend_ConvDesc.h"
+#include "cudnn_frontend_Heuristics.h"
 #include "cudnn_frontend_Engine.h"
 #include "cudnn_frontend_EngineConfig.h"
 #include "cudnn_frontend_EngineFallbackList.h"
 #include "cudnn_frontend_Errata.h"
 #include "cudnn_frontend_ExecutionPlan.h"
-#include "cudnn_frontend_ExecutionPlanCache.h"
 #include "cudnn_frontend_Filters.h"
-#include "cudnn_frontend_Heuristics.h"
-#include "cudnn_frontend_Logging.h"
-#include "cudnn_frontend_MatMulDesc.h"
 #include "cudnn_frontend_Operation.h"
 #include "cudnn_frontend_OperationGraph.h"
-#include "cudnn_frontend_PointWiseDesc.h"
-#include "cudnn_frontend_Reorder_Tensor.h"
-#include "cudnn_frontend_Resample.h"
 #include "cudnn_frontend_Tensor.h"
 #include "cudnn_frontend_VariantPack.h"
+#include "cudnn_frontend_PointWiseDesc.h"
+#include "cudnn_frontend_MatMulDesc.h"
+#include "cudnn_frontend_Logging.h"
+#include "cudnn_frontend_Reorder_Tensor.h"
+#include "cudnn_frontend_ExecutionPlanCache.h"
 #include "cudnn_frontend_utils.h"
+
+#include "cudnn_frontend_Resample.h"
+
+#include "cudnn_frontend/graph_interface.h"
+#include "cudnn_frontend/utils/serialize.h"
+#include "cudnn_frontend/backend/kernel_cache.h"
+#include "cudnn_frontend/utils/attn_score_modifiers.h"
+#include "cudnn_frontend/backend/device_properties.h"
+
 #include "cudnn_frontend_version.h"
 
 namespace cudnn_frontend {
-using ConvDesc = ConvDesc_v8;
-using ConvDescBuilder = ConvDescBuilder_v8;
-using ReductionDesc = ReductionDesc_v8;
-using ReductionDescBuilder = ReductionDescBuilder_v8;
-using EngineHeuristicsBuilder = EngineHeuristicsBuilder_v8;
-using EngineHeuristics = EngineHeuristics_v8;
-using EngineBuilder = EngineBuilder_v8;
-using Engine = Engine_v8;
-using EngineConfig = EngineConfig_v8;
-using EngineConfigBuilder = EngineConfigBuilder_v8;
-using EngineFallbackList = EngineFallbackList_v8;
+using ConvDesc                  = ConvDesc_v8;
+using ConvDescBuilder           = ConvDescBuilder_v8;
+using ReductionDesc             = ReductionDesc_v8;
+using ReductionDescBuilder      = ReductionDescBuilder_v8;
+using EngineHeuristicsBuilder   = EngineHeuristicsBuilder_v8;
+using EngineHeuristics          = EngineHeuristics_v8;
+using EngineBuilder             = EngineBuilder_v8;
+using Engine                    = Engine_v8;
+using EngineConfig              = EngineConfig_v8;
+using EngineConfigBuilder       = EngineConfigBuilder_v8;
+using EngineFallbackList        = EngineFallbackList_v8;
 using EngineFallbackListBuilder = EngineFallbackListBuilder_v8;
-using ResampleDesc = ResampleDesc_v8;
-using ResampleDescBuilder = ResampleDescBuilder_v8;
+using ResampleDesc              = ResampleDesc_v8;
+using ResampleDescBuilder       = ResampleDescBuilder_v8;
 }  // namespace cudnn_frontend

@@ -2,98 +2,109 @@
 
 #include "../../cudnn_frontend_Heuristics.h"
 #include "../../cudnn_frontend_Logging.h"
+
 #include "../graph_helpers.h"
 #include "../node_interface.h"
-#include "block_scale_dequantize.h"
+
 #include "diagonal_band_mask.h"
 #include "matmul_fp8.h"
 #include "pointwise.h"
 #include "reduction.h"
 #include "softmax.h"
+#include "block_scale_dequantize.h"
 
 namespace cudnn_frontend::graph {
 
 class SDPAFP8BackwardNode : public NodeCRTP<SDPAFP8BackwardNode> {
-  using input_names = SDPA_fp8_backward_attributes::input_names;
-  using output_names = SDPA_fp8_backward_attributes::output_names;
+    using input_names  = SDPA_fp8_backward_attributes::input_names;
+    using output_names = SDPA_fp8_backward_attributes::output_names;
 
- private:
-  mutable bool is_deterministic_algorithm_supported_on_blackwell =
-      false;  // Will be edited in pre_validate_node()
+   private:
+    mutable bool is_deterministic_algorithm_supported_on_blackwell = false;  // Will be edited in pre_validate_node()
 
- public:
-  mutable SDPA_fp8_backward_attributes
-      attributes;  // mutable to allow auto-routing to deterministic in pre_validate_node()
+   public:
+    mutable SDPA_fp8_backward_attributes
+        attributes;  // mutable to allow auto-routing to deterministic in pre_validate_node()
 
-  SDPAFP8BackwardNode(SDPA_fp8_backward_attributes&& attributes_, detail::Context const& context)
-      : NodeCRTP(context), attributes(std::move(attributes_)) {}
+    SDPAFP8BackwardNode(SDPA_fp8_backward_attributes&& attributes_, detail::Context const& context)
+        : NodeCRTP(context), attributes(std::move(attributes_)) {}
 
-  Type getType() override final { return Type::COMPOSITE; }
-
-  // Helper function to detect MXFP8 (microscaling FP8) mode
-  // MXFP8 uses block-wise scale factors with E8M0 data type and F8_128x4 reordering
-  // When detected, we use block_scale_dequantize before matmuls instead of pointwise descale after
-  bool is_mxfp8_scaling() const {
-    auto descale_q_it = attributes.inputs.find(input_names::Descale_Q);
-    if (descale_q_it == attributes.inputs.end() || descale_q_it->second == nullptr) {
-      return false;
+    Type
+    getType() override final {
+        return Type::COMPOSITE;
     }
-    auto const& descale_q = descale_q_it->second;
-    return (descale_q->get_data_type() == DataType_t::FP8_E8M0 &&
-            descale_q->get_reordering_type() == TensorReordering_t::F8_128x4);
-  }
 
-  error_t pre_validate_node() const override final {
-    CUDNN_FE_LOG_LABEL_ENDL("INFO: Validating SDPAFP8BackwardNode " << attributes.name);
+    // Helper function to detect MXFP8 (microscaling FP8) mode
+    // MXFP8 uses block-wise scale factors with E8M0 data type and F8_128x4 reordering
+    // When detected, we use block_scale_dequantize before matmuls instead of pointwise descale after
+    bool
+    is_mxfp8_scaling() const {
+        auto descale_q_it = attributes.inputs.find(input_names::Descale_Q);
+        if (descale_q_it == attributes.inputs.end() || descale_q_it->second == nullptr) {
+            return false;
+        }
+        auto const& descale_q = descale_q_it->second;
+        return (descale_q->get_data_type() == DataType_t::FP8_E8M0 &&
+                descale_q->get_reordering_type() == TensorReordering_t::F8_128x4);
+    }
 
-    RETURN_CUDNN_FRONTEND_ERROR_IF(
-        detail::get_backend_version() < 90100, error_code_t::GRAPH_NOT_SUPPORTED,
-        "sdpa fp8 backward operation is only supported starting cudnn 9.1.0. Please "
-        "consider upgrading your current version.");
+    error_t
+    pre_validate_node() const override final {
+        CUDNN_FE_LOG_LABEL_ENDL("INFO: Validating SDPAFP8BackwardNode " << attributes.name);
 
-    // Bug workaround for 9.10.0 (TE constraint)
-    RETURN_CUDNN_FRONTEND_ERROR_IF(
-        detail::get_backend_version() == 91000, error_code_t::GRAPH_NOT_SUPPORTED,
-        "sdpa fp8 backward operation is not supported on cudnn 9.10.0 due to known bugs. "
-        "Please consider upgrading to 9.10.2 or newer.");
+        RETURN_CUDNN_FRONTEND_ERROR_IF(detail::get_backend_version() < 90100,
+                                       error_code_t::GRAPH_NOT_SUPPORTED,
+                                       "sdpa fp8 backward operation is only supported starting cudnn 9.1.0. Please "
+                                       "consider upgrading your current version.");
 
-    CHECK_CUDNN_FRONTEND_ERROR(context.populate_sm_version_from_device());
-    int32_t const sm_version = context.get_sm_version();
-    int32_t const prop_major = sm_version / 10;
-    RETURN_CUDNN_FRONTEND_ERROR_IF(
-        prop_major < 9, error_code_t::GRAPH_NOT_SUPPORTED,
-        "sdpa fp8 forward operation is only supported on Hopper architecture and newer. Please "
-        "consider using a newer architecture.");
+        // Bug workaround for 9.10.0 (TE constraint)
+        RETURN_CUDNN_FRONTEND_ERROR_IF(
+            detail::get_backend_version() == 91000,
+            error_code_t::GRAPH_NOT_SUPPORTED,
+            "sdpa fp8 backward operation is not supported on cudnn 9.10.0 due to known bugs. "
+            "Please consider upgrading to 9.10.2 or newer.");
 
-    // check that Q, K, V, O, stats, dO, dQ, dK, dV tensors has been assigned
-    // check that dim and strides has been assigned and last stride is 1
-#define CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(port, port_map)                                                   \
-  {                                                                                                         \
-    std::shared_ptr<Tensor_attributes> tensor_ptr = port_map.at(port);                                      \
-    RETURN_CUDNN_FRONTEND_ERROR_IF(tensor_ptr->get_dim().size() != 4, error_code_t::ATTRIBUTE_NOT_SET,      \
-                                   "The dim for " + std::string(#port) + " is invalid");                    \
-    RETURN_CUDNN_FRONTEND_ERROR_IF(tensor_ptr->get_stride().size() != 4, error_code_t::ATTRIBUTE_NOT_SET,   \
-                                   "The stride for " + std::string(#port) + " is invalid");                 \
-    RETURN_CUDNN_FRONTEND_ERROR_IF(                                                                         \
-        tensor_ptr->get_stride()[3] != 1, error_code_t::GRAPH_NOT_SUPPORTED,                                \
-        "The stride for the last dimension corresponding to the embedding size per head should be 1 for " + \
-            std::string(#port));                                                                            \
-  }
+        CHECK_CUDNN_FRONTEND_ERROR(context.populate_sm_version_from_device());
+        int32_t const sm_version = context.get_sm_version();
+        int32_t const prop_major = sm_version / 10;
+        RETURN_CUDNN_FRONTEND_ERROR_IF(
+            prop_major < 9,
+            error_code_t::GRAPH_NOT_SUPPORTED,
+            "sdpa fp8 forward operation is only supported on Hopper architecture and newer. Please "
+            "consider using a newer architecture.");
 
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::Q, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::K, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::V, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::O, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::Stats, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::dO, attributes.inputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dQ, attributes.outputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dK, attributes.outputs);
-    CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dV, attributes.outputs);
+        // check that Q, K, V, O, stats, dO, dQ, dK, dV tensors has been assigned
+        // check that dim and strides has been assigned and last stride is 1
+#define CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(port, port_map)                                                       \
+    {                                                                                                           \
+        std::shared_ptr<Tensor_attributes> tensor_ptr = port_map.at(port);                                      \
+        RETURN_CUDNN_FRONTEND_ERROR_IF(tensor_ptr->get_dim().size() != 4,                                       \
+                                       error_code_t::ATTRIBUTE_NOT_SET,                                         \
+                                       "The dim for " + std::string(#port) + " is invalid");                    \
+        RETURN_CUDNN_FRONTEND_ERROR_IF(tensor_ptr->get_stride().size() != 4,                                    \
+                                       error_code_t::ATTRIBUTE_NOT_SET,                                         \
+                                       "The stride for " + std::string(#port) + " is invalid");                 \
+        RETURN_CUDNN_FRONTEND_ERROR_IF(                                                                         \
+            tensor_ptr->get_stride()[3] != 1,                                                                   \
+            error_code_t::GRAPH_NOT_SUPPORTED,                                                                  \
+            "The stride for the last dimension corresponding to the embedding size per head should be 1 for " + \
+                std::string(#port));                                                                            \
+    }
+
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::Q, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::K, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::V, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::O, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::Stats, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(input_names::dO, attributes.inputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dQ, attributes.outputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dK, attributes.outputs);
+        CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE(output_names::dV, attributes.outputs);
 
 #undef CUDNN_FE_SDPA_VALIDATE_DIM_STRIDE
 
-    // validate backend limitations for the operation
-    // clang-format off
+        // validate backend limitations for the operation
+        // clang-format off
         int64_t s_q  = attributes.inputs.at(input_names::Q)->get_dim()[2];
         int64_t s_kv = attributes.inputs.at(input_names::K)->get_dim()[2];
         int64_t h_q  = attributes.inputs.at(input_names::Q)->get_dim()[1];

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "../graph_helpers.h"
 #include "../graph_properties.h"
+#include "../graph_helpers.h"
 
 namespace cudnn_frontend::graph {
 #ifndef CUDNN_FRONTEND_SKIP_JSON_LIB
@@ -13,8 +13,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(BN_finalize_attributes::input_names,
                                  {BN_finalize_attributes::input_names::BIAS, "BIAS"},
                                  {BN_finalize_attributes::input_names::EPSILON, "EPSILON"},
                                  {BN_finalize_attributes::input_names::ACCUM_COUNT, "ACCUM_COUNT"},
-                                 {BN_finalize_attributes::input_names::PREV_RUNNING_MEAN,
-                                  "PREV_RUNNING_MEAN"},
+                                 {BN_finalize_attributes::input_names::PREV_RUNNING_MEAN, "PREV_RUNNING_MEAN"},
                                  {BN_finalize_attributes::input_names::PREV_RUNNING_VAR, "PREV_RUNNING_VAR"},
                                  {BN_finalize_attributes::input_names::MOMENTUM, "MOMENTUM"},
                              })
@@ -25,8 +24,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(BN_finalize_attributes::output_names,
                                  {BN_finalize_attributes::output_names::EQ_BIAS, "EQ_BIAS"},
                                  {BN_finalize_attributes::output_names::MEAN, "MEAN"},
                                  {BN_finalize_attributes::output_names::INV_VARIANCE, "INV_VARIANCE"},
-                                 {BN_finalize_attributes::output_names::NEXT_RUNNING_MEAN,
-                                  "NEXT_RUNNING_MEAN"},
+                                 {BN_finalize_attributes::output_names::NEXT_RUNNING_MEAN, "NEXT_RUNNING_MEAN"},
                                  {BN_finalize_attributes::output_names::NEXT_RUNNING_VAR, "NEXT_RUNNING_VAR"},
                              })
 
@@ -129,9 +127,10 @@ NLOHMANN_JSON_SERIALIZE_ENUM(DBN_weight_attributes::output_names,
                                  {DBN_weight_attributes::output_names::EQ_SCALE_X, "EQ_SCALE_X"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Genstats_attributes::input_names, {
-                                                                   {Genstats_attributes::input_names::X, "X"},
-                                                               })
+NLOHMANN_JSON_SERIALIZE_ENUM(Genstats_attributes::input_names,
+                             {
+                                 {Genstats_attributes::input_names::X, "X"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Genstats_attributes::output_names,
                              {
@@ -160,8 +159,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Instancenorm_backward_attributes::input_names,
                                  {Instancenorm_backward_attributes::input_names::X, "X"},
                                  {Instancenorm_backward_attributes::input_names::SCALE, "SCALE"},
                                  {Instancenorm_backward_attributes::input_names::MEAN, "MEAN"},
-                                 {Instancenorm_backward_attributes::input_names::INV_VARIANCE,
-                                  "INV_VARIANCE"},
+                                 {Instancenorm_backward_attributes::input_names::INV_VARIANCE, "INV_VARIANCE"},
                              })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Instancenorm_backward_attributes::output_names,
@@ -223,8 +221,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(AdaLayernorm_backward_attributes::input_names,
                                  {AdaLayernorm_backward_attributes::input_names::X, "X"},
                                  {AdaLayernorm_backward_attributes::input_names::SCALE, "SCALE"},
                                  {AdaLayernorm_backward_attributes::input_names::MEAN, "MEAN"},
-                                 {AdaLayernorm_backward_attributes::input_names::INV_VARIANCE,
-                                  "INV_VARIANCE"},
+                                 {AdaLayernorm_backward_attributes::input_names::INV_VARIANCE, "INV_VARIANCE"},
                              })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(AdaLayernorm_backward_attributes::output_names,
@@ -243,9 +240,10 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Matmul_attributes::input_names,
                                  {Matmul_attributes::input_names::K_override, "K_override"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Matmul_attributes::output_names, {
-                                                                  {Matmul_attributes::output_names::C, "C"},
-                                                              })
+NLOHMANN_JSON_SERIALIZE_ENUM(Matmul_attributes::output_names,
+                             {
+                                 {Matmul_attributes::output_names::C, "C"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Matmul_fp8_attributes::input_names,
                              {
@@ -282,20 +280,21 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Reduction_attributes::input_names,
                                  {Reduction_attributes::input_names::X, "X"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Reduction_attributes::output_names,
-                             {{Reduction_attributes::output_names::Y, "Y"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(Reduction_attributes::output_names, {{Reduction_attributes::output_names::Y, "Y"}})
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Resample_attributes::input_names, {
-                                                                   {Resample_attributes::input_names::X, "X"},
-                                                               })
+NLOHMANN_JSON_SERIALIZE_ENUM(Resample_attributes::input_names,
+                             {
+                                 {Resample_attributes::input_names::X, "X"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Resample_attributes::output_names,
                              {{Resample_attributes::output_names::Y, "Y"},
                               {Resample_attributes::output_names::Index, "Index"}})
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Reshape_attributes::input_names, {
-                                                                  {Reshape_attributes::input_names::X, "X"},
-                                                              })
+NLOHMANN_JSON_SERIALIZE_ENUM(Reshape_attributes::input_names,
+                             {
+                                 {Reshape_attributes::input_names::X, "X"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Reshape_attributes::output_names, {{Reshape_attributes::output_names::Y, "Y"}})
 
@@ -304,8 +303,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Transpose_attributes::input_names,
                                  {Transpose_attributes::input_names::X, "X"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Transpose_attributes::output_names,
-                             {{Transpose_attributes::output_names::Y, "Y"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(Transpose_attributes::output_names, {{Transpose_attributes::output_names::Y, "Y"}})
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Rmsnorm_attributes::input_names,
                              {
@@ -336,10 +334,11 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Rmsnorm_backward_attributes::output_names,
                                  {Rmsnorm_backward_attributes::output_names::DBIAS, "DBIAS"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Rng_attributes::input_names, {
-                                                              {Rng_attributes::input_names::Seed, "Seed"},
-                                                              {Rng_attributes::input_names::Offset, "Offset"},
-                                                          })
+NLOHMANN_JSON_SERIALIZE_ENUM(Rng_attributes::input_names,
+                             {
+                                 {Rng_attributes::input_names::Seed, "Seed"},
+                                 {Rng_attributes::input_names::Offset, "Offset"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Rng_attributes::output_names, {{Rng_attributes::output_names::Y, "Y"}})
 
@@ -405,8 +404,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(SDPA_backward_attributes::input_names,
                                  {SDPA_backward_attributes::input_names::Offset, "Offset"},
                                  {SDPA_backward_attributes::input_names::Dropout_mask, "Dropout_mask"},
                                  {SDPA_backward_attributes::input_names::Dropout_scale, "Dropout_scale"},
-                                 {SDPA_backward_attributes::input_names::Dropout_scale_inv,
-                                  "Dropout_scale_inv"},
+                                 {SDPA_backward_attributes::input_names::Dropout_scale_inv, "Dropout_scale_inv"},
                                  {SDPA_backward_attributes::input_names::SINK_TOKEN, "SINK_TOKEN"},
                              })
 
@@ -420,12 +418,14 @@ NLOHMANN_JSON_SERIALIZE_ENUM(SDPA_backward_attributes::output_names,
                                  {SDPA_backward_attributes::output_names::DSINK_TOKEN, "DSINK_TOKEN"},
                              })
 
-NLOHMANN_JSON_SERIALIZE_ENUM(Slice_attributes::output_names, {
-                                                                 {Slice_attributes::output_names::Y, "Y"},
-                                                             })
-NLOHMANN_JSON_SERIALIZE_ENUM(Slice_attributes::input_names, {
-                                                                {Slice_attributes::input_names::X, "X"},
-                                                            })
+NLOHMANN_JSON_SERIALIZE_ENUM(Slice_attributes::output_names,
+                             {
+                                 {Slice_attributes::output_names::Y, "Y"},
+                             })
+NLOHMANN_JSON_SERIALIZE_ENUM(Slice_attributes::input_names,
+                             {
+                                 {Slice_attributes::input_names::X, "X"},
+                             })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(SDPA_fp8_backward_attributes::input_names,
                              {
@@ -447,8 +447,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(SDPA_fp8_backward_attributes::input_names,
                                  {SDPA_fp8_backward_attributes::input_names::Offset, "Offset"},
                                  {SDPA_fp8_backward_attributes::input_names::Dropout_mask, "Dropout_mask"},
                                  {SDPA_fp8_backward_attributes::input_names::Dropout_scale, "Dropout_scale"},
-                                 {SDPA_fp8_backward_attributes::input_names::Dropout_scale_inv,
-                                  "Dropout_scale_inv"},
+                                 {SDPA_fp8_backward_attributes::input_names::Dropout_scale_inv, "Dropout_scale_inv"},
 
                                  {SDPA_fp8_backward_attributes::input_names::Descale_Q, "Descale_Q"},
                                  {SDPA_fp8_backward_attributes::input_names::Descale_K, "Descale_K"},
@@ -511,8 +510,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Moe_grouped_matmul_attributes::input_names,
                              {
                                  {Moe_grouped_matmul_attributes::input_names::Token, "Token"},
                                  {Moe_grouped_matmul_attributes::input_names::Weight, "Weight"},
-                                 {Moe_grouped_matmul_attributes::input_names::FirstTokenOffset,
-                                  "FirstTokenOffset"},
+                                 {Moe_grouped_matmul_attributes::input_names::FirstTokenOffset, "FirstTokenOffset"},
                                  {Moe_grouped_matmul_attributes::input_names::TokenIndex, "TokenIndex"},
                                  {Moe_grouped_matmul_attributes::input_names::TokenKs, "TokenKs"},
                              })
@@ -526,8 +524,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Moe_grouped_matmul_bwd_attributes::input_names,
                              {
                                  {Moe_grouped_matmul_bwd_attributes::input_names::DOutput, "DOutput"},
                                  {Moe_grouped_matmul_bwd_attributes::input_names::Token, "Token"},
-                                 {Moe_grouped_matmul_bwd_attributes::input_names::FirstTokenOffset,
-                                  "FirstTokenOffset"},
+                                 {Moe_grouped_matmul_bwd_attributes::input_names::FirstTokenOffset, "FirstTokenOffset"},
                              })
 
 NLOHMANN_JSON_SERIALIZE_ENUM(Moe_grouped_matmul_bwd_attributes::output_names,
@@ -535,70 +532,73 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Moe_grouped_matmul_bwd_attributes::output_names,
                                  {Moe_grouped_matmul_bwd_attributes::output_names::DWeight, "DWeight"},
                              })
 
-inline void to_json(nlohmann::json& j, const Tensor_attributes& ta) {
-  j = nlohmann::json{{"name", ta.name},
-                     {"data_type", ta.data_type},
-                     {"dim", ta.dim},
-                     {"stride", ta.stride},
-                     {"is_virtual", ta.is_virtual},
-                     {"pass_by_value", ta.pass_by_value},
-                     {"is_pass_by_value", ta.is_pass_by_value},
-                     {"reordering_type", ta.reordering_type},
-                     {"uid", ta.uid},
-                     {"uid_assigned", ta.uid_assigned}};
-  if (ta.ragged_offset) {
-    j["ragged_offset_uid"] = ta.ragged_offset->get_uid();
-    j["ragged_offset_name"] = ta.ragged_offset->get_name();
-  }
+inline void
+to_json(nlohmann::json& j, const Tensor_attributes& ta) {
+    j = nlohmann::json{{"name", ta.name},
+                       {"data_type", ta.data_type},
+                       {"dim", ta.dim},
+                       {"stride", ta.stride},
+                       {"is_virtual", ta.is_virtual},
+                       {"pass_by_value", ta.pass_by_value},
+                       {"is_pass_by_value", ta.is_pass_by_value},
+                       {"reordering_type", ta.reordering_type},
+                       {"uid", ta.uid},
+                       {"uid_assigned", ta.uid_assigned}};
+    if (ta.ragged_offset) {
+        j["ragged_offset_uid"]  = ta.ragged_offset->get_uid();
+        j["ragged_offset_name"] = ta.ragged_offset->get_name();
+    }
 }
 
-inline void from_json(const nlohmann::json& j, Tensor_attributes& ta) {
-  ta.name = j.at("name").get<std::string>();
-  ta.data_type = j.at("data_type").get<DataType_t>();
-  ta.dim = j.at("dim").get<std::vector<int64_t>>();
-  ta.stride = j.at("stride").get<std::vector<int64_t>>();
-  ta.is_virtual = j.at("is_virtual").get<bool>();
-  ta.is_pass_by_value = j.at("is_pass_by_value").get<bool>();
-  ta.reordering_type = j.at("reordering_type").get<TensorReordering_t>();
-  ta.uid = j.at("uid").get<Tensor_attributes::uid_t>();
-  ta.uid_assigned = j.at("uid_assigned").get<bool>();
+inline void
+from_json(const nlohmann::json& j, Tensor_attributes& ta) {
+    ta.name             = j.at("name").get<std::string>();
+    ta.data_type        = j.at("data_type").get<DataType_t>();
+    ta.dim              = j.at("dim").get<std::vector<int64_t>>();
+    ta.stride           = j.at("stride").get<std::vector<int64_t>>();
+    ta.is_virtual       = j.at("is_virtual").get<bool>();
+    ta.is_pass_by_value = j.at("is_pass_by_value").get<bool>();
+    ta.reordering_type  = j.at("reordering_type").get<TensorReordering_t>();
+    ta.uid              = j.at("uid").get<Tensor_attributes::uid_t>();
+    ta.uid_assigned     = j.at("uid_assigned").get<bool>();
 
-  if (ta.is_pass_by_value && !j["pass_by_value"].is_null()) {
-    ta.pass_by_value = j.at("pass_by_value");
-  }
+    if (ta.is_pass_by_value && !j["pass_by_value"].is_null()) {
+        ta.pass_by_value = j.at("pass_by_value");
+    }
 }
 
-NLOHMANN_JSON_SERIALIZE_ENUM(KnobType_t, {
-                                             {KnobType_t::NOT_SET, nullptr},
-                                             {KnobType_t::SWIZZLE, "SWIZZLE"},
-                                             {KnobType_t::TILE_SIZE, "TILE_SIZE"},
-                                             {KnobType_t::EDGE, "EDGE"},
-                                             {KnobType_t::MULTIPLY, "MULTIPLY"},
-                                             {KnobType_t::SPLIT_K_BUF, "SPLIT_K_BUF"},
-                                             {KnobType_t::TILEK, "TILEK"},
-                                             {KnobType_t::STAGES, "STAGES"},
-                                             {KnobType_t::REDUCTION_MODE, "REDUCTION_MODE"},
-                                             {KnobType_t::SPLIT_K_SLC, "SPLIT_K_SLC"},
-                                             {KnobType_t::IDX_MODE, "IDX_MODE"},
-                                             {KnobType_t::SPECFILT, "SPECFILT"},
-                                             {KnobType_t::KERNEL_CFG, "KERNEL_CFG"},
-                                             {KnobType_t::WORKSPACE, "WORKSPACE"},
-                                             {KnobType_t::TILE_CGA_M, "TILE_CGA_M"},
-                                             {KnobType_t::TILE_CGA_N, "TILE_CGA_N"},
-                                             {KnobType_t::BLOCK_SIZE, "BLOCK_SIZE"},
-                                             {KnobType_t::OCCUPANCY, "OCCUPANCY"},
-                                             {KnobType_t::ARRAY_SIZE_PER_THREAD, "ARRAY_SIZE_PER_THREAD"},
-                                             {KnobType_t::SPLIT_COLS, "SPLIT_COLS"},
-                                             {KnobType_t::TILE_ROWS, "TILE_ROWS"},
-                                             {KnobType_t::TILE_COLS, "TILE_COLS"},
-                                             {KnobType_t::LOAD_SIZE, "LOAD_SIZE"},
-                                             {KnobType_t::CTA_COUNT, "CTA_COUNT"},
-                                             {KnobType_t::STREAM_K, "STREAM_K"},
-                                             {KnobType_t::SPLIT_P_SLC, "SPLIT_P_SLC"},
-                                             {KnobType_t::TILE_M, "TILE_M"},
-                                             {KnobType_t::TILE_N, "TILE_N"},
-                                             {KnobType_t::WARP_SPEC_CFG, "WARP_SPEC_CFG"},
-                                         })
+NLOHMANN_JSON_SERIALIZE_ENUM(KnobType_t,
+                             {
+                                 {KnobType_t::NOT_SET, nullptr},
+                                 {KnobType_t::SWIZZLE, "SWIZZLE"},
+                                 {KnobType_t::TILE_SIZE, "TILE_SIZE"},
+                                 {KnobType_t::EDGE, "EDGE"},
+                                 {KnobType_t::MULTIPLY, "MULTIPLY"},
+                                 {KnobType_t::SPLIT_K_BUF, "SPLIT_K_BUF"},
+                                 {KnobType_t::TILEK, "TILEK"},
+                                 {KnobType_t::STAGES, "STAGES"},
+                                 {KnobType_t::REDUCTION_MODE, "REDUCTION_MODE"},
+                                 {KnobType_t::SPLIT_K_SLC, "SPLIT_K_SLC"},
+                                 {KnobType_t::IDX_MODE, "IDX_MODE"},
+                                 {KnobType_t::SPECFILT, "SPECFILT"},
+                                 {KnobType_t::KERNEL_CFG, "KERNEL_CFG"},
+                                 {KnobType_t::WORKSPACE, "WORKSPACE"},
+                                 {KnobType_t::TILE_CGA_M, "TILE_CGA_M"},
+                                 {KnobType_t::TILE_CGA_N, "TILE_CGA_N"},
+                                 {KnobType_t::BLOCK_SIZE, "BLOCK_SIZE"},
+                                 {KnobType_t::OCCUPANCY, "OCCUPANCY"},
+                                 {KnobType_t::ARRAY_SIZE_PER_THREAD, "ARRAY_SIZE_PER_THREAD"},
+                                 {KnobType_t::SPLIT_COLS, "SPLIT_COLS"},
+                                 {KnobType_t::TILE_ROWS, "TILE_ROWS"},
+                                 {KnobType_t::TILE_COLS, "TILE_COLS"},
+                                 {KnobType_t::LOAD_SIZE, "LOAD_SIZE"},
+                                 {KnobType_t::CTA_COUNT, "CTA_COUNT"},
+                                 {KnobType_t::STREAM_K, "STREAM_K"},
+                                 {KnobType_t::SPLIT_P_SLC, "SPLIT_P_SLC"},
+                                 {KnobType_t::TILE_M, "TILE_M"},
+                                 {KnobType_t::TILE_N, "TILE_N"},
+                                 {KnobType_t::WARP_SPEC_CFG, "WARP_SPEC_CFG"},
+                             })
 
 #endif
 }  // namespace cudnn_frontend::graph

@@ -463,6 +463,6 @@ inline constexpr const char ln_fwd_silu_kernel_flags[] = R"FLAGS(--gpu-architect
 -default-device
 --use_fast_math
 )FLAGS";
-inline constexpr size_t ln_fwd_silu_kernel_flags_len = sizeof(ln_fwd_silu_kernel_flags) - 1;
+inline constexpr size_t ln_fwd_silu_kernel_flags_len   = sizeof(ln_fwd_silu_kernel_flags) - 1;
 
 }  // namespace cudnn_frontend::experimental::generated

@@ -3466,7 +3466,7 @@ inline constexpr const char sm100_d128_fprop_flags[] = R"FLAGS(
 -DCUTLASS_DEBUG_TRACE_LEVEL=0 
 -DCUTLASS_VERSIONS_GENERATED 
 )FLAGS";
-inline constexpr size_t sm100_d128_fprop_flags_len = sizeof(sm100_d128_fprop_flags) - 1;
+inline constexpr size_t sm100_d128_fprop_flags_len   = sizeof(sm100_d128_fprop_flags) - 1;
 
 }  // namespace generated
 }  // namespace experimental

@@ -1747,7 +1747,7 @@ inline constexpr const char d128_fprop_flags[] = R"FLAGS(--gpu-architecture=sm_9
 -default-device
 --use_fast_math 
 )FLAGS";
-inline constexpr size_t d128_fprop_flags_len = sizeof(d128_fprop_flags) - 1;
+inline constexpr size_t d128_fprop_flags_len   = sizeof(d128_fprop_flags) - 1;
 
 }  // namespace generated
 }  // namespace experimental

@@ -1748,7 +1748,7 @@ inline constexpr const char d64_fprop_flags[] = R"FLAGS(--gpu-architecture=sm_90
 -default-device
 --use_fast_math 
 )FLAGS";
-inline constexpr size_t d64_fprop_flags_len = sizeof(d64_fprop_flags) - 1;
+inline constexpr size_t d64_fprop_flags_len   = sizeof(d64_fprop_flags) - 1;
 
 }  // namespace generated
 }  // namespace experimental
