@@ -144,8 +144,8 @@ void run_speculative(Loop& L) {
     causal_forward(L, c, e, causal_params(L, (uint64_t{1} << 40) + static_cast<uint64_t>(L.forwards)));
     size_t a = 1;  // kept: the matching run of drafts, then the verified token after it
     while (a < L.pos.size() && L.tok[a - 1] == drafts[a - 1]) ++a;
-    for (int p = c + 1; p < e;
-         ++p) {  // the drafts go back to masks; the kept positions take the verified tokens
+    // The drafts go back to masks; the kept positions take the verified tokens.
+    for (int p = c + 1; p < e; ++p) {
       L.decided[static_cast<size_t>(p)] = 0;
       L.canvas[static_cast<size_t>(p)] = L.mask;
     }
