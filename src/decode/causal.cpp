@@ -93,6 +93,14 @@ std::unique_ptr<RowPolicy> make_causal_rows(const GenerateOptions& o) {
   return std::make_unique<CausalRows>(o.block_length);
 }
 
+void return_drafts(Loop& L, int lo, int hi) {
+  for (int p = lo; p < hi; ++p) {
+    L.decided[static_cast<size_t>(p)] = 0;
+    L.canvas[static_cast<size_t>(p)] = L.mask;
+  }
+  L.editable_from = INT_MAX;
+}
+
 void run_autoregressive(Loop& L) {
   const int end = L.P + L.G;
   for (int p = L.P; p < end && !L.ended; ++p)
@@ -114,19 +122,14 @@ void run_speculative(Loop& L) {
       c += speculative_sampling_cycle(L, c, e, adapter);
       continue;
     }
-    // Draft: the positions (c, e), bidirectionally over the block, provisional until verified.
+    // Draft: the positions (c, e), bidirectionally over the block [c, e) (CausalRows' rows from
+    // block_lo), provisional until verified.
     L.editable_from = c + 1;
+    L.block_lo = c;
     while (L.prepare(c + 1, e)) {
-      const SampleParams sp = L.params(g++);
-      L.den.set_causal(false);
       if (adapter) L.den.set_draft_adapter(true);
-      ++L.forwards;
-      L.tok.assign(L.pos.size(), 0);
-      L.conf.assign(L.pos.size(), 0.0f);
-      L.den.predict_cached(std::span<const int32_t>(L.canvas).first(static_cast<size_t>(e)), c, e, L.pos, sp,
-                           L.tok, L.conf);
+      L.predict(L.params(g++));
       if (adapter) L.den.set_draft_adapter(false);
-      if (o.logprobs) L.lp = &L.den.last_logprobs();
       size_t k = L.pos.size();
       if (o.draft_threshold > 0.0f) {
         L.rank(L.pos.size());
@@ -145,11 +148,7 @@ void run_speculative(Loop& L) {
     size_t a = 1;  // kept: the matching run of drafts, then the verified token after it
     while (a < L.pos.size() && L.tok[a - 1] == drafts[a - 1]) ++a;
     // The drafts go back to masks; the kept positions take the verified tokens.
-    for (int p = c + 1; p < e; ++p) {
-      L.decided[static_cast<size_t>(p)] = 0;
-      L.canvas[static_cast<size_t>(p)] = L.mask;
-    }
-    L.editable_from = INT_MAX;
+    return_drafts(L, c + 1, e);
     L.idx.resize(a);
     for (size_t i = 0; i < a; ++i) L.idx[i] = static_cast<int>(i);
     L.commit(a);

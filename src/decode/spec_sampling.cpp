@@ -12,7 +12,6 @@
 // Whole logit rows come to the host (Denoiser::logits_rows), so such requests run alone in serve
 // (RequestPlan::host_logits). Host draws: rng_uniform(seed of the cycle, position, purpose).
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "decode/loop.h"
@@ -120,11 +119,7 @@ int speculative_sampling_cycle(Loop& L, int c, int e, bool adapter) {
     break;
   }
   // The drafts go back to masks; the kept positions take their tokens (final).
-  for (int pos = c + 1; pos < e; ++pos) {
-    L.decided[static_cast<size_t>(pos)] = 0;
-    L.canvas[static_cast<size_t>(pos)] = L.mask;
-  }
-  L.editable_from = INT_MAX;
+  return_drafts(L, c + 1, e);
   L.pos.resize(kept.size());
   L.tok = kept;
   L.conf = kept_p;

@@ -6,13 +6,13 @@
 
 namespace tessera {
 
-void bind_hf_embeddings(Model& m) {
+void bind_hf_embeddings(Model& m, const std::string& prefix, const std::string& head) {
   const ModelConfig& c = m.config();
   DenseWeights& w = m.weights();
-  w.embed = m.bind("model.embed_tokens.weight", {c.vocab, c.hidden}, false);
-  w.final_norm = m.bind("model.norm.weight", {c.hidden}, false);
-  w.lm_head = c.tie_embeddings ? m.bind("model.embed_tokens.weight", {c.vocab, c.hidden}, true)
-                               : m.bind("lm_head.weight", {c.vocab, c.hidden}, true);
+  w.embed = m.bind(prefix + "embed_tokens.weight", {c.vocab, c.hidden}, false);
+  w.final_norm = m.bind(prefix + "norm.weight", {c.hidden}, false);
+  w.lm_head = c.tie_embeddings ? m.bind(prefix + "embed_tokens.weight", {c.vocab, c.hidden}, true)
+                               : m.bind(head, {c.vocab, c.hidden}, true);
   w.layers.resize(static_cast<size_t>(c.n_layers));
 }
 

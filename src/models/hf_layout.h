@@ -8,8 +8,9 @@
 
 namespace tessera {
 
-// model.embed_tokens, model.norm, lm_head (or tied); sizes the layer table.
-void bind_hf_embeddings(Model& m);
+// PREFIXembed_tokens, PREFIXnorm, `head` (or tied to the embeddings); sizes the layer table.
+void bind_hf_embeddings(Model& m, const std::string& prefix = "model.",
+                        const std::string& head = "lm_head.weight");
 // Per layer (b = "model.layers.N."): input_layernorm, self_attn.{q,k,v,o}_proj (+ q/k/v biases when the
 // config has them), post_attention_layernorm.
 void bind_hf_attention(Model& m, LayerWeights& L, const std::string& layer_prefix);

@@ -166,15 +166,10 @@ constexpr GeometryPreset kGeometries[] = {
 
 void bind(Model& m) {
   const ModelConfig& c = m.config();
-  DenseWeights& w = m.weights();
-  w.embed = m.bind("encoder.embed_tokens.weight", {c.vocab, c.hidden}, false);
-  w.final_norm = m.bind("encoder.norm.weight", {c.hidden}, false);
-  w.lm_head = c.tie_embeddings ? m.bind("encoder.embed_tokens.weight", {c.vocab, c.hidden}, true)
-                               : m.bind("diffusion_head.weight", {c.vocab, c.hidden}, true);
-  w.layers.resize(static_cast<size_t>(c.n_layers));
+  bind_hf_embeddings(m, "encoder.", "diffusion_head.weight");
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string b = "encoder.layers." + std::to_string(l) + ".";
-    LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    LayerWeights& L = m.weights().layers[static_cast<size_t>(l)];
     bind_hf_attention(m, L, b);
     bind_swiglu(m, L, b + "mlp.", c.intermediate);
     const ModelConfig::DraftAdapter& a = c.draft_adapter;
