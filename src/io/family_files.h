@@ -110,6 +110,9 @@ struct GgufFormat {
   bool rope_interleaved = false;        // the converter permuted q / k for ggml's interleaved RoPE
   // The FFN's metadata and tensors (`a`: "<arch>."); nullptr: a dense FFN of feed_forward_length.
   void (*ffn)(const GgufFile& g, const std::string& a, ModelConfig& c) = nullptr;
+  // The family's own metadata after the shared keys (RoPE scaling, decoding modes), or nullptr. Only a
+  // family with this reader may have a {arch}.rope.scaling.type other than "none"; it must check it.
+  void (*read)(const GgufFile& g, const std::string& a, ModelConfig& c) = nullptr;
 };
 
 // The files of one family.

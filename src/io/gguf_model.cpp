@@ -147,7 +147,7 @@ ModelConfig gguf_config(const GgufFile& g) {
     fail(where + ": rope.dimension_count " + std::to_string(c.rotary_dim) + " must be even and at most " +
          std::to_string(c.head_dim));
   const std::string scaling = g.get_string(a + "rope.scaling.type", "none");
-  if (scaling != "none")
+  if (scaling != "none" && f->read == nullptr)
     fail(where + ": RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
   if (g.get_bool(a + "attention.causal", false))
     fail(where + ": " + a + "attention.causal is true; tessera runs these models bidirectionally");
@@ -169,6 +169,8 @@ ModelConfig gguf_config(const GgufFile& g) {
   } else {
     c.intermediate = positive(a + "feed_forward_length", g.require_int(a + "feed_forward_length"));
   }
+
+  if (f->read != nullptr) f->read(g, a, c);
 
   auto token = [&](const char* key) { return static_cast<int32_t>(g.get_int(key, -1)); };
   c.mask_id = token("tokenizer.ggml.mask_token_id");

@@ -6,9 +6,9 @@
 // self-speculation, the pass that writes a finished block's K / V) and bidirectional ones (diffusion
 // drafts over a block against the causal cache). Names: encoder.embed_tokens, encoder.layers.N.{
 // input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj},
-// encoder.norm, diffusion_head; the draft adapter (linear_spec_lora/, PEFT) on o_proj. No GGUF form yet (the
-// spec's converter maps it onto DREAM, which drops YaRN and the query scale): refused by the GGUF reader as
-// an unknown architecture.
+// encoder.norm, diffusion_head; the draft adapter (linear_spec_lora/, PEFT) on o_proj. GGUF: architecture
+// "nemotron-diffusion" (read_gguf below), tessera's own choice: the spec's converter maps the model onto
+// llama.cpp's DREAM, which drops YaRN, the query scale and the causal modes.
 #include <cmath>
 #include <fstream>
 
@@ -116,6 +116,51 @@ void read_adapter(const std::filesystem::path& dir, ModelConfig& c) {
   c.draft_adapter.dir = "linear_spec_lora";
 }
 
+// GGUF (tools/gguf/hf_to_gguf.py; spec open point 9, chosen here): architecture "nemotron-diffusion" with
+// llama.cpp's names for the shared keys and tensors (blk.N.attn_q ..., output = diffusion_head), RoPE
+// scaling in llama.cpp's keys ({arch}.rope.scaling.type none | yarn, .factor, .original_context_length,
+// .yarn_beta_fast, .yarn_beta_slow, .attn_factor), the Llama-4 query scale as
+// {arch}.attention.temperature_scale (beta, from original_context_length on), and the trained block
+// length as diffusion.block_size. The draft adapter has no GGUF form: such a model drafts with the base.
+void read_gguf(const GgufFile& g, const std::string& a, ModelConfig& c) {
+  const std::string where = g.path().string();
+  ModelConfig::RopeScaling& y = c.rope_scaling;
+  y.original_max = gguf_positive(g, a + "rope.scaling.original_context_length",
+                                 g.get_int(a + "rope.scaling.original_context_length", c.max_positions));
+  const std::string type = g.get_string(a + "rope.scaling.type", "none");
+  if (type == "yarn") {
+    y.factor = static_cast<float>(g.get_float(a + "rope.scaling.factor", 1.0));
+    if (!(y.factor >= 1.0f)) fail(where + ": " + a + "rope.scaling.factor must be at least 1");
+    y.beta_fast = static_cast<float>(g.get_float(a + "rope.scaling.yarn_beta_fast", 32.0));
+    y.beta_slow = static_cast<float>(g.get_float(a + "rope.scaling.yarn_beta_slow", 1.0));
+    y.truncate = g.get_bool(a + "rope.scaling.yarn_truncate", true);
+    y.attn_factor =
+        static_cast<float>(g.get_float(a + "rope.scaling.attn_factor", yarn_mscale(y.factor, 1.0)));
+    if (!(y.attn_factor > 0.0f)) fail(where + ": " + a + "rope.scaling.attn_factor must be positive");
+  } else if (type != "none") {
+    fail(where + ": RoPE scaling '" + type + "' (" + a +
+         "rope.scaling.type) is not supported (none or yarn)");
+  }
+  y.llama4_beta = static_cast<float>(g.get_float(a + "attention.temperature_scale", 0.0));
+  if (y.llama4_beta < 0.0f) fail(where + ": " + a + "attention.temperature_scale must not be negative");
+  if (c.logit_shift) fail(where + ": diffusion.shift_logits is true; Nemotron-Labs-Diffusion does not shift");
+  c.tri_mode = true;
+  c.diffusion_block = gguf_positive(g, "diffusion.block_size", g.get_int("diffusion.block_size", 32));
+}
+
+constexpr GgufFormat gguf_format() {
+  GgufFormat f;
+  f.arch = "nemotron-diffusion";
+  f.embed = "encoder.embed_tokens.weight";
+  f.final_norm = "encoder.norm.weight";
+  f.lm_head = "diffusion_head.weight";
+  f.layer_prefix = "encoder.layers.";
+  f.layer_names = kHfGgufLayerNames;
+  f.mask_token = "<mask>";
+  f.read = read_gguf;
+  return f;
+}
+
 // The real geometries (spec section 1): 32 q heads, 8 KV heads, head_dim 128, vocabulary 131072, YaRN
 // factor 16 over 16384 original positions (mscale = mscale_all_dim: cos / sin unscaled), Llama-4 beta 0.1.
 void nemotron_common(ModelConfig& c) {
@@ -188,7 +233,8 @@ constexpr FamilyInfo kNemotronFamily{
               .config = {.model_types = "nemotron_labs_diffusion",
                          .claims = claims,
                          .read = read_config,
-                         .finish = read_adapter}},
+                         .finish = read_adapter},
+              .gguf = gguf_format()},
     .geometries = kGeometries,
     .bind = bind,
 };

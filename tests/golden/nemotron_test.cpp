@@ -18,6 +18,8 @@
 #include "engine/batcher.h"
 #include "engine/engine.h"
 #include "io/config.h"
+#include "io/gguf.h"
+#include "io/model_files.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -401,6 +403,76 @@ TEST(Nemotron, BatchedRequestsEqualAlone) {
     EXPECT_EQ(got[i].order, alone[i].order) << "request " << i;
   }
   EXPECT_GT(b.stats().forwards, 0);
+}
+
+// The GGUF form (tools/gguf/hf_to_gguf.py, architecture "nemotron-diffusion"; needs llama.cpp's gguf-py from
+// scripts/fetch_llamacpp.sh): the same configuration (YaRN, the query scale, tri-mode, the block), the
+// checkpoint's logits in both attention modes, and the same tokens in every mode.
+TEST(Nemotron, GgufFormIsTheCheckpoint) {
+  const std::filesystem::path gguf_py = test::source_dir() / ".llamacpp/gguf-py";
+  if (!std::filesystem::exists(gguf_py))
+    GTEST_SKIP() << ".llamacpp/gguf-py is absent (run scripts/fetch_llamacpp.sh): no converter to test";
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  const std::filesystem::path file = test::temp_dir("nemotron_gguf") / "tiny.gguf";
+  std::string log;
+  ASSERT_EQ(test::run_command(
+                test::python() + " " + (test::source_dir() / "tools/gguf/hf_to_gguf.py").string() + " " +
+                    dir.string() + " " + file.string() + " --quiet --gguf-py " + gguf_py.string(),
+                &log),
+            0)
+      << log;
+  const ModelConfig want = load_config(dir), got = load_config(file);
+  EXPECT_STREQ(family_name(got.family), "nemotron-diffusion");
+  EXPECT_TRUE(got.tri_mode);
+  EXPECT_EQ(got.head_dim, want.head_dim);
+  EXPECT_EQ(got.diffusion_block, want.diffusion_block);
+  EXPECT_FLOAT_EQ(got.rope_scaling.factor, want.rope_scaling.factor);
+  EXPECT_FLOAT_EQ(got.rope_scaling.attn_factor, want.rope_scaling.attn_factor);
+  EXPECT_FLOAT_EQ(got.rope_scaling.llama4_beta, want.rope_scaling.llama4_beta);
+  EXPECT_EQ(got.rope_scaling.original_max, want.rope_scaling.original_max);
+  EXPECT_EQ(got.mask_id, want.mask_id);
+  EXPECT_EQ(got.eos_id, want.eos_id);
+  auto a = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  auto b = Engine::load(file, EngineOptions{.precision = Precision::F32});
+  const int64_t V = a->vocab_size(), n = 100;  // past original_max 64: the query scale too
+  const auto canvas = test::random_canvas(n, V, 23, a->mask_token(), 0.3);
+  for (const bool causal : {false, true}) {
+    a->set_causal(causal);
+    b->set_causal(causal);
+    const auto rows = range(causal ? 1 : 0, static_cast<int32_t>(n));
+    std::vector<float> la(rows.size() * static_cast<size_t>(V)), lb(la.size());
+    a->logits(canvas, rows, la);
+    b->logits(canvas, rows, lb);
+    EXPECT_LT(rel_err(lb, la), 1e-6) << (causal ? "causal" : "bidirectional");
+  }
+  a->set_causal(false);
+  b->set_causal(false);
+  const auto prompt = test::ordinary_tokens(7, V, 61);
+  for (const DecodeMode m : {DecodeMode::Ar, DecodeMode::Diffusion, DecodeMode::Spec}) {
+    const GenerateOptions o = mode_options(m, 32, 8, m == DecodeMode::Spec ? 0.0f : 0.2f);
+    const GenerateResult ra = generate(*a, prompt, o), rb = generate(*b, prompt, o);
+    EXPECT_EQ(rb.tokens, ra.tokens) << name(m);
+    EXPECT_EQ(rb.forwards, ra.forwards) << name(m);
+  }
+  // Metadata the family cannot run is refused by key.
+  const auto edited = [&](const std::string& key, const GgufValue& v) {
+    const auto g = GgufFile::open(file);
+    std::vector<std::pair<std::string, GgufValue>> kv(g->metadata().begin(), g->metadata().end());
+    for (auto& [k, x] : kv)
+      if (k == key) x = v;
+    std::vector<GgufWriteTensor> t;
+    for (const GgufTensor& x : g->tensors()) t.push_back({x.name, x.ne, x.type, {x.data, x.data + x.bytes}});
+    const std::filesystem::path out = file.parent_path() / "edited.gguf";
+    write_gguf(out, kv, t);
+    return out;
+  };
+  GgufValue longrope{.type = GgufValue::String};
+  longrope.s = "longrope";
+  test::expect_error([&] { load_config(edited("nemotron-diffusion.rope.scaling.type", longrope)); },
+                     "RoPE scaling 'longrope' (nemotron-diffusion.rope.scaling.type) is not supported");
+  GgufValue shift{.type = GgufValue::Bool};
+  shift.i = 1;
+  test::expect_error([&] { load_config(edited("diffusion.shift_logits", shift)); }, "does not shift");
 }
 
 TEST(Nemotron, ErrorsAreClear) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Converts tessera's Hugging Face checkpoints (LLaDA, Dream, LLaDA-MoE) to GGUF, the way llama.cpp does.
+"""Converts tessera's Hugging Face checkpoints (LLaDA, Dream, LLaDA-MoE, Nemotron-Labs-Diffusion) to GGUF, the way
+llama.cpp does.
 
   hf_to_gguf.py HF_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k]
                 [--vocab-only] [--gguf-py DIR] [--ggml-lib PATH] [--quiet]
@@ -20,7 +21,8 @@ not in its list). The differences to it are listed under DEVIATIONS below.
 
 Architectures: config.json model_type "llada" (with d_model) -> MODEL_ARCH.LLADA "llada";
 "Dream"/"dream" -> MODEL_ARCH.DREAM "dream"; "lladamoe"/"llada_moe" (or "llada" with num_experts and no
-d_model) -> MODEL_ARCH.LLADA_MOE "llada-moe".
+d_model) -> MODEL_ARCH.LLADA_MOE "llada-moe"; "nemotron_labs_diffusion" -> "nemotron-diffusion", an
+architecture of tessera's own (llama.cpp has none for tri-mode models; see NEMOTRON below).
 
 Conventions (as the official converter):
   * LLaDA: q_proj / k_proj weights (and biases) are permuted like LLaDAModel.permute (HF rotate-half RoPE
@@ -46,6 +48,17 @@ Conventions (as the official converter):
     *_token strings looked up in added_tokens, else config.json *_token_id), add_bos / add_eos from
     tokenizer_config.json, chat_template; LLaDA: tokenizer.ggml.add_bos_token = true.
 
+NEMOTRON (Nemotron-Labs-Diffusion, shared/specs/nemotron-labs-diffusion.md; open point 9 chosen as a new
+architecture): tensors renamed encoder. -> model. and diffusion_head -> lm_head (the spec's GGUF mapping), then
+named with DREAM's tensor map (blk.N.attn_q ..., output.weight), no permutation (rotate-half = NEOX RoPE);
+keys as the other families plus attention.key_length / value_length = head_dim, attention.causal = false,
+diffusion.shift_logits = false, diffusion.block_size = config block_size, rope.scaling.type yarn with
+rope.scaling.factor / original_context_length / yarn_beta_fast / yarn_beta_slow / attn_factor (HF's
+attention_factor: attention_factor, else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), else
+0.1 ln(factor) + 1) / yarn_truncate (only when false), and attention.temperature_scale =
+llama_4_scaling_beta with attention.temperature_length = original_max_position_embeddings (as llama.cpp writes
+Ministral-3's). The draft adapter in linear_spec_lora/ is not converted (the GGUF drafts with the base model).
+
 DEVIATIONS from the official converter (each only where it would fail or give a wrong model):
   * tokenizer.ggml.pre comes from comparing the pre-tokenizer regex (not from hashing a test string
     through transformers); known: qwen2, llama-bpe, gpt-2, llada-moe; anything else is an error.
@@ -61,6 +74,7 @@ DEVIATIONS from the official converter (each only where it would fail or give a 
 import argparse
 import ctypes
 import json
+import math
 import os
 import re
 import sys
@@ -250,9 +264,11 @@ def detect_family(cfg):
         return "llada"
     if mt in ("Dream", "dream") or "DreamModel" in archs:
         return "dream"
+    if mt == "nemotron_labs_diffusion" or "NemotronLabsDiffusionModel" in archs:
+        return "nemotron"
     if mt == "llada2_moe":
         die("LLaDA2 (llada2_moe) has no llama.cpp architecture in llama.cpp v0.5.0")
-    die(f"unsupported model_type {mt!r} / architectures {archs} (llada, Dream, lladamoe)")
+    die(f"unsupported model_type {mt!r} / architectures {archs} (llada, Dream, lladamoe, nemotron_labs_diffusion)")
 
 
 def llada_permute(w, n_head, n_head_kv):
@@ -366,8 +382,8 @@ def build_vocab(gguf, d, family, vocab_size):
         t = reverse[i]
         if i in added and added[i]["content"] == t:
             special = bool(added[i].get("special", False))
-            if family in ("llada", "dream"):
-                # LLaDAModel / DreamModel.get_vocab_base
+            if family in ("llada", "dream", "nemotron"):
+                # LLaDAModel / DreamModel.get_vocab_base (nemotron: as the spec's converter, DREAM's)
                 types.append(T.CONTROL if special else T.USER_DEFINED)
             else:
                 # TextModel.get_vocab_base (LLaDA-MoE): special or looks special -> CONTROL
@@ -408,6 +424,9 @@ def tensor_plan(gguf, family, cfg, ck, arch):
     plans, done = [], set()
 
     def mapped(name):
+        if family == "nemotron":  # the spec's GGUF mapping onto the llama-style names
+            name = "model." + name[len("encoder."):] if name.startswith("encoder.") else name
+            name = "lm_head" + name[len("diffusion_head"):] if name.startswith("diffusion_head") else name
         new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
         if new is None:
             die(f"cannot map tensor {name!r} to a {gguf.MODEL_ARCH_NAMES[arch]} GGUF tensor")
@@ -521,8 +540,13 @@ def main():
         cfg = json.load(f)
     family = detect_family(cfg)
     arch = {"llada": gguf.MODEL_ARCH.LLADA, "dream": gguf.MODEL_ARCH.DREAM,
-            "llada_moe": gguf.MODEL_ARCH.LLADA_MOE}[family]
-    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+            "llada_moe": gguf.MODEL_ARCH.LLADA_MOE, "nemotron": gguf.MODEL_ARCH.DREAM}[family]
+    arch_name = "nemotron-diffusion" if family == "nemotron" else gguf.MODEL_ARCH_NAMES[arch]
+    if family == "nemotron":
+        if cfg.get("dlm_paradigm", "bidirectional") != "bidirectional":
+            die(f"dlm_paradigm {cfg['dlm_paradigm']!r}: only the released 'bidirectional' is supported")
+        if os.path.isdir(os.path.join(d, "linear_spec_lora")):
+            Log.warn("linear_spec_lora/ (the draft adapter) is not converted: the GGUF drafts with the base model")
     ck = Checkpoint(d)
     if family == "llada_moe":
         check_moe_supported(cfg, ck)
@@ -588,7 +612,7 @@ def main():
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if rope:
         rt = rope.get("rope_type", rope.get("type"))
-        if rt not in (None, "default"):
+        if rt not in (None, "default") and not (family == "nemotron" and rt == "yarn"):
             die(f"rope scaling {rope} is not supported by this converter")
     theta = find(cfg, ["global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta",
                        "rotary_emb_base"])
@@ -614,6 +638,35 @@ def main():
         put("rope.dimension_count", W.add_rope_dimension_count, rope_dim)
         put("attention.causal", W.add_causal_attention, False)
         put("diffusion.shift_logits", W.add_diffusion_shift_logits, False)
+    elif family == "nemotron":
+        put("attention.causal", W.add_causal_attention, False)
+        put("diffusion.shift_logits", W.add_diffusion_shift_logits, False)
+        put("diffusion.block_size", lambda v: W.add_uint32("diffusion.block_size", v), int(cfg.get("block_size", 32)))
+        orig = int(rope.get("original_max_position_embeddings", n_ctx))
+        if rope.get("rope_type", rope.get("type")) == "yarn":
+            factor = float(rope.get("factor", 1.0))
+
+            def mscale(scale, m):
+                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+            if rope.get("attention_factor") is not None:
+                attn = float(rope["attention_factor"])
+            elif rope.get("mscale") and rope.get("mscale_all_dim"):
+                attn = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
+            else:
+                attn = mscale(factor, 1.0)
+            put("rope.scaling.type", W.add_rope_scaling_type, gguf.RopeScalingType.YARN)
+            put("rope.scaling.factor", W.add_rope_scaling_factor, factor)
+            put("rope.scaling.yarn_beta_fast", W.add_rope_scaling_yarn_beta_fast, float(rope.get("beta_fast", 32.0)))
+            put("rope.scaling.yarn_beta_slow", W.add_rope_scaling_yarn_beta_slow, float(rope.get("beta_slow", 1.0)))
+            put("rope.scaling.attn_factor", W.add_rope_scaling_attn_factors, attn)
+            if rope.get("truncate", True) is False:
+                put("rope.scaling.yarn_truncate", lambda v: W.add_bool(f"{arch_name}.rope.scaling.yarn_truncate", v),
+                    False)
+        put("rope.scaling.original_context_length", W.add_rope_scaling_orig_ctx_len, orig)
+        beta = rope.get("llama_4_scaling_beta")
+        if beta:
+            put("attention.temperature_scale", W.add_attn_temperature_scale, float(beta))
+            put("attention.temperature_length", W.add_attn_temperature_length, orig)
     elif family == "dream":
         put("attention.causal", W.add_causal_attention, False)
         # DreamModel writes mask_token_id here; SpecialVocab below writes the same key again
@@ -640,7 +693,7 @@ def main():
     W.add_token_list(tokens)
     W.add_token_types(toktypes)
     sv = gguf.SpecialVocab(d, load_merges=True)
-    if family in ("dream", "llada_moe") and cfg.get("mask_token_id") is not None \
+    if family in ("dream", "llada_moe", "nemotron") and cfg.get("mask_token_id") is not None \
             and "mask" not in sv.special_token_ids:
         sv.special_token_ids["mask"] = int(cfg["mask_token_id"])
     sv.add_to_gguf(W, quiet=True)

@@ -5,6 +5,8 @@
 
 llada     -> config.json (model_type "llada", LLaDAModelLM field names), tensors model.transformer.*
 llada_moe -> config.json (model_type "lladamoe", LLaDAMoEModelLM field names), tensors model.layers.*
+nemotron  -> config.json (model_type "nemotron_labs_diffusion", NemotronLabsDiffusionModel field names,
+             default RoPE, block_size), tensors encoder.* + diffusion_head (untied)
 Both: bf16 safetensors written here (JSON header + raw little-endian bytes; no `safetensors` package
 needed), sharded with model.safetensors.index.json when larger than --max-shard-mb, plus
 tokenizer.json, tokenizer_config.json, generation_config.json. Also loads such a directory back
@@ -46,6 +48,18 @@ def hf_tensors(model):
             t[b + "ff_out.weight"] = sd[s + "ffn.w_down.weight"]
         t[p + "ln_f.weight"] = sd["final_norm.weight"]
         t[p + "ff_out.weight"] = sd["lm_head.weight"]
+    elif c["arch"] == "nemotron":
+        t["encoder.embed_tokens.weight"] = sd["embed.weight"]
+        for i in range(c["n_layers"]):
+            s, b = f"layers.{i}.", f"encoder.layers.{i}."
+            t[b + "input_layernorm.weight"] = sd[s + "attn_norm.weight"]
+            for x in "qkvo":
+                t[b + f"self_attn.{x}_proj.weight"] = sd[s + f"attn.w{x}.weight"]
+            t[b + "post_attention_layernorm.weight"] = sd[s + "ffn_norm.weight"]
+            for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+                t[b + f"mlp.{n}.weight"] = sd[s + f"ffn.{w}.weight"]
+        t["encoder.norm.weight"] = sd["final_norm.weight"]
+        t["diffusion_head.weight"] = sd["lm_head.weight"]
     else:
         t["model.embed_tokens.weight"] = sd["embed.weight"]
         for i in range(c["n_layers"]):
@@ -83,6 +97,18 @@ def from_hf_tensors(c, t):
                 sd[s + mine] = t[b + theirs + ".weight"]
         sd["final_norm.weight"] = t[p + "ln_f.weight"]
         sd["lm_head.weight"] = t[p + "ff_out.weight"]
+    elif c["arch"] == "nemotron":
+        sd["embed.weight"] = t["encoder.embed_tokens.weight"]
+        for i in range(c["n_layers"]):
+            s, b = f"layers.{i}.", f"encoder.layers.{i}."
+            sd[s + "attn_norm.weight"] = t[b + "input_layernorm.weight"]
+            for x in "qkvo":
+                sd[s + f"attn.w{x}.weight"] = t[b + f"self_attn.{x}_proj.weight"]
+            sd[s + "ffn_norm.weight"] = t[b + "post_attention_layernorm.weight"]
+            for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+                sd[s + f"ffn.{w}.weight"] = t[b + f"mlp.{n}.weight"]
+        sd["final_norm.weight"] = t["encoder.norm.weight"]
+        sd["lm_head.weight"] = t["diffusion_head.weight"]
     else:
         sd["embed.weight"] = t["model.embed_tokens.weight"]
         for i in range(c["n_layers"]):
@@ -116,6 +142,17 @@ def hf_config(c, meta):
                 "vocab_size": c["vocab_size"], "embedding_size": c["vocab_size"],
                 "max_sequence_length": c["max_seq_len"], "rope_theta": float(c["rope_theta"]),
                 "rms_norm_eps": c["rms_norm_eps"], "weight_tying": False, **ids,
+                "torch_dtype": "bfloat16", "use_cache": False}
+    if c["arch"] == "nemotron":
+        return {"architectures": ["NemotronLabsDiffusionModel"], "model_type": "nemotron_labs_diffusion",
+                "hidden_size": c["d_model"], "intermediate_size": c["mlp_hidden"],
+                "num_hidden_layers": c["n_layers"], "num_attention_heads": c["n_heads"],
+                "num_key_value_heads": c["n_kv_heads"], "head_dim": c["head_dim"],
+                "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"], "hidden_act": "silu",
+                "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0,
+                "max_position_embeddings": c["max_seq_len"],
+                "rope_parameters": {"rope_type": "default", "rope_theta": float(c["rope_theta"])},
+                **ids, "block_size": c["block_size"], "dlm_paradigm": "bidirectional",
                 "torch_dtype": "bfloat16", "use_cache": False}
     return {"architectures": ["LLaDAMoEModelLM"], "model_type": "lladamoe",
             "hidden_size": c["d_model"], "num_hidden_layers": c["n_layers"],
@@ -225,6 +262,12 @@ def model_config_from_hf(cfg):
                 "mlp_hidden": cfg["mlp_hidden_size"], "vocab_size": cfg["embedding_size"],
                 "max_seq_len": cfg["max_sequence_length"], "rope_theta": cfg["rope_theta"],
                 "rms_norm_eps": cfg["rms_norm_eps"], "qk_norm": False}
+    if cfg["model_type"] == "nemotron_labs_diffusion":
+        return {"arch": "nemotron", "d_model": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"],
+                "n_heads": cfg["num_attention_heads"], "n_kv_heads": cfg["num_key_value_heads"],
+                "head_dim": cfg["head_dim"], "mlp_hidden": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
+                "max_seq_len": cfg["max_position_embeddings"], "rope_theta": cfg["rope_parameters"]["rope_theta"],
+                "rms_norm_eps": cfg["rms_norm_eps"], "qk_norm": False, "block_size": cfg["block_size"]}
     return {"arch": "llada_moe", "d_model": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"],
             "n_heads": cfg["num_attention_heads"], "n_kv_heads": cfg["num_key_value_heads"],
             "head_dim": cfg["head_dim"], "expert_hidden": cfg["expert_intermediate_size"],

@@ -1,10 +1,13 @@
-"""PyTorch masked-diffusion transformers in the LLaDA (dense) and LLaDA-MoE layouts.
+"""PyTorch masked-diffusion transformers in the LLaDA (dense), LLaDA-MoE and Nemotron-Labs-Diffusion layouts.
 
 Runs on torch 1.13 (CPU) and torch 2.x (CUDA): F.scaled_dot_product_attention only where it exists.
 Both families: bidirectional attention, RMSNorm (fp32, cast back, times weight), rotate-half RoPE on
 positions 0..T-1 (fp32), SwiGLU FFN, no biases, untied LM head, logits not shifted.
 LLaDA-MoE adds per-head RMSNorm on q and k before RoPE (qk-norm) and replaces the FFN by a
 softmax router (fp32) over E experts, top-k WITHOUT renormalisation: out = sum_e w_e * expert_e(x).
+Nemotron-Labs-Diffusion ("nemotron", tri-mode) is the dense block with explicit positions and an attention
+mask (True = may attend): train.py's joint objective runs a causal stream and a block-diffusion stream in
+one sequence (tri_mask).
 """
 import math
 
@@ -56,7 +59,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, c["rms_norm_eps"])
             self.k_norm = RMSNorm(hd, c["rms_norm_eps"])
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.H, self.hd)
         k = self.wk(x).view(B, T, self.KV, self.hd)
@@ -69,10 +72,13 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.H // self.KV, dim=1)
             v = v.repeat_interleave(self.H // self.KV, dim=1)
         if HAVE_SDPA:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
         else:
             att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.hd))
-            o = torch.matmul(att.float().softmax(-1).to(v.dtype), v)
+            att = att.float()
+            if mask is not None:
+                att = att.masked_fill(~mask, float("-inf"))
+            o = torch.matmul(att.softmax(-1).to(v.dtype), v)
         return self.wo(o.transpose(1, 2).reshape(B, T, self.H * self.hd))
 
 
@@ -142,8 +148,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(c["d_model"], c["rms_norm_eps"])
         self.ffn = MoE(c) if c["arch"] == "llada_moe" else SwiGLU(c["d_model"], c["mlp_hidden"])
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -176,15 +182,20 @@ class DiffusionLM(nn.Module):
             self._rope[key] = rope_tables(T, self.c["head_dim"], self.c["rope_theta"], device)
         return self._rope[key]
 
-    def hidden(self, ids):
-        cos, sin = self.rope(ids.shape[1], ids.device)
+    def hidden(self, ids, pos=None, mask=None):
+        """ids [B, T]; pos [T] (default 0..T-1); mask [T, T] bool, True = may attend (default: all)."""
+        if pos is None:
+            cos, sin = self.rope(ids.shape[1], ids.device)
+        else:
+            cos, sin = self.rope(int(pos.max()) + 1, ids.device)
+            cos, sin = cos[pos], sin[pos]
         x = self.embed(ids)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, mask)
         return self.final_norm(x)
 
-    def forward(self, ids):
-        return self.lm_head(self.hidden(ids))
+    def forward(self, ids, pos=None, mask=None):
+        return self.lm_head(self.hidden(ids, pos, mask))
 
     def moe_layers(self):
         return [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoE)]
@@ -194,6 +205,21 @@ class DiffusionLM(nn.Module):
         if not m:
             return None, None
         return sum(x.last_aux for x in m) / len(m), sum(x.last_z for x in m) / len(m)
+
+
+def tri_mask(L, block, device):
+    """The joint objective's attention over [clean x0 (L) ; noisy xt (L)] (2L positions, both at 0..L-1):
+    clean i sees clean j <= i (causal: the AR stream, and the K / V a causal pass writes to the cache);
+    noisy i in block b sees the clean positions before the block (the cache) and its own noisy block
+    bidirectionally, which is how the engine's drafts attend (shared/specs/nemotron-labs-diffusion.md)."""
+    i = torch.arange(L, device=device)
+    causal = i[None, :] <= i[:, None]
+    bi = i // block
+    before = i[None, :] < (bi * block)[:, None]
+    same = bi[:, None] == bi[None, :]
+    top = torch.cat([causal, torch.zeros(L, L, dtype=torch.bool, device=device)], 1)
+    bottom = torch.cat([before, same], 1)
+    return torch.cat([top, bottom], 0)
 
 
 def param_counts(model):

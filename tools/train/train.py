@@ -3,6 +3,7 @@
 
   train.py --preset tessera-tiny     --out tools/train/runs/tiny [--device cpu|cuda] [--time-budget-minutes 120]
   train.py --preset tessera-tiny-moe --out tools/train/runs/tiny-moe ...
+  train.py --preset tessera-tiny-tri --init models/tessera-tiny --out tools/train/runs/tiny-tri ...
   (any preset field can be overridden: --d-model, --n-layers, --batch-size, --lr, --steps, ...)
 
 Objective (LLaDA pretraining): for each sequence x0 of --seq-len tokens, t ~ U(eps, 1); every token is
@@ -10,6 +11,13 @@ replaced by <|mdm_mask|> with probability t; loss = sum over masked positions of
 by the number of tokens in the batch (B * L). Attention is bidirectional. Sequences are random
 windows of the packed token stream (documents are <|startoftext|> ... <|endoftext|>).
 MoE adds aux_coef * load-balancing loss (Switch: E * sum_e f_e * P_e) + z_coef * router z-loss.
+
+Tri-mode objective (arch nemotron, Nemotron-Labs-Diffusion: one checkpoint that decodes autoregressively,
+by block diffusion against a causal cache, and by self-speculation): each sequence runs as [x0 ; xt] under
+model.tri_mask, the clean half causal and the noisy half in blocks of --block-size that see the clean
+prefix before their block and themselves. xt masks each block with its own t ~ U(eps, 1). loss =
+--ar-weight * (next-token CE of the clean half, mean) + --dlm-weight * (sum over masked positions of
+CE / t, divided by B * L), the joint AR + masked-diffusion objective of the spec (section 3).
 
 Optimiser AdamW (betas 0.9/0.95, weight decay on matrices only), linear warmup then cosine to
 lr * min_lr_frac; the schedule's progress is max(step / --steps, elapsed / budget), so a time budget
@@ -40,7 +48,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from model import DiffusionLM, param_counts  # noqa: E402
+from model import DiffusionLM, param_counts, tri_mask  # noqa: E402
 
 PRESETS = {
     # dense LLaDA layout: 6.0M parameters (2.1M of them embeddings + LM head)
@@ -48,6 +56,9 @@ PRESETS = {
     # LLaDA-MoE layout: 13.1M total, 6.0M active (4 of 16 experts of 128 = the dense FFN's 512)
     "tessera-tiny-moe": dict(arch="llada_moe", d_model=256, n_layers=6, n_heads=4, n_kv_heads=4,
                              n_experts=16, top_k=4, expert_hidden=128),
+    # Nemotron-Labs-Diffusion layout, tessera-tiny's geometry (so --init models/tessera-tiny fits)
+    "tessera-tiny-tri": dict(arch="nemotron", d_model=256, n_layers=6, n_heads=4, n_kv_heads=4, mlp_hidden=512),
+    "smoke-tri": dict(arch="nemotron", d_model=128, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=256),
     # a small configuration for quick checks
     "smoke": dict(arch="llada", d_model=128, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=256),
     "smoke-moe": dict(arch="llada_moe", d_model=128, n_layers=2, n_heads=2, n_kv_heads=2,
@@ -102,6 +113,88 @@ def llada_loss(model, x0, mask_id, gen=None, eps=1e-3, t=None):
     logits = model.lm_head(hm).float()
     ce = F.cross_entropy(logits, x0[masked], reduction="none")
     return (ce / p_mask[masked]).sum() / (B * L), int(hm.shape[0])
+
+
+def tri_loss(model, x0, mask_id, block, ar_w, dlm_w, gen=None, eps=1e-3, t=None):
+    """The tri-mode objective (module doc): (loss, AR CE, DLM loss, masked count). t: per-block ratios
+    [B, L / block] (default: drawn)."""
+    B, L = x0.shape
+    nb = (L + block - 1) // block
+    if t is None:
+        t = (1 - eps) * torch.rand(B, nb, device=x0.device, generator=gen) + eps
+    p_mask = t.repeat_interleave(block, dim=1)[:, :L]
+    masked = torch.rand(B, L, device=x0.device, generator=gen) < p_mask
+    xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
+    pos = torch.arange(L, device=x0.device).repeat(2)
+    h = model.hidden(torch.cat([x0, xt], 1), pos, tri_mask(L, block, x0.device))
+    ar = F.cross_entropy(model.lm_head(h[:, :L - 1]).float().reshape(-1, model.c["vocab_size"]),
+                         x0[:, 1:].reshape(-1))
+    hm = h[:, L:][masked]
+    dlm = h.sum() * 0.0
+    if hm.shape[0]:
+        ce = F.cross_entropy(model.lm_head(hm).float(), x0[masked], reduction="none")
+        dlm = (ce / p_mask[masked]).sum() / (B * L)
+    return ar_w * ar + dlm_w * dlm, ar, dlm, int(hm.shape[0])
+
+
+@torch.no_grad()
+def evaluate_tri(model, data, L, device, block, windows=None, batch=16, seed=1234, amp=None):
+    """Held-out metrics of the tri-mode objective: next-token accuracy / CE of the causal stream, and for t
+    in EVAL_TS the masked accuracy / CE of the block-diffusion stream (every block masked at ratio t, fixed
+    seed); "loss" is AR CE + the DLM objective (per-block t ~ U, seeded)."""
+    model.eval()
+    W = data.test_windows(L, windows)
+    res = {"windows": int(W.shape[0]), "tokens": int(W.numel())}
+    pos = torch.arange(L, device=device).repeat(2)
+    att = tri_mask(L, block, device)
+    causal = att[:L, :L]
+    nb = (L + block - 1) // block
+    n = correct = base_correct = 0
+    ce_sum = base_ce = 0.0
+    for i in range(0, W.shape[0], batch):
+        x0 = W[i:i + batch].to(device)
+        with amp():
+            h = model.hidden(x0, None, causal)[:, :L - 1].float()
+        logits = model.lm_head(h).float().reshape(-1, model.c["vocab_size"])
+        tgt = x0[:, 1:].reshape(-1)
+        ce_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
+        correct += (logits.argmax(-1) == tgt).sum().item()
+        tc = tgt.cpu()
+        base_correct += (tc == data.unigram_top).sum().item()
+        base_ce -= data.unigram_logp[tc].sum().item()
+        n += tgt.numel()
+    res["ar"] = {"tokens": n, "acc": correct / n, "ce": ce_sum / n, "unigram_acc": base_correct / n,
+                 "unigram_ce": base_ce / n}
+    for t in EVAL_TS:
+        g = torch.Generator().manual_seed(seed + int(t * 1000))
+        n = correct = 0
+        ce_sum = 0.0
+        for i in range(0, W.shape[0], batch):
+            x0 = W[i:i + batch]
+            masked = torch.rand(x0.shape, generator=g) < t
+            xt = torch.where(masked, torch.full_like(x0, data.mask_id), x0)
+            with amp():
+                h = model.hidden(torch.cat([x0, xt], 1).to(device), pos, att)[:, L:].float()
+            mk = masked.to(device)
+            tgt = x0[masked].to(device)
+            logits = model.lm_head(h[mk]).float()
+            ce_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
+            correct += (logits.argmax(-1) == tgt).sum().item()
+            n += tgt.numel()
+        res[f"t={t}"] = {"masked": n, "acc": correct / n, "ce": ce_sum / n}
+    g = torch.Generator().manual_seed(seed)
+    tot = cnt = 0.0
+    for i in range(0, W.shape[0], batch):
+        x0 = W[i:i + batch]
+        tt = (1 - 1e-3) * torch.rand(x0.shape[0], nb, generator=g) + 1e-3
+        with amp():
+            _, ar, dlm, _ = tri_loss(model, x0.to(device), data.mask_id, block, 1.0, 1.0,
+                                     t=tt.to(device))
+        tot += (float(ar) + float(dlm)) * x0.shape[0]
+        cnt += x0.shape[0]
+    res["loss"] = tot / cnt
+    model.train()
+    return res
 
 
 @torch.no_grad()
@@ -163,9 +256,12 @@ def evaluate(model, data, L, device, windows=None, batch=16, seed=1234, amp=None
 
 def eval_line(r):
     s = f"held-out loss {r['loss']:.4f}"
+    if "ar" in r:
+        s += f" | ar: acc {r['ar']['acc']:.3f} (unigram {r['ar']['unigram_acc']:.3f}) ce {r['ar']['ce']:.3f}"
     for t in EVAL_TS:
         e = r[f"t={t}"]
-        s += f" | t={t}: acc {e['acc']:.3f} (unigram {e['unigram_acc']:.3f}) ce {e['ce']:.3f}"
+        s += f" | t={t}: acc {e['acc']:.3f}" + (f" (unigram {e['unigram_acc']:.3f})" if "unigram_acc" in e else "")
+        s += f" ce {e['ce']:.3f}"
     if "expert_load" in r:
         s += " | expert entropy " + " ".join(f"{x['entropy']:.2f}" for x in r["expert_load"])
         s += f" / {r['expert_load'][0]['max_entropy']:.2f}"
@@ -215,6 +311,8 @@ def build_config(a, meta):
     c["rope_theta"] = a.rope_theta
     c["rms_norm_eps"] = 1e-5
     c["qk_norm"] = c["arch"] == "llada_moe"
+    if c["arch"] == "nemotron":
+        c["block_size"] = a.block_size
     return c
 
 
@@ -222,7 +320,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS))
-    ap.add_argument("--arch", choices=["llada", "llada_moe"])
+    ap.add_argument("--arch", choices=["llada", "llada_moe", "nemotron"])
     for k in ("d-model", "n-layers", "n-heads", "n-kv-heads", "mlp-hidden", "n-experts", "top-k",
               "expert-hidden"):
         ap.add_argument("--" + k, type=int)
@@ -243,6 +341,9 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--aux-coef", type=float, default=0.01, help="MoE load-balancing loss weight")
     ap.add_argument("--z-coef", type=float, default=1e-3, help="MoE router z-loss weight")
+    ap.add_argument("--block-size", type=int, default=32, help="tri-mode: the diffusion block")
+    ap.add_argument("--ar-weight", type=float, default=1.0, help="tri-mode: weight of the AR loss")
+    ap.add_argument("--dlm-weight", type=float, default=1.0, help="tri-mode: weight of the diffusion loss")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--eval-windows", type=int, default=48, help="periodic eval windows (final: all)")
     ap.add_argument("--log-every", type=int, default=20)
@@ -276,6 +377,12 @@ def main():
     def amp():
         return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp)
 
+    tri = c["arch"] == "nemotron"
+    if tri:
+        def evaluate_fn(m, d, L, dv, windows, amp):
+            return evaluate_tri(m, d, L, dv, c["block_size"], windows, amp=amp)
+    else:
+        evaluate_fn = evaluate
     model = DiffusionLM(c).to(dev)
     if a.init:  # continue from an exported model directory (its weights; a fresh optimiser and schedule)
         from export import load_model_dir
@@ -371,7 +478,11 @@ def main():
         for _ in range(a.grad_accum):
             x0 = data.batch(rng, bs, a.seq_len, dev)
             with amp():
-                loss, _ = llada_loss(model, x0, data.mask_id, gen)
+                if tri:
+                    loss, _, _, _ = tri_loss(model, x0, data.mask_id, c["block_size"], a.ar_weight,
+                                             a.dlm_weight, gen)
+                else:
+                    loss, _ = llada_loss(model, x0, data.mask_id, gen)
                 aux, z = model.aux_loss()
                 full = loss
                 if aux is not None:
@@ -401,7 +512,7 @@ def main():
             continue
         if step % a.eval_every == 0:
             te = time.time()
-            r = evaluate(model, data, a.seq_len, dev, a.eval_windows, amp=amp)
+            r = evaluate_fn(model, data, a.seq_len, dev, a.eval_windows, amp=amp)
             eval_seconds = time.time() - te
             last_eval_step = step
             log({"event": "eval", "step": step, "partial": True, **r})
@@ -426,7 +537,7 @@ def main():
 
     # final: full held-out evaluation of the last weights; best.pt keeps the best periodic eval
     save("last.pt", {"opt": opt.state_dict()})
-    r = evaluate(model, data, a.seq_len, dev, None, amp=amp)
+    r = evaluate_fn(model, data, a.seq_len, dev, None, amp=amp)
     final_train = None
     for line in open(os.path.join(a.out, "log.jsonl")):
         o = json.loads(line)
@@ -438,7 +549,7 @@ def main():
     if last_eval_step != step and os.path.exists(os.path.join(a.out, "best.pt")):
         bk = torch.load(os.path.join(a.out, "best.pt"), map_location="cpu")
         # best.pt's figure is on the periodic subset: compare on the same subset
-        rl = evaluate(model, data, a.seq_len, dev, a.eval_windows, amp=amp)
+        rl = evaluate_fn(model, data, a.seq_len, dev, a.eval_windows, amp=amp)
         if bk["best"] < rl["loss"] - 1e-4:
             chosen = "best.pt"
     summary = {"steps": step, "tokens": tokens_seen, "train_seconds": round(train_time, 1),
