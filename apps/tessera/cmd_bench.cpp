@@ -480,9 +480,11 @@ void add_bench(CLI::App& app, Registry& reg) {
   sub->option_defaults()->always_capture_default();
   auto a = std::make_shared<BenchArgs>();
   sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
+  std::string names;
+  for (const std::string& g : geometry_names()) names += (names.empty() ? "" : ", ") + g;
   sub->add_option("--geometry", a->geometry,
-                  "a real geometry with synthetic weights instead of a model: llada-8b, dream-7b, llada-mid, "
-                  "llada-moe-7b, llada-moe-mid, llada2-mini, llada2-mid");
+                  "a real geometry with synthetic weights instead of a model: " + names)
+      ->check(CLI::IsMember(geometry_names()));
   sub->add_option("-p,--prompt", a->prompt, "prompt text (default: --prompt-len pseudo-random tokens)");
   sub->add_option("--prompt-len", a->prompt_len, "prompt tokens when no -p is given")
       ->check(CLI::PositiveNumber);

@@ -40,6 +40,8 @@ struct PlanArgs {
   bool json = false;
   std::string cache = "none";  // a KV cache (prefix | dual) is held for the request
   int64_t sparse = 0;          // > 0: SparseD patterns with tiles of this many positions are held
+  std::string mode;            // tri-mode models: plan this decoding mode's forwards (ar | diffusion | spec)
+  int64_t block = 0;           // its block (0: the model's trained block, else 32)
 };
 
 // One planned step with its figures.
@@ -253,6 +255,154 @@ void write_svg(const std::string& path, const graph::GraphTemplate& g, const std
   d.save(path, "--svg");
 }
 
+// ---- tri-mode decoding (--mode) --------------------------------------------------------------------
+
+// A tri-mode model's forwards in one decoding mode (decode/causal.cpp), each against the causal KV cache
+// of the whole context, which the request holds throughout: the causal prefill over the prompt (planned
+// at the whole context: the longest prompt), then per mode ar's one-row steps, diffusion's bidirectional
+// drafts over a block and the causal pass that writes the finished block, or spec's drafts (with the
+// draft adapter when the model has one) and the causal verify pass over the block. A budget chunks each
+// forward on its own (the engine plans every step shape); L_max is the longest context whose cache and
+// every forward's floor fit.
+int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t weights, Device dev,
+                   const std::string& name) {
+  if (!c.tri_mode)
+    fail("--mode plans a tri-mode model's decoding (Nemotron-Labs-Diffusion); " + name + " has one mode");
+  if (a.cache != "none" || a.sparse > 0)
+    fail("--mode plans the causal KV cache tri-mode decoding keeps; --cache and --sparse-block do not apply");
+  GraphOptions go = graph_options(c, act, dev);
+  go.kv_cache = true;
+  const auto w = shape_only_weights(c, act);
+  const graph::GraphTemplate g = build_dense_graph(w, go, OutputMode::Sample);
+  go.draft_adapter = a.mode == "spec" && c.draft_adapter.rank > 0;
+  const graph::GraphTemplate gd = go.draft_adapter ? build_dense_graph(w, go, OutputMode::Sample) : g;
+  const int64_t block = a.block > 0 ? a.block : c.diffusion_block > 0 ? c.diffusion_block : 32;
+  struct Forward {
+    std::string what;
+    const graph::GraphTemplate* g;
+    int64_t rows, logits;  // at context L: min(rows, L) and min(logits, L)
+  };
+  std::vector<Forward> fw = {{"prefill (causal, the prompt)", &g, -1, 1}};
+  if (a.mode == "ar") fw.push_back({"step (causal, one token)", &g, 1, 1});
+  if (a.mode == "diffusion") {
+    fw.push_back({"draft (bidirectional, a block)", &g, block, block});
+    fw.push_back({"block pass (causal, writes K / V)", &g, block, 1});
+  }
+  if (a.mode == "spec") {
+    fw.push_back({go.draft_adapter ? "draft (bidirectional + adapter)" : "draft (bidirectional, a block)",
+                  &gd, block, block});
+    fw.push_back({"verify (causal, a block)", &g, block, block});
+  }
+  const auto shape = [](const Forward& f, int64_t L) {
+    graph::StepShape s;
+    s.n_query = f.rows < 0 ? L : std::min(f.rows, L);
+    s.n_kv = L;
+    s.n_logits = std::min(f.logits, s.n_query);
+    return s;
+  };
+  const size_t per_token =
+      static_cast<size_t>(c.kv_cache_bytes_per_token(static_cast<int64_t>(dtype_size(act))));
+  const size_t kv = per_token * static_cast<size_t>(a.context);
+  const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
+  const size_t act_budget = budget > weights + kv ? budget - weights - kv : 0;
+  json rows = json::array();
+  bool fits = true;
+  size_t peak = 0;
+  struct Row {
+    graph::StepShape s;
+    Planned unchunked;
+    memory::ChunkChoice choice;
+  };
+  std::vector<Row> out;
+  for (const Forward& f : fw) {
+    Row r{shape(f, a.context), plan_step(*f.g, shape(f, a.context), 1, 1), {}};
+    r.choice.fits = true;
+    r.choice.peak = r.unchunked.stats.peak;
+    if (budget > 0) r.choice = memory::choose_chunks(*f.g, r.s, act_budget);
+    fits = fits && r.choice.fits;
+    peak = std::max(peak, budget > 0 ? r.choice.peak : r.unchunked.stats.peak);
+    rows.push_back({{"forward", f.what},
+                    {"rows", r.s.n_query},
+                    {"keys", r.s.n_kv},
+                    {"logit_rows", r.s.n_logits},
+                    {"unchunked", stats_json(r.unchunked)},
+                    {"k_ffn", r.choice.k_ffn},
+                    {"k_logits", r.choice.k_logits},
+                    {"peak_bytes", r.choice.peak},
+                    {"fits", r.choice.fits}});
+    out.push_back(std::move(r));
+  }
+  int64_t l_max = -1;
+  if (budget > 0) {
+    l_max = memory::largest_fitting([&](int64_t L) {
+      const size_t held = weights + per_token * static_cast<size_t>(L);
+      if (held > budget) return false;
+      for (const Forward& f : fw)
+        if (memory::chunk_floor(*f.g, shape(f, L)) > budget - held) return false;
+      return true;
+    });
+  }
+  json j = {{"model", name},           {"device", a.device},
+            {"mode", a.mode},          {"block", block},
+            {"context", a.context},    {"dtype", std::string(dtype_name(act))},
+            {"weight_bytes", weights}, {"kv_cache_bytes", kv},
+            {"forwards", rows},        {"activation_peak_bytes", peak}};
+  if (budget > 0) {
+    j["budget_bytes"] = budget;
+    j["activation_budget_bytes"] = act_budget;
+    j["fits"] = fits;
+    j["l_max"] = l_max;
+  }
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    if (!f || !(f << j.dump(2) << "\n")) fail("--json-out: cannot write " + a.json_out);
+  }
+  const auto verdict = [&] {
+    if (fits) return 0;
+    std::fprintf(stderr, "tessera: plan: --mode %s does not fit the budget of %s: %s\n", a.mode.c_str(),
+                 hb(static_cast<double>(budget)).c_str(),
+                 act_budget == 0 ? "the weights and the KV cache exceed it"
+                                 : "a forward's non-chunkable floor exceeds the activation budget");
+    return kDoesNotFit;
+  };
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return verdict();
+  }
+  std::printf("%s on %s: %lld layers, d %lld, vocab %lld; %s weights %s\n", name.c_str(), a.device.c_str(),
+              static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
+              static_cast<long long>(c.vocab), std::string(dtype_name(act)).c_str(),
+              hb(static_cast<double>(weights)).c_str());
+  std::printf("--mode %s, block %lld: causal KV cache %s for the %lld-token context, held throughout\n",
+              a.mode.c_str(), static_cast<long long>(block), hb(static_cast<double>(kv)).c_str(),
+              static_cast<long long>(a.context));
+  if (budget > 0)
+    std::printf("budget %s total -> %s for activations (after the weights and the KV cache)\n",
+                hb(static_cast<double>(budget)).c_str(), hb(static_cast<double>(act_budget)).c_str());
+  std::printf("\n%-36s %8s %8s %7s %12s %s\n", "forward", "rows", "keys", "logits", "unchunked",
+              budget > 0 ? "chunked to the budget" : "");
+  for (size_t i = 0; i < fw.size(); ++i) {
+    const Row& r = out[i];
+    std::string chunked;
+    if (budget > 0)
+      chunked = hb(static_cast<double>(r.choice.peak)) + " (K_ffn " + std::to_string(r.choice.k_ffn) +
+                ", K_logits " + std::to_string(r.choice.k_logits) + ")" +
+                (r.choice.fits ? "" : " DOES NOT FIT");
+    std::printf("%-36s %8lld %8lld %7lld %12s %s\n", fw[i].what.c_str(), static_cast<long long>(r.s.n_query),
+                static_cast<long long>(r.s.n_kv), static_cast<long long>(r.s.n_logits),
+                hb(static_cast<double>(r.unchunked.stats.peak)).c_str(), chunked.c_str());
+  }
+  std::printf("\n%-22s %s (weights + KV cache + the largest activation peak)\n", "total peak",
+              hb(static_cast<double>(weights + kv + peak)).c_str());
+  if (budget > 0) {
+    std::printf("%-22s %s\n", "verdict", fits ? "fits" : "DOES NOT FIT");
+    std::printf("%-22s %lld tokens (the cache and every forward's floor fit)\n", "L_max (this budget)",
+                static_cast<long long>(l_max));
+  }
+  std::fflush(stdout);
+  return verdict();
+}
+
 // ---- the command ----------------------------------------------------------------------------------
 
 std::string with_commas(int64_t v) {
@@ -285,13 +435,14 @@ int run_plan(const PlanArgs& a) {
   // CUDA plans the bf16 K / V staging of its flash attention and keeps the GGUF tensors of the
   // cuda_keeps_quantized types quantized (others converted at load), plus the tile its GEMMs dequantize into.
   const bool cuda = a.device == "cuda";
-  const graph::GraphTemplate g =
-      build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
-                        OutputMode::Sample);
   // A GGUF's weights as the device loads them.
   const size_t weights = !gguf  ? static_cast<size_t>(c.param_count()) * dtype_size(act)
                          : cuda ? gguf->cuda_bytes
                                 : gguf->bytes;
+  if (!a.mode.empty()) return run_plan_modes(a, c, act, weights, cuda ? Device::CUDA : Device::CPU, name);
+  const graph::GraphTemplate g =
+      build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
+                        OutputMode::Sample);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const bool cache = a.cache != "none";
   const size_t per_token =
@@ -490,8 +641,7 @@ void add_plan(CLI::App& app, Registry& reg) {
   auto a = std::make_shared<PlanArgs>();
   auto* m = sub->add_option("-m,--model", a->model, "model directory (reads only its config.json)");
   sub->add_option("--geometry", a->geometry, "a named geometry instead of a model directory")
-      ->check(CLI::IsMember({"llada-8b", "dream-7b", "llada-moe-7b", "llada2-mini", "llada-mid",
-                             "llada-moe-mid", "llada2-mid"}))
+      ->check(CLI::IsMember(geometry_names()))
       ->excludes(m);
   sub->add_option("--context", a->context, "tokens in the canvas (prompt + generation)")
       ->required()
@@ -510,6 +660,14 @@ void add_plan(CLI::App& app, Registry& reg) {
   sub->add_option("--sparse-block", a->sparse,
                   "SparseD patterns (generate --sparse) with tiles of this many positions are held: count "
                   "them (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--mode", a->mode,
+                  "tri-mode models (Nemotron-Labs-Diffusion): plan this decoding mode's forwards against the "
+                  "causal KV cache of the whole context (the prefill, and ar's steps, diffusion's drafts and "
+                  "block passes, or spec's drafts and verify passes) instead of one bidirectional step")
+      ->check(CLI::IsMember({"ar", "diffusion", "spec"}));
+  sub->add_option("--block-length", a->block,
+                  "--mode diffusion / spec: the block (0: the model's trained block, else 32)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--device", a->device,
                   "plan the step as this device runs it (cuda: bf16 K / V staging for its attention, "

@@ -185,4 +185,6 @@ RopeParams rope_params(const ModelConfig& c);
 // llada2-mini; llada-moe-mid / llada2-mid: their real layers, 4 of them): config only. Each family's
 // are in its file (models/registry.h).
 ModelConfig named_geometry(const std::string& name);
+// Every name named_geometry knows, in registry order.
+std::vector<std::string> geometry_names();
 }  // namespace tessera

@@ -36,6 +36,13 @@ std::span<const FamilyFiles* const> family_files() {
   return files;
 }
 
+std::vector<std::string> geometry_names() {
+  std::vector<std::string> v;
+  for (const FamilyInfo* f : kFamilies)
+    for (const GeometryPreset& g : f->geometries) v.emplace_back(g.name);
+  return v;
+}
+
 ModelConfig named_geometry(const std::string& name) {
   ModelConfig c;
   std::string known;

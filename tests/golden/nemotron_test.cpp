@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "core/error.h"
@@ -473,6 +474,57 @@ TEST(Nemotron, GgufFormIsTheCheckpoint) {
   GgufValue shift{.type = GgufValue::Bool};
   shift.i = 1;
   test::expect_error([&] { load_config(edited("diffusion.shift_logits", shift)); }, "does not shift");
+}
+
+// `tessera plan --mode`: the mode's forwards against the causal KV cache of the whole context (the cache
+// hand-computed: K and V of 26 layers x 8 KV heads x 128, bf16, per token), planned and chunked to a budget;
+// L_max is exact at its edge (that context fits, one more token does not); and the refusals.
+TEST(Nemotron, PlanCoversEveryForwardOfAMode) {
+  const std::string bin = std::string(TESSERA_BINARY) + " plan --geometry nemotron-diffusion-3b ";
+  const auto plan = [&](const std::string& args) {
+    std::string out;
+    EXPECT_EQ(test::run_command(bin + args + " --json", &out), 0) << out;
+    const json j = json::parse(out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    return j;
+  };
+  const int64_t per_token = 2 * 26 * 8 * 128 * 2;
+  const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> want = {
+      {"ar", {{8192, 1}, {1, 1}}},
+      {"diffusion", {{8192, 1}, {32, 32}, {32, 1}}},
+      {"spec", {{8192, 1}, {32, 32}, {32, 32}}}};
+  for (const auto& [mode, forwards] : want) {
+    const json j = plan("--context 8192 --mode " + mode);
+    if (j.is_discarded()) continue;
+    EXPECT_EQ(j["kv_cache_bytes"].get<int64_t>(), per_token * 8192) << mode;
+    ASSERT_EQ(j["forwards"].size(), forwards.size()) << mode;
+    for (size_t i = 0; i < forwards.size(); ++i) {
+      const json& f = j["forwards"][i];
+      EXPECT_EQ(f["rows"].get<int64_t>(), forwards[i].first) << mode << " " << f["forward"];
+      EXPECT_EQ(f["logit_rows"].get<int64_t>(), forwards[i].second) << mode << " " << f["forward"];
+      EXPECT_EQ(f["keys"].get<int64_t>(), 8192) << mode;
+      EXPECT_GT(f["unchunked"]["peak_bytes"].get<int64_t>(), 0) << mode;
+    }
+    // The prefill over the whole context is the largest forward; a step reads every key.
+    EXPECT_GT(j["forwards"][0]["unchunked"]["peak_bytes"].get<int64_t>(),
+              j["forwards"][1]["unchunked"]["peak_bytes"].get<int64_t>());
+  }
+  const json b = plan("--context 32768 --mode spec --budget 12GiB");
+  ASSERT_FALSE(b.is_discarded());
+  EXPECT_TRUE(b["fits"].get<bool>());
+  EXPECT_GT(b["forwards"][0]["k_ffn"].get<int64_t>(), 1);  // the prefill is chunked to fit
+  const int64_t l_max = b["l_max"].get<int64_t>();
+  EXPECT_GT(l_max, 32768);
+  std::string out;
+  EXPECT_EQ(test::run_command(bin + "--mode spec --budget 12GiB --context " + std::to_string(l_max), &out), 0)
+      << out;
+  EXPECT_EQ(
+      test::run_command(bin + "--mode spec --budget 12GiB --context " + std::to_string(l_max + 1), &out), 3)
+      << out;
+  test::expect_command_error(std::string(TESSERA_BINARY) + " plan --geometry llada-8b --context 64 --mode ar",
+                             "has one mode");
+  test::expect_command_error(bin + "--context 64 --mode ar --cache prefix",
+                             "--cache and --sparse-block do not apply");
 }
 
 TEST(Nemotron, ErrorsAreClear) {

@@ -88,7 +88,11 @@ TEST(Registry, GgufArchitecturesAndGeometriesAreUnique) {
       EXPECT_GT(c.head_dim, 0) << g.name;
     }
   }
-  EXPECT_EQ(archs, (std::set<std::string>{"llada", "dream", "llada-moe"}));
+  EXPECT_EQ(archs, (std::set<std::string>{"llada", "dream", "llada-moe", "nemotron-diffusion"}));
+  // geometry_names (the CLI's choices) lists each named geometry once.
+  const std::vector<std::string> names = geometry_names();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), geometries);
+  EXPECT_EQ(names.size(), geometries.size());
   test::expect_error([] { named_geometry("gpt-2"); },
                      "unknown geometry 'gpt-2' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, "
                      "llada-moe-mid, llada2-mini, llada2-mid, nemotron-diffusion-3b, nemotron-diffusion-8b, "
