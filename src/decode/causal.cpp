@@ -50,19 +50,29 @@ void causal_forward(Loop& L, int from, int to, const SampleParams& sp) {
   ++L.forwards;
   const auto view =
       std::span<const int32_t>(L.canvas).first(std::min(static_cast<size_t>(to) + 1, L.canvas.size()));
-  d.predict_cached(view, from, to, L.pos, sp, L.tok, L.conf);
+  if (L.parts.guidance)  // structured output (mode ar): whole logit rows, the format's mask, host sampling
+    L.parts.guidance->forward(L, RowSpec{RowSpec::Kind::Range, view.size(), from, to}, sp);
+  else
+    d.predict_cached(view, from, to, L.pos, sp, L.tok, L.conf);
   d.set_causal(false);
-  if (L.o.logprobs) L.lp = &d.last_logprobs();
+  if (L.o.logprobs) L.lp = L.parts.guidance ? &L.host_lp : &d.last_logprobs();
 }
 
 SampleParams causal_params(const Loop& L, uint64_t i) {
   return L.params(i ^ kCausalSalt);
 }
 
-// Decides position p from a causal forward over rows [from, p): the seed of a block, or an ar step.
+// Decides position p from a causal forward over rows [from, p): the seed of a block, or an ar step. Under
+// structured output (mode ar only: compat.cpp) the guidance sampled among the tokens the format allows
+// at p, which the constraint then takes.
 void causal_decide(Loop& L, int from, int p, uint64_t rng_step) {
   L.pos.assign(1, p);
   causal_forward(L, from, p, causal_params(L, rng_step));
+  if (L.grammar && p < L.P + L.G) {
+    TESSERA_CHECK(L.grammar->allows(L.tok[0], L.P + L.G - p - 1),
+                  "structured output: internal error, the guided token is not allowed");
+    L.grammar->take(L.tok[0]);
+  }
   L.commit_all();
 }
 

@@ -138,9 +138,10 @@ constexpr Entry kTable[] = {
       "turn editing off"}},
     {Feature::TriMode,
      Feature::Structured,
-     {Combination::Refused,
-      "structured output runs its own left-to-right schedule over a bidirectional canvas, not yet over "
-      "a causal cache; drop the format on a tri-mode model"}},
+     {Combination::Alone,
+      "mode ar only: each causal step samples among the tokens the format allows (whole logit rows on "
+      "the host, so such requests run alone in serve); diffusion and spec are refused, since their "
+      "drafts and causal seeds would be decided outside the left-to-right check"}},
     {Feature::TriMode,
      Feature::Threshold,
      {Combination::Exact,

@@ -164,7 +164,11 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   TESSERA_CHECK(!(o.draft_threshold > 0.0f && o.mode != DecodeMode::Spec),
                 "draft-threshold applies to mode spec");
   check_combinations(o, block_causal);  // what cannot be defined together (decode/compat.cpp)
-  if (block_causal) return;             // blocks on the model's block grid: any block length, steps per block
+  TESSERA_CHECK(
+      !(o.constraint && o.causal() && o.mode != DecodeMode::Ar),
+      "structured output on a tri-mode model needs mode ar (diffusion's causal seeds and spec's "
+      "drafts are decided outside the format's left-to-right check); use mode ar or drop the format");
+  if (block_causal) return;  // blocks on the model's block grid: any block length, steps per block
   if (o.mode != DecodeMode::Diffusion) return;  // ar and spec: no blocks of steps
   const bool split = o.threshold <= 0.0f && (is_llada(a) || o.block_length < o.gen_length);
   (void)block_layout(o.gen_length, o.block_length, o.steps, split);

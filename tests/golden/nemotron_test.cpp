@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "decode/constraint.h"
 #include "decode/generate.h"
 #include "engine/batcher.h"
 #include "engine/engine.h"
@@ -474,6 +475,96 @@ TEST(Nemotron, GgufFormIsTheCheckpoint) {
   GgufValue shift{.type = GgufValue::Bool};
   shift.i = 1;
   test::expect_error([&] { load_config(edited("diffusion.shift_logits", shift)); }, "does not shift");
+}
+
+// A format over token ids for the test below: the k-th token of the answer must be k mod 3 (mod 3); EOS
+// only once at least `min` tokens are written, then only EOS.
+class ModThree final : public TokenConstraint {
+ public:
+  ModThree(int32_t eos, int64_t min) : eos_(eos), min_(min) {}
+  class S final : public State {
+   public:
+    S(int32_t eos, int64_t min) : eos_(eos), min_(min) {}
+    std::unique_ptr<State> clone() const override { return std::make_unique<S>(*this); }
+    bool allows(int32_t t, int64_t left) const override {
+      if (ended_ || t == eos_) return t == eos_ && (ended_ || n_ >= min_);
+      return t % 3 == n_ % 3 && left >= std::max<int64_t>(0, min_ - n_ - 1);
+    }
+    void take(int32_t t) override {
+      if (t == eos_)
+        ended_ = true;
+      else
+        ++n_;
+    }
+    bool complete() const override { return n_ >= min_; }
+    int64_t min_tokens() const override { return std::max<int64_t>(0, min_ - n_); }
+
+   private:
+    int32_t eos_;
+    int64_t min_, n_ = 0;
+    bool ended_ = false;
+  };
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(eos_, min_); }
+
+ private:
+  int32_t eos_;
+  int64_t min_;
+};
+
+// Structured output in mode ar: every step samples among the tokens the format allows. At temperature 0
+// that is the argmax of the causal logits over the allowed tokens, computed here from whole logit rows;
+// at temperature > 0 every token obeys the format; diffusion and spec refuse a format.
+TEST(Nemotron, AutoregressiveStructuredOutputKeepsTheFormat) {
+  TESSERA_TINY_OR_SKIP(dir, "nemotron", kArgs);
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  const int64_t V = e->vocab_size();
+  const int32_t eos = e->config().eos_id;
+  const auto fmt = std::make_shared<ModThree>(eos, 5);
+  for (uint64_t s = 0; s < 3; ++s) {
+    const auto prompt = test::ordinary_tokens(4 + static_cast<int64_t>(s), V, 700 + s);
+    GenerateOptions o = mode_options(DecodeMode::Ar, 12, 8, 0.0f);
+    o.constraint = fmt;
+    o.eos_ids = {eos};
+    o.stop_at_eos = true;
+    const GenerateResult r = generate(*e, prompt, o);
+    // The reference: greedy over the allowed tokens, one causal forward over the whole text per token.
+    std::vector<int32_t> text(prompt.begin(), prompt.end());
+    auto st = fmt->start();
+    e->set_causal(true);
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int k = 0; k < o.gen_length; ++k) {
+      text.push_back(e->mask_token());
+      e->logits(text, std::vector<int32_t>{static_cast<int32_t>(text.size() - 1)}, row);
+      int32_t best = -1;
+      for (int32_t t = 0; t < V; ++t)
+        if (st->allows(t, o.gen_length - k - 1) &&
+            (best < 0 || row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]))
+          best = t;
+      ASSERT_GE(best, 0);
+      text.back() = best;
+      st->take(best);
+      if (best == eos) break;
+    }
+    e->set_causal(false);
+    std::vector<int32_t> want(text.begin() + static_cast<int64_t>(prompt.size()), text.end());
+    if (want.back() == eos) want.pop_back();  // the answer ends before its EOS
+    EXPECT_EQ(r.tokens, want) << "prompt " << s;
+    // Sampled: every token of the answer obeys the format.
+    o.temperature = 1.0f;
+    o.seed = s;
+    const GenerateResult t = generate(*e, prompt, o);
+    auto check = fmt->start();
+    for (size_t i = 0; i < t.tokens.size() && !(i > 0 && t.tokens[i - 1] == eos); ++i) {
+      EXPECT_TRUE(check->allows(t.tokens[i], static_cast<int64_t>(t.tokens.size() - i - 1))) << "token " << i;
+      check->take(t.tokens[i]);
+    }
+    for (const DecodeMode m : {DecodeMode::Diffusion, DecodeMode::Spec}) {
+      GenerateOptions bad = mode_options(m, 12, 8, 0.0f);
+      bad.constraint = fmt;
+      test::expect_error([&] { generate(*e, prompt, bad); },
+                         "structured output on a tri-mode model needs mode ar");
+    }
+  }
 }
 
 // `tessera plan --mode`: the mode's forwards against the causal KV cache of the whole context (the cache

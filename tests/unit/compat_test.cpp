@@ -67,8 +67,8 @@ void use(GenerateOptions& o, Feature f, bool& block_causal) {
     case Feature::Structured:
       o.constraint = std::make_shared<AnyText>();
       break;
-    case Feature::TriMode:
-      o.mode = DecodeMode::Spec;
+    case Feature::TriMode:  // ar: the mode every feature that combines with tri-mode combines with
+      o.mode = DecodeMode::Ar;
       break;
   }
 }
