@@ -350,14 +350,10 @@ void add_eval(CLI::App& app, Registry& reg) {
   for (const char* l : kInfillLegend) footer += std::string("  ") + l + "\n";
   footer += "Generation columns:\n";
   for (const char* l : kGenLegend) footer += std::string("  ") + l + "\n";
-  footer +=
-      "\n--compare keys: steps, block-length, threshold, alg, cfg, temperature, cache, sparse, sparse-block, "
-      "sparse-rho, sparse-skip, des, des-k, des-beta, des-scope, window, window-ex, window-in, "
-      "window-refresh, "
-      "window-early-stop, mid-block-stop, suffix, logprobs, edit-mode, edit-threshold, max-post-steps, "
-      "edit-penalty, precision, dequantize, device, k-ffn, k-logits, memory-budget\n\nExamples:\n"
-      "  tessera eval --compare steps=16 --compare k-logits=4 --json-out eval.json --svg eval.svg\n"
-      "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5";
+  footer += "\n--compare keys: " + known_keys() +
+            "\n\nExamples:\n"
+            "  tessera eval --compare steps=16 --compare k-logits=4 --json-out eval.json --svg eval.svg\n"
+            "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5";
   sub->footer(footer);
   reg.handlers.emplace_back(sub, [a, threads] {
     if (*threads > 0) omp_set_num_threads(*threads);

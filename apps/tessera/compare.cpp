@@ -26,13 +26,13 @@ constexpr std::array<std::string_view, 36> kKeys = {
     "k-logits", "memory-budget"};
 // clang-format on
 
+}  // namespace
+
 std::string known_keys() {
   std::string s;
   for (std::string_view k : kKeys) s += (s.empty() ? "" : ", ") + std::string(k);
   return s;
 }
-
-}  // namespace
 
 Precision parse_precision(const std::string& p) {
   if (p == "bf16") return Precision::BF16;

@@ -14,6 +14,8 @@
 namespace tessera::cli {
 
 Precision parse_precision(const std::string& p);
+// The keys a --compare spec may set, comma-separated (for help texts and errors).
+std::string known_keys();
 
 // One comparison: generation options and, where they differ from the base, engine options.
 struct Candidate {
