@@ -118,9 +118,16 @@ int run_eval(const EvalArgs& a) {
   const int32_t uni = eval::unigram_token(seqs);
   // The exact path's options and every comparison, checked before anything is measured.
   GenerateOptions base;
+  const ModelConfig& mc = exact->config();
   base.gen_length = static_cast<int>(a.gen_length);
   base.steps = a.steps > 0 ? a.steps : base.gen_length;
-  base.block_length = a.block_length > 0 ? a.block_length : base.gen_length;
+  // A tri-mode model's diffusion: its trained blocks, seeded and committed causally (as generate's).
+  const int64_t tri_block =
+      mc.tri_mode && mc.diffusion_block > 0 ? std::min<int64_t>(mc.diffusion_block, a.gen_length) : 0;
+  base.block_length = a.block_length > 0 ? a.block_length
+                      : tri_block > 0    ? static_cast<int>(tri_block)
+                                         : base.gen_length;
+  base.causal_context = mc.tri_mode;
   base.alg = parse_unmask(a.alg);
   base.stop_at_eos = false;  // compare the whole generated span position by position
   if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
@@ -323,7 +330,8 @@ void add_eval(CLI::App& app, Registry& reg) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--gen-length", a->gen_length, "generated tokens")->check(CLI::PositiveNumber);
   sub->add_option("--steps", a->steps, "exact path: denoising steps (0: gen-length)");
-  sub->add_option("--block-length", a->block_length, "exact path: block length (0: gen-length)");
+  sub->add_option("--block-length", a->block_length,
+                  "exact path: block length (0: gen-length; a tri-mode model: its trained block)");
   sub->add_option("--alg", a->alg, "exact path: unmasking policy")
       ->check(
           CLI::IsMember({"low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"}));
