@@ -19,9 +19,11 @@
 #include "decode/generate.h"
 #include "engine/batcher.h"
 #include "engine/engine.h"
+#include "eval/fidelity.h"
 #include "io/config.h"
 #include "io/gguf.h"
 #include "io/model_files.h"
+#include "io/tokenizer.h"
 #include "test_util.h"
 #include "tiny_models.h"
 
@@ -475,6 +477,33 @@ TEST(Nemotron, GgufFormIsTheCheckpoint) {
   GgufValue shift{.type = GgufValue::Bool};
   shift.i = 1;
   test::expect_error([&] { load_config(edited("diffusion.shift_logits", shift)); }, "does not shift");
+}
+
+// The bundled trained tri-mode model (models/tessera-tiny-tri, tools/train: joint AR + block-diffusion
+// objective): on held-out prompts greedy spec writes ar's tokens, in fewer forwards: its drafts are accepted
+// (more than two tokens per draft + verify cycle on average; docs/PERF.md has the figures).
+TEST(Nemotron, TrainedModelSpeculatesLosslesslyInFewerForwards) {
+  const std::filesystem::path dir = test::source_dir() / "models/tessera-tiny-tri";
+  auto e = Engine::load(dir);
+  const Tokenizer tok = load_model_tokenizer(dir);
+  const auto seqs = eval::load_heldout(test::source_dir() / "models/heldout.jsonl", tok, 24, 8);
+  ASSERT_EQ(seqs.size(), 8u);
+  int64_t tokens = 0, ar_forwards = 0, spec_forwards = 0;
+  for (const auto& prompt : seqs) {
+    const GenerateOptions ar = mode_options(DecodeMode::Ar, 48, 32, 0.0f);
+    const GenerateResult want = generate(*e, prompt, ar);
+    GenerateOptions sp = ar;
+    sp.mode = DecodeMode::Spec;
+    const GenerateResult got = generate(*e, prompt, sp);
+    EXPECT_EQ(got.tokens, want.tokens);
+    tokens += static_cast<int64_t>(want.tokens.size());
+    ar_forwards += want.forwards;
+    spec_forwards += got.forwards;
+  }
+  std::printf("tessera-tiny-tri, 8 held-out prompts x 48 tokens, block 32: forwards ar %lld, spec %lld\n",
+              static_cast<long long>(ar_forwards), static_cast<long long>(spec_forwards));
+  EXPECT_EQ(ar_forwards, tokens);
+  EXPECT_LT(spec_forwards, ar_forwards);
 }
 
 // A format over token ids for the test below: the k-th token of the answer must be k mod 3 (mod 3); EOS

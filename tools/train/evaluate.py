@@ -24,7 +24,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bpe import Tokenizer  # noqa: E402
 from export import load_model_dir  # noqa: E402
-from train import EVAL_TS, Data, cpu_bf16_fast, evaluate  # noqa: E402
+from model import tri_mask  # noqa: E402
+from train import EVAL_TS, Data, cpu_bf16_fast, evaluate, evaluate_tri  # noqa: E402
+
+
+@torch.no_grad()
+def ar_generate(model, prompt, eos, gen_length=64, amp=None):
+    """Greedy autoregressive decoding with the causal mask (a tri-mode model's mode ar): one forward over
+    the whole text per token, the argmax of the last row's logits."""
+    dev = next(model.parameters()).device
+    ids = list(prompt)
+    for _ in range(gen_length):
+        x = torch.tensor([ids], device=dev)
+        with amp():
+            h = model.hidden(x, None, tri_mask(len(ids), 1, dev)[:len(ids), :len(ids)])
+        ids.append(int(model.lm_head(h[0, -1:].float()).argmax(-1)))
+        if ids[-1] == eos:
+            break
+    return ids[len(prompt):]
 
 
 @torch.no_grad()
@@ -60,9 +77,9 @@ def cut_at_eos(ids, eos):
     return ids[:ids.index(eos)] if eos in ids else ids
 
 
-def run_tessera(exe, model_dir, prompt, g, s, bl):
+def run_tessera(exe, model_dir, prompt, g, s, bl, extra=()):
     cmd = [exe, "generate", "-m", model_dir, "-p", prompt, "--gen-length", str(g), "--steps", str(s),
-           "--block-length", str(bl), "--temperature", "0", "--raw", "--precision", "f32", "--json"]
+           "--block-length", str(bl), "--temperature", "0", "--raw", "--precision", "f32", "--json", *extra]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     if r.returncode != 0:
         return {"error": (r.stderr or r.stdout).strip()[-500:]}
@@ -78,13 +95,19 @@ def fmt_params(n):
 def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
     c = summary["config"]
     moe = c["arch"] == "llada_moe"
+    tri = c["arch"] == "nemotron"
     h = ev["heldout"]
     lines = [f"# {name}", ""]
-    desc = ("a tiny masked-diffusion language model (dLLM) in the **LLaDA** layout"
-            if not moe else "a tiny mixture-of-experts masked-diffusion language model (dLLM) in the **LLaDA-MoE** layout")
-    lines += [f"`{name}` is {desc}, trained from scratch with the LLaDA objective on ~"
+    desc = ("a tiny masked-diffusion language model (dLLM) in the **LLaDA** layout" if c["arch"] == "llada"
+            else "a tiny mixture-of-experts masked-diffusion language model (dLLM) in the **LLaDA-MoE** layout"
+            if moe else "a tiny **tri-mode** language model (autoregressive, block diffusion and self-speculation "
+            "from one checkpoint) in the **Nemotron-Labs-Diffusion** layout")
+    how = ("trained from scratch with the LLaDA objective" if not tri else
+           "fine-tuned from `tessera-tiny`'s weights with the joint autoregressive + block-diffusion objective")
+    lines += [f"`{name}` is {desc}, {how} on ~"
               f"{stats['total']['bytes'] / 1e6:.0f} MB of public-domain and freely licensed English text from "
               "Debian packages. It is bundled with tessera as a real trained checkpoint in the exact Hugging Face "
+              
               "layout of the family (config field names, tensor names, bf16 safetensors, tokenizer.json). "
               "It is a toy: it writes English-looking text with local structure, not meaning.", ""]
     # data
@@ -114,8 +137,10 @@ def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
               "`add_bos_token` is true, so a raw prompt starts with `<|startoftext|>` as in training.", ""]
     # architecture
     lines += ["## Architecture", ""]
-    rows = [("layout", "LLaDA (`model_type` llada, LLaDAModelLM)" if not moe else
-             "LLaDA-MoE (`model_type` lladamoe, LLaDAMoEModelLM)"),
+    rows = [("layout", "LLaDA (`model_type` llada, LLaDAModelLM)" if c["arch"] == "llada" else
+             "LLaDA-MoE (`model_type` lladamoe, LLaDAMoEModelLM)" if moe else
+             "Nemotron-Labs-Diffusion (`model_type` nemotron_labs_diffusion; Ministral-3 names under `encoder.`, "
+             "untied `diffusion_head`, default RoPE, `block_size` " + str(c.get("block_size")) + ")"),
             ("parameters", f"{fmt_params(summary['params_total'])} total, {fmt_params(summary['params_active'])} "
                            f"active per token ({fmt_params(2 * c['vocab_size'] * c['d_model'])} in embedding + LM head)"),
             ("hidden / layers / heads", f"{c['d_model']} / {c['n_layers']} / {c['n_heads']} (KV heads "
@@ -123,7 +148,8 @@ def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
             ("FFN", f"SwiGLU, hidden {c['mlp_hidden']}" if not moe else
              f"{c['n_experts']} SwiGLU experts of hidden {c['expert_hidden']}, top-{c['top_k']}, softmax router in "
              "fp32, no top-k renormalisation, no shared expert, no expert bias"),
-            ("attention", "bidirectional, rotate-half RoPE (theta " + f"{c['rope_theta']:g})"
+            ("attention", ("causal or bidirectional per forward" if tri else "bidirectional")
+             + ", rotate-half RoPE (theta " + f"{c['rope_theta']:g})"
              + (", per-head RMSNorm on q and k before RoPE (qk-norm)" if moe else "") + ", no biases"),
             ("norms", f"RMSNorm, eps {c['rms_norm_eps']}"),
             ("LM head", "untied, logits not shifted"),
@@ -134,10 +160,18 @@ def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
     # training
     args = summary["argv"]
     epochs = summary["tokens"] / meta["train"]["tokens"]
-    lines += ["## Training", "",
-              "Objective (LLaDA pretraining): per sequence t ~ U(0.001, 1); each token masked with probability t; "
-              "loss = sum over masked positions of CE / t, divided by the number of tokens."
-              + (" Plus 0.01 x Switch load-balancing loss and 0.001 x router z-loss." if moe else ""), "",
+    objective = ("Objective (LLaDA pretraining): per sequence t ~ U(0.001, 1); each token masked with probability t; "
+                 "loss = sum over masked positions of CE / t, divided by the number of tokens."
+                 + (" Plus 0.01 x Switch load-balancing loss and 0.001 x router z-loss." if moe else ""))
+    if tri:
+        objective = ("Objective (the joint one of shared/specs/nemotron-labs-diffusion.md): each sequence runs as "
+                     "[clean ; masked] under one attention mask (`model.tri_mask`): the clean half causal, giving "
+                     "the next-token CE (the autoregressive loss), and the masked half in blocks of "
+                     f"{c['block_size']} that see the clean positions before their block and their own block "
+                     "(how the engine's drafts attend to the causal KV cache), giving the masked-diffusion loss "
+                     "(per block t ~ U(0.001, 1), CE / t over masked positions, divided by the number of tokens); "
+                     "loss = AR + diffusion. Initialised from `models/tessera-tiny`.")
+    lines += ["## Training", "", objective, "",
               "| | |", "|---|---|",
               f"| steps | {summary['steps']} (batch {summary['batch_size']} x {c['max_seq_len']} tokens) |",
               f"| tokens seen | {summary['tokens'] / 1e6:.1f}M ({epochs:.1f} epochs) |",
@@ -150,17 +184,30 @@ def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
               f"| exported checkpoint | {summary['checkpoint']} |", ""]
     # results
     lines += ["## Results (held-out split, exported bf16 weights)", "",
-              f"Final train loss (LLaDA objective, last logged window): **{summary['final_train_loss']:.4f}**; "
-              f"held-out loss (same objective, fixed seed): **{h['loss']:.4f}**.", "",
-              "Masked-token prediction on every 512-token window of the held-out split with a fixed random mask "
-              "of ratio t. Unigram baseline = accuracy of always predicting the most frequent token of the train "
-              "split on the same masked positions (its CE: the train unigram distribution).", "",
-              "| mask ratio t | masked tokens | accuracy | unigram baseline | CE (nats) | unigram CE |",
-              "|---:|---:|---:|---:|---:|---:|"]
-    for tt in EVAL_TS:
-        e = h[f"t={tt}"]
-        lines.append(f"| {tt} | {e['masked']} | **{e['acc']:.3f}** | {e['unigram_acc']:.3f} | {e['ce']:.3f} | "
-                     f"{e['unigram_ce']:.3f} |")
+              f"Final train loss ({'AR + diffusion' if tri else 'LLaDA objective'}, last logged window): "
+              f"**{summary['final_train_loss']:.4f}**; held-out loss (same objective, fixed seed): **{h['loss']:.4f}**.",
+              ""]
+    if tri:
+        a = h["ar"]
+        lines += [f"Autoregressive (causal) next-token prediction on every {c['max_seq_len']}-token window: accuracy "
+                  f"**{a['acc']:.3f}** (unigram baseline {a['unigram_acc']:.3f}), CE {a['ce']:.3f} nats "
+                  f"(unigram {a['unigram_ce']:.3f}) over {a['tokens']} tokens.", "",
+                  "Block diffusion: every block of the masked half masked at ratio t (fixed seed), the clean "
+                  "prefix before each block visible causally:", "",
+                  "| mask ratio t | masked tokens | accuracy | CE (nats) |", "|---:|---:|---:|---:|"]
+        for tt in EVAL_TS:
+            e = h[f"t={tt}"]
+            lines.append(f"| {tt} | {e['masked']} | **{e['acc']:.3f}** | {e['ce']:.3f} |")
+    else:
+        lines += ["Masked-token prediction on every 512-token window of the held-out split with a fixed random "
+                  "mask of ratio t. Unigram baseline = accuracy of always predicting the most frequent token of "
+                  "the train split on the same masked positions (its CE: the train unigram distribution).", "",
+                  "| mask ratio t | masked tokens | accuracy | unigram baseline | CE (nats) | unigram CE |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for tt in EVAL_TS:
+            e = h[f"t={tt}"]
+            lines.append(f"| {tt} | {e['masked']} | **{e['acc']:.3f}** | {e['unigram_acc']:.3f} | {e['ce']:.3f} | "
+                         f"{e['unigram_ce']:.3f} |")
     lines.append("")
     if moe:
         lines += ["Expert load per layer on the held-out split (all three mask ratios): share of the top-"
@@ -173,22 +220,31 @@ def model_card(name, model_dir, ev, summary, stats, meta, run_dir):
         lines.append("")
     # samples
     g = ev["generation"]
+    how = (f"greedy autoregressive decoding (PyTorch: one causal forward per token; tessera: `--mode ar`, and "
+           f"`--mode spec` at block length {g['block_length']}), gen length {g['gen_length']}") if tri else (
+           f"LLaDA low-confidence remasking, gen length {g['gen_length']}, {g['steps']} steps, block length "
+           f"{g['block_length']}")
     lines += ["## Samples (temperature 0)", "",
-              f"LLaDA low-confidence remasking, gen length {g['gen_length']}, {g['steps']} steps, block length "
-              f"{g['block_length']}; the prompt is in bold, generation is cut at `<|endoftext|>`.", ""]
+              f"{how}; the prompt is in bold, generation is cut at `<|endoftext|>`.", ""]
     for s in ev["samples"]:
         lines.append(f"- PyTorch: **{s['prompt']}**{s['text']}".replace("\n", " "))
-        if "tessera" in s:
-            ts = s["tessera"]
+        for key, label in (("tessera", "tessera (`--precision f32`" + (", `--mode ar`)" if tri else ")")),
+                           ("tessera_spec", "tessera (`--precision f32`, `--mode spec`)")):
+            if key not in s:
+                continue
+            ts = s[key]
             if "text" not in ts:
-                lines.append(f"  - tessera: (failed: {ts['error'][:200]})")
+                lines.append(f"  - {label}: (failed: {ts['error'][:200]})")
             elif ts["text"] == s["text"]:
-                lines.append("  - tessera (`--precision f32`): identical")
+                lines.append(f"  - {label}: identical")
             else:
-                lines.append(f"  - tessera (`--precision f32`): **{s['prompt']}**{ts['text']}".replace("\n", " "))
+                lines.append(f"  - {label}: **{s['prompt']}**{ts['text']}".replace("\n", " "))
     lines.append("")
     gen_cmd = (f"./build/tessera generate -m models/{name} -p \"Once upon a time\" --gen-length "
                f"{g['gen_length']} --steps {g['steps']} --block-length {g['block_length']}")
+    if tri:
+        gen_cmd = (f"./build/tessera generate -m models/{name} -p \"Once upon a time\" --gen-length "
+                   f"{g['gen_length']} --mode spec   # or --mode ar, or --mode diffusion (the default)")
     lines += ["## Use", "", "```bash", gen_cmd, "```", ""]
     # retrain
     train_cmd = "python3 " + " ".join(a if " " not in a else f"'{a}'" for a in args)
@@ -232,7 +288,11 @@ def main():
     model = load_model_dir(a.model, dev)
     data = Data(a.data)
     meta = data.meta
-    r = evaluate(model, data, model.c["max_seq_len"], dev, None, amp=amp)
+    tri = model.c["arch"] == "nemotron"
+    if tri:
+        r = evaluate_tri(model, data, model.c["max_seq_len"], dev, model.c["block_size"], None, amp=amp)
+    else:
+        r = evaluate(model, data, model.c["max_seq_len"], dev, None, amp=amp)
     print("held-out:", json.dumps({k: v for k, v in r.items() if k != "expert_load"}))
     if "expert_load" in r:
         print("expert load entropy per layer:", [round(x["entropy"], 3) for x in r["expert_load"]],
@@ -242,11 +302,18 @@ def main():
     for prompt, ids in meta["sample_prompts"].items():
         # fp32 compute on the bf16 weights, as `tessera generate --precision f32` (bf16 autocast can flip
         # near-tied argmaxes and so the whole sample)
-        out = llada_generate(model, ids, meta["mask_token_id"], a.gen_length, a.steps, a.block_length, no_amp)
+        if tri:
+            out = ar_generate(model, ids, meta["eos_token_id"], a.gen_length, no_amp)
+        else:
+            out = llada_generate(model, ids, meta["mask_token_id"], a.gen_length, a.steps, a.block_length, no_amp)
         text = tok.decode(cut_at_eos(out, meta["eos_token_id"]))
         s = {"prompt": prompt, "text": text, "ids": out}
         if a.tessera:
-            s["tessera"] = run_tessera(a.tessera, a.model, prompt, a.gen_length, a.steps, a.block_length)
+            s["tessera"] = run_tessera(a.tessera, a.model, prompt, a.gen_length, a.steps, a.block_length,
+                                       ("--mode", "ar") if tri else ())
+            if tri:
+                s["tessera_spec"] = run_tessera(a.tessera, a.model, prompt, a.gen_length, a.steps,
+                                                a.block_length, ("--mode", "spec"))
         samples.append(s)
         print(f"sample: {prompt!r} -> {text!r}" + (f"\n  tessera: {s['tessera']}" if a.tessera else ""), flush=True)
     ev = {"model": a.model, "heldout": r, "samples": samples, "device": str(dev), "bf16": use_amp,

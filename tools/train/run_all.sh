@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole pipeline of the bundled tiny dLLMs: corpus -> tokenizer -> encode -> tokenizer check ->
-# train dense (tessera-tiny) -> train MoE (tessera-tiny-moe) -> export -> evaluate -> MODEL_CARD.md.
+# train dense (tessera-tiny) -> train MoE (tessera-tiny-moe) -> fine-tune tri-mode (tessera-tiny-tri, from
+# tessera-tiny's weights) -> export -> evaluate -> MODEL_CARD.md.
 #
 #   bash tools/train/run_all.sh                  everything (needs apt-get for the corpus packages)
 #   bash tools/train/run_all.sh --train-only     from an existing tools/train/data/{tokens,tokenizer}
@@ -12,7 +13,8 @@
 # default cuda when available), BUDGET (minutes per model, default 120), STEPS (optional step cap),
 # MODELS (output dir, default models), RUNS (default tools/train/runs), TESSERA (a tessera binary for
 # the tokenizer check and the sample generations; default build/tessera when present), SEED (0),
-# TRAIN_ARGS (extra train.py arguments for both models), ONLY (tiny | moe: train just one).
+# TRAIN_ARGS (extra train.py arguments for every model), ONLY (tiny | moe | tri: train just one),
+# TRI_BUDGET (minutes for the tri-mode fine-tune, default 50).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -91,13 +93,21 @@ if [[ "$mode" == smoke ]]; then
     --eval-windows 16 --warmup 50
   train_one smoke-moe tessera-tiny-moe "$RUNS/models/tessera-tiny-moe" --time-budget-minutes 3 \
     --eval-every 100 --eval-windows 16 --warmup 50
+  train_one smoke-tri tessera-tiny-tri "$RUNS/models/tessera-tiny-tri" --init "$RUNS/models/tessera-tiny" \
+    --time-budget-minutes 3 --seq-len 128 --eval-every 100 --eval-windows 16 --warmup 50
   exit 0
 fi
 
-if [[ "${ONLY:-}" != moe ]]; then
+if [[ -z "${ONLY:-}" || "${ONLY:-}" == tiny ]]; then
   train_one tessera-tiny tessera-tiny "$MODELS/tessera-tiny" --time-budget-minutes "$BUDGET"
 fi
-if [[ "${ONLY:-}" != tiny ]]; then
+if [[ -z "${ONLY:-}" || "${ONLY:-}" == moe ]]; then
   train_one tessera-tiny-moe tessera-tiny-moe "$MODELS/tessera-tiny-moe" --time-budget-minutes "$BUDGET"
+fi
+if [[ -z "${ONLY:-}" || "${ONLY:-}" == tri ]]; then
+  # joint AR + block-diffusion objective from tessera-tiny's weights (seq 256: the 2L-token joint sequence)
+  train_one tessera-tiny-tri tessera-tiny-tri "$MODELS/tessera-tiny-tri" --init "$MODELS/tessera-tiny" \
+    --seq-len 256 --batch-size 16 --lr 6e-4 --warmup 100 --eval-every 250 --eval-windows 32 \
+    --time-budget-minutes "${TRI_BUDGET:-50}"
 fi
 du -ch "$MODELS"/tessera-tiny*/*.safetensors | tail -1
