@@ -270,6 +270,7 @@ int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t we
     fail("--mode plans a tri-mode model's decoding (Nemotron-Labs-Diffusion); " + name + " has one mode");
   if (a.cache != "none" || a.sparse > 0)
     fail("--mode plans the causal KV cache tri-mode decoding keeps; --cache and --sparse-block do not apply");
+  if (!a.svg.empty()) fail("--svg draws one bidirectional step; it does not draw --mode's forwards yet");
   GraphOptions go = graph_options(c, act, dev);
   go.kv_cache = true;
   const auto w = shape_only_weights(c, act);

@@ -645,6 +645,8 @@ TEST(Nemotron, PlanCoversEveryForwardOfAMode) {
                              "has one mode");
   test::expect_command_error(bin + "--context 64 --mode ar --cache prefix",
                              "--cache and --sparse-block do not apply");
+  test::expect_command_error(bin + "--context 64 --mode ar --svg /tmp/x.svg",
+                             "does not draw --mode's forwards");
 }
 
 TEST(Nemotron, ErrorsAreClear) {
