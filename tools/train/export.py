@@ -28,6 +28,19 @@ from make_tiny_checkpoint import write_safetensors as write_safetensors_np  # no
 
 
 # ------------------------------------------------------------------------------------------ names
+def nemotron_names(c):
+    """(internal state_dict name, HF name) of every Nemotron-Labs-Diffusion tensor, in checkpoint order."""
+    names = [("embed.weight", "encoder.embed_tokens.weight")]
+    for i in range(c["n_layers"]):
+        s, b = f"layers.{i}.", f"encoder.layers.{i}."
+        names.append((s + "attn_norm.weight", b + "input_layernorm.weight"))
+        names += [(s + f"attn.w{x}.weight", b + f"self_attn.{x}_proj.weight") for x in "qkvo"]
+        names.append((s + "ffn_norm.weight", b + "post_attention_layernorm.weight"))
+        names += [(s + f"ffn.{w}.weight", b + f"mlp.{n}.weight")
+                  for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))]
+    return names + [("final_norm.weight", "encoder.norm.weight"), ("lm_head.weight", "diffusion_head.weight")]
+
+
 def hf_tensors(model):
     """{HF name: float32 tensor} in the family's real layout."""
     c, sd = model.c, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -49,17 +62,7 @@ def hf_tensors(model):
         t[p + "ln_f.weight"] = sd["final_norm.weight"]
         t[p + "ff_out.weight"] = sd["lm_head.weight"]
     elif c["arch"] == "nemotron":
-        t["encoder.embed_tokens.weight"] = sd["embed.weight"]
-        for i in range(c["n_layers"]):
-            s, b = f"layers.{i}.", f"encoder.layers.{i}."
-            t[b + "input_layernorm.weight"] = sd[s + "attn_norm.weight"]
-            for x in "qkvo":
-                t[b + f"self_attn.{x}_proj.weight"] = sd[s + f"attn.w{x}.weight"]
-            t[b + "post_attention_layernorm.weight"] = sd[s + "ffn_norm.weight"]
-            for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-                t[b + f"mlp.{n}.weight"] = sd[s + f"ffn.{w}.weight"]
-        t["encoder.norm.weight"] = sd["final_norm.weight"]
-        t["diffusion_head.weight"] = sd["lm_head.weight"]
+        t = {hf: sd[mine] for mine, hf in nemotron_names(c)}
     else:
         t["model.embed_tokens.weight"] = sd["embed.weight"]
         for i in range(c["n_layers"]):
@@ -98,17 +101,7 @@ def from_hf_tensors(c, t):
         sd["final_norm.weight"] = t[p + "ln_f.weight"]
         sd["lm_head.weight"] = t[p + "ff_out.weight"]
     elif c["arch"] == "nemotron":
-        sd["embed.weight"] = t["encoder.embed_tokens.weight"]
-        for i in range(c["n_layers"]):
-            s, b = f"layers.{i}.", f"encoder.layers.{i}."
-            sd[s + "attn_norm.weight"] = t[b + "input_layernorm.weight"]
-            for x in "qkvo":
-                sd[s + f"attn.w{x}.weight"] = t[b + f"self_attn.{x}_proj.weight"]
-            sd[s + "ffn_norm.weight"] = t[b + "post_attention_layernorm.weight"]
-            for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-                sd[s + f"ffn.{w}.weight"] = t[b + f"mlp.{n}.weight"]
-        sd["final_norm.weight"] = t["encoder.norm.weight"]
-        sd["lm_head.weight"] = t["diffusion_head.weight"]
+        sd = {mine: t[hf] for mine, hf in nemotron_names(c)}
     else:
         sd["embed.weight"] = t["model.embed_tokens.weight"]
         for i in range(c["n_layers"]):

@@ -115,6 +115,30 @@ def llada_loss(model, x0, mask_id, gen=None, eps=1e-3, t=None):
     return (ce / p_mask[masked]).sum() / (B * L), int(hm.shape[0])
 
 
+class Scores:
+    """Held-out prediction figures summed over batches: accuracy (argmax == target) and CE of the predicted
+    positions, and of the train split's unigram baseline on the same positions."""
+
+    def __init__(self, data):
+        self.data = data
+        self.n = self.correct = self.base_correct = 0
+        self.ce = self.base_ce = 0.0
+
+    def add(self, logits, tgt):
+        self.ce += F.cross_entropy(logits, tgt, reduction="sum").item()
+        self.correct += (logits.argmax(-1) == tgt).sum().item()
+        tc = tgt.cpu()
+        self.base_correct += (tc == self.data.unigram_top).sum().item()
+        self.base_ce -= self.data.unigram_logp[tc].sum().item()
+        self.n += tgt.numel()
+
+    def result(self, count_key, unigram=True):
+        r = {count_key: self.n, "acc": self.correct / self.n, "ce": self.ce / self.n}
+        if unigram:
+            r.update({"unigram_acc": self.base_correct / self.n, "unigram_ce": self.base_ce / self.n})
+        return r
+
+
 def tri_loss(model, x0, mask_id, block, ar_w, dlm_w, gen=None, eps=1e-3, t=None):
     """The tri-mode objective (module doc): (loss, AR CE, DLM loss, masked count). t: per-block ratios
     [B, L / block] (default: drawn)."""
@@ -149,39 +173,24 @@ def evaluate_tri(model, data, L, device, block, windows=None, batch=16, seed=123
     att = tri_mask(L, block, device)
     causal = att[:L, :L]
     nb = (L + block - 1) // block
-    n = correct = base_correct = 0
-    ce_sum = base_ce = 0.0
+    sc = Scores(data)
     for i in range(0, W.shape[0], batch):
         x0 = W[i:i + batch].to(device)
         with amp():
             h = model.hidden(x0, None, causal)[:, :L - 1].float()
-        logits = model.lm_head(h).float().reshape(-1, model.c["vocab_size"])
-        tgt = x0[:, 1:].reshape(-1)
-        ce_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
-        correct += (logits.argmax(-1) == tgt).sum().item()
-        tc = tgt.cpu()
-        base_correct += (tc == data.unigram_top).sum().item()
-        base_ce -= data.unigram_logp[tc].sum().item()
-        n += tgt.numel()
-    res["ar"] = {"tokens": n, "acc": correct / n, "ce": ce_sum / n, "unigram_acc": base_correct / n,
-                 "unigram_ce": base_ce / n}
+        sc.add(model.lm_head(h).float().reshape(-1, model.c["vocab_size"]), x0[:, 1:].reshape(-1))
+    res["ar"] = sc.result("tokens")
     for t in EVAL_TS:
         g = torch.Generator().manual_seed(seed + int(t * 1000))
-        n = correct = 0
-        ce_sum = 0.0
+        sc = Scores(data)
         for i in range(0, W.shape[0], batch):
             x0 = W[i:i + batch]
             masked = torch.rand(x0.shape, generator=g) < t
             xt = torch.where(masked, torch.full_like(x0, data.mask_id), x0)
             with amp():
                 h = model.hidden(torch.cat([x0, xt], 1).to(device), pos, att)[:, L:].float()
-            mk = masked.to(device)
-            tgt = x0[masked].to(device)
-            logits = model.lm_head(h[mk]).float()
-            ce_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
-            correct += (logits.argmax(-1) == tgt).sum().item()
-            n += tgt.numel()
-        res[f"t={t}"] = {"masked": n, "acc": correct / n, "ce": ce_sum / n}
+            sc.add(model.lm_head(h[masked.to(device)]).float(), x0[masked].to(device))
+        res[f"t={t}"] = sc.result("masked", unigram=False)
     g = torch.Generator().manual_seed(seed)
     tot = cnt = 0.0
     for i in range(0, W.shape[0], batch):
@@ -207,8 +216,7 @@ def evaluate(model, data, L, device, windows=None, batch=16, seed=1234, amp=None
     load = [torch.zeros(m.E, dtype=torch.float64) for m in moes]
     for t in EVAL_TS:
         g = torch.Generator().manual_seed(seed + int(t * 1000))
-        n = correct = base_correct = 0
-        ce_sum = base_ce = 0.0
+        sc = Scores(data)
         for i in range(0, W.shape[0], batch):
             x0 = W[i:i + batch]
             masked = torch.rand(x0.shape, generator=g) < t
@@ -217,16 +225,8 @@ def evaluate(model, data, L, device, windows=None, batch=16, seed=1234, amp=None
                 h = model.hidden(xt).float()
             for k, m in enumerate(moes):
                 load[k] += m.last_counts.double().cpu()
-            tgt = x0[masked].to(device)
-            logits = model.lm_head(h[masked.to(device)]).float()
-            ce_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
-            correct += (logits.argmax(-1) == tgt).sum().item()
-            tc = tgt.cpu()
-            base_correct += (tc == data.unigram_top).sum().item()
-            base_ce -= data.unigram_logp[tc].sum().item()
-            n += tgt.numel()
-        res[f"t={t}"] = {"masked": n, "acc": correct / n, "ce": ce_sum / n,
-                         "unigram_acc": base_correct / n, "unigram_ce": base_ce / n}
+            sc.add(model.lm_head(h[masked.to(device)]).float(), x0[masked].to(device))
+        res[f"t={t}"] = sc.result("masked")
     g = torch.Generator().manual_seed(seed)
     tot, cnt = 0.0, 0
     for i in range(0, W.shape[0], batch):
