@@ -192,12 +192,13 @@ def evaluate_tri(model, data, L, device, block, windows=None, batch=16, seed=123
             sc.add(model.lm_head(h[masked.to(device)]).float(), x0[masked].to(device))
         res[f"t={t}"] = sc.result("masked", unigram=False)
     g = torch.Generator().manual_seed(seed)
+    gm = torch.Generator(device=device).manual_seed(seed + 1)  # the masks: seeded too
     tot = cnt = 0.0
     for i in range(0, W.shape[0], batch):
         x0 = W[i:i + batch]
         tt = (1 - 1e-3) * torch.rand(x0.shape[0], nb, generator=g) + 1e-3
         with amp():
-            _, ar, dlm, _ = tri_loss(model, x0.to(device), data.mask_id, block, 1.0, 1.0,
+            _, ar, dlm, _ = tri_loss(model, x0.to(device), data.mask_id, block, 1.0, 1.0, gen=gm,
                                      t=tt.to(device))
         tot += (float(ar) + float(dlm)) * x0.shape[0]
         cnt += x0.shape[0]
