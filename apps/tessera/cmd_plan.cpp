@@ -316,7 +316,8 @@ int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t we
   };
   std::vector<Row> out;
   for (const Forward& f : fw) {
-    Row r{shape(f, a.context), plan_step(*f.g, shape(f, a.context), 1, 1), {}};
+    const graph::StepShape s = shape(f, a.context);
+    Row r{s, plan_step(*f.g, s, 1, 1), {}};
     r.choice.fits = true;
     r.choice.peak = r.unchunked.stats.peak;
     if (budget > 0) r.choice = memory::choose_chunks(*f.g, r.s, act_budget);
