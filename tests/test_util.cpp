@@ -64,6 +64,12 @@ std::filesystem::path temp_dir(const std::string& name) {
   return p;
 }
 
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 int run_command(const std::string& cmd, std::string* out) {
   std::string full = cmd + " 2>&1";
   FILE* f = popen(full.c_str(), "r");

@@ -21,6 +21,8 @@ std::string read_text(const std::filesystem::path& p);
 std::filesystem::path temp_dir(const std::string& name);
 // Runs a shell command; returns its exit code and fills *out with stdout+stderr.
 int run_command(const std::string& cmd, std::string* out);
+// `s` as one shell word (single quotes; a ' inside written '\'').
+std::string shell_quote(const std::string& s);
 // Expects f() to throw tessera::Error whose message contains `want`.
 void expect_error(const std::function<void()>& f, const std::string& want);
 // Expects the shell command to fail with `want` in its stdout+stderr.

@@ -22,6 +22,7 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/compare.h"
+#include "apps/tessera/eval_task.h"
 #include "apps/tessera/svg.h"
 #include "core/error.h"
 #include "eval/fidelity.h"
@@ -117,20 +118,9 @@ int run_eval(const EvalArgs& a) {
   const auto seqs = eval::load_heldout(heldout, tok, a.seq_len, a.seqs);
   const int32_t uni = eval::unigram_token(seqs);
   // The exact path's options and every comparison, checked before anything is measured.
-  GenerateOptions base;
-  const ModelConfig& mc = exact->config();
-  base.gen_length = static_cast<int>(a.gen_length);
-  base.steps = a.steps > 0 ? a.steps : base.gen_length;
-  // A tri-mode model's diffusion: its trained blocks, seeded and committed causally (as generate's).
-  const int64_t tri_block =
-      mc.tri_mode && mc.diffusion_block > 0 ? std::min<int64_t>(mc.diffusion_block, a.gen_length) : 0;
-  base.block_length = a.block_length > 0 ? a.block_length
-                      : tri_block > 0    ? static_cast<int>(tri_block)
-                                         : base.gen_length;
-  base.causal_context = mc.tri_mode;
-  base.alg = parse_unmask(a.alg);
+  GenerateOptions base = exact_path(exact->config(), static_cast<int>(a.gen_length), a.steps, a.block_length,
+                                    parse_unmask(a.alg));
   base.stop_at_eos = false;  // compare the whole generated span position by position
-  if (exact->config().eos_id >= 0) base.eos_ids = {exact->config().eos_id};  // window-early-stop
   std::vector<Candidate> candidates;
   if (!a.no_generation) {
     validate_generate_options(base, exact->vocab_size());
@@ -310,8 +300,8 @@ int run_eval(const EvalArgs& a) {
 
 void add_eval(CLI::App& app, Registry& reg) {
   auto* sub = app.add_subcommand("eval",
-                                 "Measure quality on held-out text: infilling, and generation fidelity "
-                                 "of engine options against the exact path");
+                                 "Measure quality on held-out text (infilling, and generation fidelity "
+                                 "of engine options against the exact path) or task accuracy (--task)");
   sub->option_defaults()->always_capture_default();
   auto a = std::make_shared<EvalArgs>();
   sub->add_option("-m,--model", a->model, "model directory (default: the bundled default model)");
@@ -328,7 +318,9 @@ void add_eval(CLI::App& app, Registry& reg) {
                   "infilling: the held-out tokens after each reference continuation are its suffix "
                   "(compare suffix=off: the same generation without it)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--gen-length", a->gen_length, "generated tokens")->check(CLI::PositiveNumber);
+  auto* gen_length = sub->add_option("--gen-length", a->gen_length,
+                                     "generated tokens (--task: default the model's generation_config.json)")
+                         ->check(CLI::PositiveNumber);
   sub->add_option("--steps", a->steps, "exact path: denoising steps (0: gen-length)");
   sub->add_option("--block-length", a->block_length,
                   "exact path: block length (0: gen-length; a tri-mode model: its trained block)");
@@ -348,6 +340,19 @@ void add_eval(CLI::App& app, Registry& reg) {
                   "\"threshold=0.9,block-length=8\" (repeatable; all checked before anything runs)")
       ->option_text("SPEC");
   sub->add_flag("--no-generation", a->no_generation, "infilling only");
+  auto task = std::make_shared<TaskEvalArgs>();
+  auto* task_opt =
+      sub->add_option("--task", task->tasks,
+                      "score task accuracy instead of held-out text: task names from the task file, or all "
+                      "(exact match of each answer; the exact path and every --compare)")
+          ->delimiter(',')
+          ->option_text("NAMES");
+  sub->add_option(
+         "--tasks-file", task->tasks_file,
+         "--task: held-out tasks, .jsonl with task, prompt, answer per line (default: MODEL/tasks.jsonl)")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--per-task", task->per_task, "--task: at most N examples of each task (0: all)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("--json", a->json, "print the results as JSON on stdout instead of the tables");
   sub->add_option("--json-out", a->json_out, "also write the JSON to FILE")->check(svg::writable_file());
   sub->add_option(
@@ -361,11 +366,31 @@ void add_eval(CLI::App& app, Registry& reg) {
   footer += "\n--compare keys: " + known_keys() +
             "\n\nExamples:\n"
             "  tessera eval --compare steps=16 --compare k-logits=4 --json-out eval.json --svg eval.svg\n"
-            "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5";
+            "  tessera eval -m models/tessera-tiny-moe --no-generation --ratios 0.15,0.5\n"
+            "  tessera eval -m models/tessera-task --task all --compare threshold=0.9 --compare cache=dual";
   sub->footer(footer);
-  reg.handlers.emplace_back(sub, [a, threads] {
+  reg.handlers.emplace_back(sub, [a, threads, task, task_opt, gen_length] {
     if (*threads > 0) omp_set_num_threads(*threads);
-    return run_eval(*a);
+    if (task_opt->count() == 0) {
+      if (!task->tasks_file.empty() || task->per_task > 0) fail("--tasks-file and --per-task need --task");
+      return run_eval(*a);
+    }
+    if (a->no_generation || !a->heldout.empty() || a->suffix_len > 0)
+      fail("--task scores generated answers: it takes no --no-generation, --heldout or --suffix-len");
+    TaskEvalArgs t = *task;
+    t.model = a->model;
+    t.json_out = a->json_out;
+    t.svg = a->svg;
+    t.device = a->device;
+    t.precision = a->precision;
+    t.alg = a->alg;
+    if (gen_length->count() > 0) t.gen_length = static_cast<int>(a->gen_length);
+    t.steps = a->steps;
+    t.block_length = a->block_length;
+    t.seed = a->seed;
+    t.compare = a->compare;
+    t.json = a->json;
+    return run_task_eval(t);
   });
 }
 

@@ -199,6 +199,20 @@ std::vector<Candidate> check_specs(const std::vector<std::string>& specs, const 
 
 // ---- Progress --------------------------------------------------------------------------------------------
 
+GenerateOptions exact_path(const ModelConfig& mc, int gen_length, int steps, int block_length, Unmask alg) {
+  GenerateOptions g;
+  g.gen_length = gen_length;
+  g.steps = steps > 0 ? steps : gen_length;
+  const int tri_block = mc.tri_mode && mc.diffusion_block > 0
+                            ? static_cast<int>(std::min<int64_t>(mc.diffusion_block, gen_length))
+                            : 0;
+  g.block_length = block_length > 0 ? block_length : tri_block > 0 ? tri_block : gen_length;
+  g.causal_context = mc.tri_mode;
+  g.alg = alg;
+  if (mc.eos_id >= 0) g.eos_ids = {mc.eos_id};
+  return g;
+}
+
 Progress::Progress(std::string command, bool quiet)
     : command_(std::move(command)), on_(!quiet && isatty(fileno(stderr)) != 0) {}
 

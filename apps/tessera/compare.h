@@ -35,6 +35,11 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
 std::vector<Candidate> check_specs(const std::vector<std::string>& specs, const GenerateOptions& base,
                                    const EngineOptions& eng, int64_t vocab, bool block_causal);
 
+// tessera eval's exact path for model `mc`: gen_length tokens, `steps` steps (0: gen_length), block
+// `block_length` (0: gen_length; a tri-mode model: its trained block, seeded and committed causally as
+// generate's), the unmasking `alg`, greedy, the model's EOS.
+GenerateOptions exact_path(const ModelConfig& mc, int gen_length, int steps, int block_length, Unmask alg);
+
 // One progress line on stderr, rewritten in place, when stderr is a terminal (and not `quiet`):
 // "[eval] exact: prompt 3/8". Cleared by clear() and on destruction.
 class Progress {
