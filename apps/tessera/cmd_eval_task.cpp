@@ -2,6 +2,7 @@
 // prompts (MODEL/tasks.jsonl unless --tasks-file); each row gives exact-match accuracy per task and over all
 // tasks with its 95% Wilson interval, the difference from the exact path on the same prompts with a paired
 // 95% interval, forwards per generated token and tokens per second.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -109,6 +110,8 @@ int run_task_eval(const TaskEvalArgs& a) {
   const std::vector<Candidate> candidates =
       check_specs(a.compare, base, eng, exact->vocab_size(), exact->attention_block() > 0);
 
+  int label_width = 8;  // the option column: as wide as the longest label
+  for (const Candidate& c : candidates) label_width = std::max(label_width, static_cast<int>(c.label.size()));
   char setup[512];
   std::snprintf(setup, sizeof setup,
                 "%zu examples of %zu tasks (%s); exact path: %s, %d tokens, %d steps, block %d, %s",
@@ -117,7 +120,7 @@ int run_task_eval(const TaskEvalArgs& a) {
                 a.precision.c_str());
   if (!a.json) {
     std::printf("tasks: %s\n", setup);
-    std::printf("%-26s", "option");
+    std::printf("%-*s", label_width, "option");
     for (const std::string& t : names) std::printf(" %8.8s", t.c_str());
     std::printf(" %8s %15s %24s %9s %9s\n", "all", "95% CI", "vs exact [95% CI]", "fwd/tok", "tokens/s");
     std::fflush(stdout);
@@ -148,7 +151,7 @@ int run_task_eval(const TaskEvalArgs& a) {
     const json j = row_json(r, ex, names, ref);
     results.push_back(j);
     if (!a.json) {
-      std::printf("%-26.26s", label.c_str());
+      std::printf("%-*s", label_width, label.c_str());
       for (const std::string& t : names) std::printf(" %8.4f", j["tasks"][t]["accuracy"].get<double>());
       std::printf(" %8.4f [%5.3f, %5.3f]", j["accuracy"].get<double>(), j["ci95"][0].get<double>(),
                   j["ci95"][1].get<double>());

@@ -49,8 +49,29 @@ def wilson(h, n, z=1.96):
     return max(0.0, c - half), min(1.0, c + half)
 
 
+def run_commands(run_dir):
+    """The training commands of the run, in order, from its log (a --resume run appends a start record)."""
+    starts, first_after = [], {}
+    for line in open(os.path.join(run_dir, "log.jsonl")):
+        o = json.loads(line)
+        if o.get("event") == "start":
+            starts.append(o)
+        elif o.get("event") == "train" and len(starts) not in first_after:
+            first_after[len(starts)] = o
+    out = []
+    for i, o in enumerate(starts):
+        t = first_after.get(i + 1, {})
+        note = "" if i == 0 else (f"   # stopped, then resumed from its checkpoint (step {o['step']}, minute "
+                                  f"{o['minutes']:.1f})" if "step" in o else
+                                  f"   # stopped, then resumed from its last checkpoint (about minute "
+                                  f"{t.get('elapsed', 0) / 60:.0f})")
+        out.append("python3 " + " ".join(o["argv"]) + note)
+    return out
+
+
 def card(name, summary, full, torch_rows, guard, a, held_per_task):
     c = summary["config"]
+    commands = run_commands(a.run)
     ex = full["results"][0]
     lines = [f"# {name}", "",
              f"`{name}` is a small masked-diffusion model in the **LLaDA** layout (the exact Hugging Face layout: "
@@ -60,15 +81,15 @@ def card(name, summary, full, torch_rows, guard, a, held_per_task):
              "with `Answer: X`; a generation is right when the text after its last `Answer:` equals X exactly.",
              "", "## Tasks (tools/train/tasks.py)", "",
              "| task | prompt | target |", "|---|---|---|",
-             "| add | `Add 876 and 141.` | `6+1=7 7+4=11 8+1+1=10 Answer: 1017` (columns right to left, carries "
-             "written) |",
-             "| sort | `Sort: 38 61 45 74` (4-10 numbers under 100) | `Answer: 38 45 61 74` |",
-             "| reverse | `Reverse: 77 18 39 12` (4-10 numbers) | `Answer: 12 39 18 77` |",
+             "| add | `Add 876 and 141.` (2-4 digits) | `6+1=7 7+4=11 8+1+1=10 Answer: 1017` (columns right to left, "
+             "carries written) |",
+             "| sort | `Sort: 38 61 45 74` (4-10 two-digit numbers) | `Answer: 38 45 61 74` |",
+             "| reverse | `Reverse: 77 18 39 12` (4-10 two-digit numbers) | `Answer: 12 39 18 77` |",
              "| lookup | `Records: prosperity 397, offering 288, ... Find offering.` (4-150 records: prompts of "
              "30-910 tokens) | `Answer: 288` |",
              "| trace | `Run: b=3; c=b+b; a=7-c. Print a.` (3-6 statements over a..d) | `b=3, c=6, a=1. Answer: 1` |",
              "",
-             "Every prompt ends with a newline. Half of the lookup prompts are under ~250 tokens, the rest spread "
+             "Every prompt ends with a newline; the two numbers of an addition have as many digits. Two thirds of the lookup prompts are under ~250 tokens, the rest spread "
              "up to ~910, so the long-context options (SparseD, the window, the caches) act on them. Training "
              "examples come from an endless seeded stream; the held-out set (`tasks.jsonl`, "
              f"{held_per_task} per task, seed 7) is generated apart and its prompts are excluded from the "
@@ -97,10 +118,8 @@ def card(name, summary, full, torch_rows, guard, a, held_per_task):
              f"{summary['torch']}, {summary['threads']} threads |",
              f"| training time | {summary['train_seconds'] / 60:.1f} min (resumable: `--resume`) |",
              "", "Commands (from the repository root):", "", "```",
-             "python3 tools/train/train_task.py --out tools/train/runs/task --time-budget-minutes 75 "
-             "--export models/tessera-task",
-             "python3 tools/train/evaluate_task.py --model models/tessera-task --run tools/train/runs/task "
-             "--tessera build/tessera --card",
+             *commands,
+             "python3 tools/train/evaluate_task.py " + " ".join(sys.argv[1:]),
              "```", "",
              "## Held-out accuracy", "",
              f"tessera's exact path (`tessera eval -m models/tessera-task --task all`: low-confidence, "

@@ -6,9 +6,10 @@
 
 Five tasks; every prompt ends with a newline and every target ends with "Answer: X", X being the exact answer
 that `tessera eval --task` compares (the text after the last "Answer:" of the generation, to its first newline):
-  add      two 2-4 digit numbers; the target works the columns right to left ("1+9=10 2+3+1=6 ...")
-  sort     4-10 numbers under 100 in ascending order
-  reverse  4-10 numbers under 100 in reverse order
+  add      two numbers of 2, 3 or 4 digits (both alike); the target works the columns right to left
+           ("1+9=10 2+3+1=6 ...")
+  sort     4-10 two-digit numbers in ascending order
+  reverse  4-10 two-digit numbers in reverse order
   lookup   a needle among distractors: 4-150 "word number" records (prompts up to ~1000 tokens), one is asked for
   trace    a 3-6 statement program over a..d with + and -; the target traces every assignment
 
@@ -32,7 +33,8 @@ def _num(r, lo_digits, hi_digits):
 
 
 def gen_add(r):
-    a, b = _num(r, 2, 4), _num(r, 2, 4)
+    d = r.randint(2, 4)
+    a, b = _num(r, d, d), _num(r, d, d)
     da, db = str(a)[::-1], str(b)[::-1]
     steps, carry = [], 0
     for i in range(max(len(da), len(db))):
@@ -45,7 +47,7 @@ def gen_add(r):
 
 
 def _list(r):
-    return [r.randint(0, 99) for _ in range(r.randint(4, 10))]
+    return [r.randint(10, 99) for _ in range(r.randint(4, 10))]
 
 
 def gen_sort(r):
@@ -75,8 +77,8 @@ def words():
 
 
 def gen_lookup(r):
-    # the length is spread over the context: half the prompts under ~250 tokens, the rest up to ~1000
-    n = r.randint(4, 36) if r.random() < 0.5 else r.randint(37, 150)
+    # the length is spread over the context: two thirds of the prompts under ~250 tokens, the rest up to ~910
+    n = r.randint(4, 36) if r.random() < 2 / 3 else r.randint(37, 150)
     keys = r.sample(words(), n)
     vals = [r.randint(100, 999) for _ in keys]
     q = r.randrange(n)

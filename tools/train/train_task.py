@@ -201,7 +201,8 @@ def main():
         logf.write(json.dumps(o) + "\n")
         logf.flush()
 
-    log({"event": "start", "config": c, "args": vars(a), "params_total": total, "bf16": use_amp,
+    log({"event": "start", "step": step, "minutes": train_time / 60, "config": c, "args": vars(a),
+         "params_total": total, "bf16": use_amp,
          "torch": torch.__version__, "argv": repo_argv(), "threads": torch.get_num_threads()})
     print(f"model {c['arch']} {total / 1e6:.2f}M parameters, context {a.seq_len}, response {a.response_len}, "
           f"~{a.batch_tokens} tokens a batch, lr {a.lr}, bf16 autocast {use_amp}, threads {torch.get_num_threads()}",
