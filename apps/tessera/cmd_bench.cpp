@@ -380,35 +380,29 @@ int run_bench(const BenchArgs& a) {
   if (!a.json) print_row(rows.front(), rows.front(), moe, a.profile);
   int failures = 0;
   json comparisons = json::array({row_json(rows.front(), rows.front())});
-  for (size_t ci = 0; ci < candidates.size(); ++ci) {
-    const Candidate& c = candidates[ci];
-    try {
-      std::unique_ptr<Engine> own;
-      if (c.own_engine) {
-        progress.show(c.label + ": loading an engine of its own");
-        own = make_engine(a, c.eng);
-      }
-      Row r = measure(own ? *own : *base_engine, prompt, c.gen, a.reps, cut, progress_of(c.label, ci + 2));
-      r.label = c.label;
-      r.weights = (own ? *own : *base_engine).model().weight_bytes();
-      size_t same = 0;
-      for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
-        same += r.tokens[i] == rows.front().tokens[i] ? 1 : 0;
-      // An empty answer (--eos / --stop at its first token) agrees with an empty baseline only.
-      const size_t base_n = rows.front().tokens.size();
-      r.agreement = base_n > 0 ? static_cast<double>(same) / static_cast<double>(base_n)
-                               : (r.tokens.empty() ? 1.0 : 0.0);
-      progress.clear();
-      if (!a.json) print_row(r, rows.front(), moe, a.profile);
-      comparisons.push_back(row_json(r, rows.front()));
-      rows.push_back(std::move(r));
-    } catch (const Error& e) {
-      progress.clear();
-      std::fprintf(stderr, "tessera bench: comparison '%s' cannot run: %s\n", c.label.c_str(), e.what());
-      comparisons.push_back({{"option", c.label}, {"error", e.what()}});
-      ++failures;
-    }
-  }
+  failures = run_comparisons(
+      candidates, *base_engine, [&](const EngineOptions& o) { return make_engine(a, o); }, progress, "bench",
+      [&](size_t i) { return candidates[i].label; },
+      [&](size_t ci, Engine& e) {
+        const Candidate& c = candidates[ci];
+        Row r = measure(e, prompt, c.gen, a.reps, cut, progress_of(c.label, ci + 2));
+        r.label = c.label;
+        r.weights = e.model().weight_bytes();
+        size_t same = 0;
+        for (size_t i = 0; i < std::min(r.tokens.size(), rows.front().tokens.size()); ++i)
+          same += r.tokens[i] == rows.front().tokens[i] ? 1 : 0;
+        // An empty answer (--eos / --stop at its first token) agrees with an empty baseline only.
+        const size_t base_n = rows.front().tokens.size();
+        r.agreement = base_n > 0 ? static_cast<double>(same) / static_cast<double>(base_n)
+                                 : (r.tokens.empty() ? 1.0 : 0.0);
+        progress.clear();
+        if (!a.json) print_row(r, rows.front(), moe, a.profile);
+        comparisons.push_back(row_json(r, rows.front()));
+        rows.push_back(std::move(r));
+      },
+      [&](size_t i, const Error& e) {
+        comparisons.push_back({{"option", candidates[i].label}, {"error", e.what()}});
+      });
   json batch_json = nullptr;
   std::string batch_note;
   if (a.batch >= 2) {

@@ -211,28 +211,22 @@ int run_eval(const EvalArgs& a) {
     const eval::GenSide ex_side = eval::score(*exact, ex, ex, cases, seeds.size(), a.gen_length);
     print_row("exact", ex_side);
     out["exact"] = side_json(ex_side);
-    for (size_t ci = 0; ci < candidates.size(); ++ci) {
-      const Candidate& c = candidates[ci];
-      try {
-        std::unique_ptr<Engine> own;
-        if (c.own_engine) {
-          progress.show(row_name(c.label, ci + 2) + ": loading an engine of its own");
-          own = Engine::load(dir, c.eng);
-        }
-        const eval::Generations g = generate_cases(own ? *own : *exact, c.gen, cases, seeds, c.suffix,
-                                                   progress, row_name(c.label, ci + 2));
-        const eval::GenSide side = eval::score(*exact, g, ex, cases, seeds.size(), a.gen_length);
-        print_row(c.label, side);
-        json j = side_json(side);
-        j["option"] = c.label;
-        gens.push_back(j);
-      } catch (const Error& e) {
-        progress.clear();
-        std::fprintf(stderr, "tessera eval: comparison '%s' cannot run: %s\n", c.label.c_str(), e.what());
-        gens.push_back({{"option", c.label}, {"error", e.what()}});
-        ++failures;
-      }
-    }
+    failures = run_comparisons(
+        candidates, *exact, [&](const EngineOptions& o) { return Engine::load(dir, o); }, progress, "eval",
+        [&](size_t i) { return row_name(candidates[i].label, i + 2); },
+        [&](size_t i, Engine& e) {
+          const Candidate& c = candidates[i];
+          const eval::Generations g =
+              generate_cases(e, c.gen, cases, seeds, c.suffix, progress, row_name(c.label, i + 2));
+          const eval::GenSide side = eval::score(*exact, g, ex, cases, seeds.size(), a.gen_length);
+          print_row(c.label, side);
+          json j = side_json(side);
+          j["option"] = c.label;
+          gens.push_back(j);
+        },
+        [&](size_t i, const Error& e) {
+          gens.push_back({{"option", candidates[i].label}, {"error", e.what()}});
+        });
     if (!a.json) {
       for (const char* l : kGenLegend) std::printf("  %s\n", l);
       std::fflush(stdout);

@@ -139,7 +139,6 @@ int run_task_eval(const TaskEvalArgs& a) {
                 {"precision", a.precision},
                 {"seed", a.seed}}}};
   json results = json::array();
-  int failures = 0;
   const size_t n_rows = candidates.size() + 1;
   auto run_row = [&](const std::string& label, size_t k, Engine& e, const GenerateOptions& g) {
     const std::string what = label + " (" + std::to_string(k) + "/" + std::to_string(n_rows) + ")";
@@ -168,22 +167,13 @@ int run_task_eval(const TaskEvalArgs& a) {
     rows.push_back(std::move(r));
   };
   run_row("exact", 1, *exact, base);
-  for (size_t ci = 0; ci < candidates.size(); ++ci) {
-    const Candidate& c = candidates[ci];
-    try {
-      std::unique_ptr<Engine> own;
-      if (c.own_engine) {
-        progress.show(c.label + ": loading an engine of its own");
-        own = Engine::load(dir, c.eng);
-      }
-      run_row(c.label, ci + 2, own ? *own : *exact, c.gen);
-    } catch (const Error& e) {
-      progress.clear();
-      std::fprintf(stderr, "tessera eval: comparison '%s' cannot run: %s\n", c.label.c_str(), e.what());
-      results.push_back({{"option", c.label}, {"error", e.what()}});
-      ++failures;
-    }
-  }
+  const int failures = run_comparisons(
+      candidates, *exact, [&](const EngineOptions& o) { return Engine::load(dir, o); }, progress, "eval",
+      [&](size_t i) { return candidates[i].label; },
+      [&](size_t i, Engine& e) { run_row(candidates[i].label, i + 2, e, candidates[i].gen); },
+      [&](size_t i, const Error& e) {
+        results.push_back({{"option", candidates[i].label}, {"error", e.what()}});
+      });
   if (!a.json) {
     std::printf(
         "  accuracy: share of answers equal to the held-out answer (exact match after the last \"Answer:\"); "

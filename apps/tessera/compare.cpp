@@ -213,6 +213,32 @@ GenerateOptions exact_path(const ModelConfig& mc, int gen_length, int steps, int
   return g;
 }
 
+int run_comparisons(const std::vector<Candidate>& cs, Engine& base,
+                    const std::function<std::unique_ptr<Engine>(const EngineOptions&)>& load,
+                    Progress& progress, const std::string& command,
+                    const std::function<std::string(size_t)>& what,
+                    const std::function<void(size_t, Engine&)>& body,
+                    const std::function<void(size_t, const Error&)>& on_error) {
+  int failures = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    try {
+      std::unique_ptr<Engine> own;
+      if (cs[i].own_engine) {
+        progress.show(what(i) + ": loading an engine of its own");
+        own = load(cs[i].eng);
+      }
+      body(i, own ? *own : base);
+    } catch (const Error& e) {
+      progress.clear();
+      std::fprintf(stderr, "tessera %s: comparison '%s' cannot run: %s\n", command.c_str(),
+                   cs[i].label.c_str(), e.what());
+      on_error(i, e);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
 Progress::Progress(std::string command, bool quiet)
     : command_(std::move(command)), on_(!quiet && isatty(fileno(stderr)) != 0) {}
 

@@ -5,6 +5,8 @@
 // dequantize, device, k-ffn, k-logits, memory-budget) applied to a base configuration; and the progress
 // line both commands show on a terminal while they measure.
 #pragma once
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,5 +58,17 @@ class Progress {
   std::string command_;
   bool on_ = false, shown_ = false;
 };
+
+// The comparisons of eval and bench: body(i, engine) for every candidate i, on an engine of its own
+// (load(c.eng), announced on the progress line as `what(i)`) where its engine options differ, else on
+// `base`. A comparison that throws Error is cleared from the progress line, reported on stderr ("tessera
+// COMMAND: comparison 'LABEL' cannot run: ...") and handed to on_error; the others still run. Returns how
+// many failed.
+int run_comparisons(const std::vector<Candidate>& cs, Engine& base,
+                    const std::function<std::unique_ptr<Engine>(const EngineOptions&)>& load,
+                    Progress& progress, const std::string& command,
+                    const std::function<std::string(size_t)>& what,
+                    const std::function<void(size_t, Engine&)>& body,
+                    const std::function<void(size_t, const Error&)>& on_error);
 
 }  // namespace tessera::cli

@@ -282,6 +282,13 @@ def repo_argv():
     return out
 
 
+def save_checkpoint(ck, out_dir, name):
+    """torch.save to OUT/NAME through a temporary file, so an interrupted save never leaves a torn checkpoint."""
+    tmp = os.path.join(out_dir, name + ".tmp")
+    torch.save(ck, tmp)
+    os.replace(tmp, os.path.join(out_dir, name))
+
+
 def cpu_bf16_fast():
     """True where a bf16 matmul on this CPU is clearly faster than an fp32 one."""
     a = torch.randn(512, 512)
@@ -441,9 +448,7 @@ def main():
               "train_time": train_time, "tokens": tokens_seen, "args": vars(a)}
         if extra:
             ck.update(extra)
-        tmp = os.path.join(a.out, name + ".tmp")
-        torch.save(ck, tmp)
-        os.replace(tmp, os.path.join(a.out, name))
+        save_checkpoint(ck, a.out, name)
 
     budget = a.time_budget_minutes * 60.0
     t_start = time.time() - train_time

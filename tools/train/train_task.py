@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 import tasks  # noqa: E402
 from bpe import Tokenizer  # noqa: E402
 from model import DiffusionLM, param_counts  # noqa: E402
-from train import cpu_bf16_fast, repo_argv  # noqa: E402
+from train import cpu_bf16_fast, repo_argv, save_checkpoint  # noqa: E402
 
 
 def data_dir(out, tok_src):
@@ -211,9 +211,7 @@ def main():
     def save(name):
         ck = {"model": model.state_dict(), "opt": opt.state_dict(), "config": c, "step": step,
               "train_time": train_time, "examples": examples_seen, "tokens": tokens_seen, "best": best}
-        tmp = os.path.join(a.out, name + ".tmp")
-        torch.save(ck, tmp)
-        os.replace(tmp, os.path.join(a.out, name))
+        save_checkpoint(ck, a.out, name)
 
     budget = a.time_budget_minutes * 60.0
     t_start = time.time() - train_time
