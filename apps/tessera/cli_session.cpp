@@ -41,6 +41,18 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_option("-t,--threads", a.threads, "CPU threads (default: OMP_NUM_THREADS, else every core)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--tp", a.tp,
+                  "tensor parallelism over this many processes, one per rank, started by the launcher: "
+                  "mpirun -np N tessera ... --tp N (heads and the dense FFN split; rank 0 prints)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--ep", a.ep,
+                  "expert parallelism (MoE models) over this many processes, the same ranks as --tp (each of "
+                  "--tp and --ep is 1 or the number of ranks): each rank computes its share of the experts")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--dist-timeout", a.dist_timeout,
+                  "with --tp: seconds a collective may wait for the other ranks before the job ends with an "
+                  "error (a rank died or hangs)")
+      ->check(in_range(0.001, 1e6));
   sub->add_option(
       "--json-schema", a.json_schema,
       "structured output: the answer is JSON valid under this JSON Schema (inline JSON or a file; "
@@ -190,6 +202,9 @@ LoadOptions load_options(const SessionArgs& a) {
                                         : Precision::Auto;
   lo.dequantize = a.dequantize;
   lo.threads = a.threads;
+  lo.tp = a.tp;
+  lo.ep = a.ep;
+  lo.dist_timeout = a.dist_timeout;
   lo.chat_template_file = a.chat_template_file;
   return lo;
 }

@@ -17,6 +17,9 @@ struct SessionArgs {
   std::string precision = "auto";
   bool dequantize = false;         // GGUF: quantized tensors converted to bf16 at load
   int threads = 0;                 // 0: OMP_NUM_THREADS, else every core
+  int tp = 1;                      // tensor-parallel ranks (one process each, started by mpirun)
+  int ep = 1;                      // expert-parallel ranks (the same processes)
+  double dist_timeout = 120.0;     // seconds a collective may take before the job is ended
   std::string chat_template_file;  // a Jinja chat template used instead of the model's
   std::string json_schema;         // structured output: a JSON Schema (inline JSON, or a file), or "object"
   std::optional<int> gen_length, steps, block_length;

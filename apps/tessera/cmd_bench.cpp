@@ -52,6 +52,7 @@ struct BenchArgs {
                                                       alg = "low_confidence";
   std::string cache = "none", mode = "diffusion";
   int prompt_len = 512, gen_length = 128, block_length = 32, steps = 0, reps = 1, batch = 0;
+  int tp = 1, ep = 1;  // tensor / expert parallelism over mpirun's ranks (rank 0 prints)
   float threshold = 0.0f, temperature = 0.0f;
   uint64_t seed = 0;
   bool dequantize = false;
@@ -77,6 +78,7 @@ struct Row {
   // a replayed forward launches at once.
   int64_t graph_replays = 0, graph_nodes = 0, graph_captures = 0, attention_plans = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
+  uint64_t comm_bytes = 0, comm_calls = 0;           // --tp / --ep: this rank's collectives, last repetition
   std::vector<int32_t> tokens;
 };
 
@@ -108,6 +110,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     double rows = 0, keys = 0;
     size_t peak = 0;
     e.reset_op_seconds();
+    if (e.options().comm) e.options().comm->reset_stats();
     const int64_t replays0 = e.step_graphs().replays();
     const int64_t captures0 = e.step_graphs().captures(), plans0 = e.backend().attention_library_plans();
     const auto t0 = std::chrono::steady_clock::now();
@@ -131,6 +134,10 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
       r.graph_captures = e.step_graphs().captures() - captures0;
       r.attention_plans = e.backend().attention_library_plans() - plans0;
       r.graph_nodes = e.step_graphs().last_nodes();
+    }
+    if (e.options().comm) {
+      r.comm_bytes = e.options().comm->stats().bytes;
+      r.comm_calls = e.options().comm->stats().calls;
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;
@@ -216,6 +223,11 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile) {
     std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
   std::printf("\n");
   if (profile) std::printf("    ops: %s\n", format_op_seconds(r.op_seconds).c_str());
+  if (r.comm_calls > 0 && r.forwards > 0) {
+    const double f = static_cast<double>(r.forwards);
+    std::printf("    collectives: %.1f KiB in %.0f all-reduces per forward (this rank's payload)\n",
+                static_cast<double>(r.comm_bytes) / f / 1024.0, static_cast<double>(r.comm_calls) / f);
+  }
   std::fflush(stdout);  // each row as soon as it is measured, also into a pipe
 }
 
@@ -233,6 +245,8 @@ json row_json(const Row& r, const Row& r0) {
           {"steps", r.steps},
           {"forwards", r.forwards},
           {"forwards_per_token", forwards_per_token(r)},
+          {"comm_bytes", r.comm_bytes},
+          {"comm_calls", r.comm_calls},
           {"query_rows", r.query_rows},
           {"key_rows", r.key_rows},
           {"weight_bytes", r.weights},
@@ -295,6 +309,12 @@ int run_bench(const BenchArgs& a) {
   eng.precision = parse_precision(a.precision);
   eng.dequantize = a.dequantize;
   eng.profile_ops = a.profile;
+  eng.comm = parallel_communicator(a.tp, a.ep, a.device, 120.0);
+  eng.tp = a.tp;
+  eng.ep = a.ep;
+  // Every rank must run the same forwards in the same order: the batcher's packing depends on timing.
+  TESSERA_CHECK(!eng.comm || a.batch == 0,
+                "--batch with --tp / --ep: batched requests are not run over ranks yet");
   auto base_engine = make_engine(a, eng);
   const ModelConfig& cfg = base_engine->config();
   // --batch: prompt r of the batch (r = 0 is the benchmark's prompt; with -p every request has it).
@@ -502,6 +522,12 @@ void add_bench(CLI::App& app, Registry& reg) {
                   "how the baseline writes the canvas: diffusion, ar or spec (ar and spec: tri-mode models)")
       ->check(CLI::IsMember({"diffusion", "ar", "spec"}));
   sub->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--tp", a->tp,
+                  "tensor parallelism over N processes started by mpirun -np N (rank 0 prints; each row also "
+                  "gives the collectives' bytes per forward)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--ep", a->ep, "expert parallelism (MoE models) over the same ranks")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--precision", a->precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_flag(

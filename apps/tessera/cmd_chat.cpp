@@ -133,6 +133,9 @@ void add_chat(CLI::App& app, Registry& reg) {
       "Examples:\n  tessera chat\n  tessera chat -m /models/LLaDA-8B-Instruct -n 128 --temperature 0.7\n"
       "  printf 'Hello\\nTell me more\\n' | tessera chat --json");
   reg.handlers.emplace_back(chat, [c] {
+    // Only rank 0 reads standard input; the others would have no turns to follow.
+    if (c->tp > 1 || c->ep > 1)
+      fail("chat with --tp / --ep: ranks following rank 0's turns are not implemented yet");
     Session s(*c);
     if (!c->json) s.print_notes();
     return run_chat(s, *c, std::cin);

@@ -170,6 +170,9 @@ void add_generate(CLI::App& app, Registry& reg) {
     if (f_opt->count() > 0) {
       if (*canvas) fail("--canvas streams the steps of one prompt (-p), not of a prompts file");
       if (!order_svg->empty()) fail("--order-svg draws one generation (-p), not a prompts file");
+      // The batcher packs requests as they arrive: ranks would pack them differently.
+      if ((a->tp > 1 || a->ep > 1) && *batch > 1)
+        fail("--prompts-file with --tp / --ep: give --batch 1 (batched requests are not run over ranks yet)");
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
       if (!a->json) s.print_notes();

@@ -42,6 +42,7 @@ struct PlanArgs {
   int64_t sparse = 0;          // > 0: SparseD patterns with tiles of this many positions are held
   std::string mode;            // tri-mode models: plan this decoding mode's forwards (ar | diffusion | spec)
   int64_t block = 0;           // its block (0: the model's trained block, else 32)
+  int tp = 1, ep = 1;          // tensor- / expert-parallel ranks: plan one rank's share
 };
 
 // One planned step with its figures.
@@ -434,17 +435,36 @@ int run_plan(const PlanArgs& a) {
     c = named_geometry(a.geometry);
   }
   if (a.context < 1) fail("--context must be at least 1 token");
+  // --tp N: one rank's share (its heads, key / value heads and dense FFN; the rest whole), as every rank
+  // holds and runs it (the ranks are alike).
+  const ModelConfig whole = c;
+  const int64_t whole_params = c.param_count();
+  const bool parallel = a.tp > 1 || a.ep > 1;
+  int64_t rank_params = whole_params;
+  if (parallel) {
+    if (!a.mode.empty())
+      fail("plan: --tp / --ep with --mode is not planned yet; plan the bidirectional step");
+    if (a.tp > 1 && a.ep > 1 && a.tp != a.ep)
+      fail("plan: --tp " + std::to_string(a.tp) + " --ep " + std::to_string(a.ep) +
+           ": each must be 1 or the number of ranks (they share the ranks)");
+    rank_params = parallel_rank_params(c, a.tp, a.ep);
+    c = tensor_parallel_rank_config(c, a.tp, a.ep);
+  }
   // CUDA plans the bf16 K / V staging of its flash attention and keeps the GGUF tensors of the
   // cuda_keeps_quantized types quantized (others converted at load), plus the tile its GEMMs dequantize into.
   const bool cuda = a.device == "cuda";
   // A GGUF's weights as the device loads them.
-  const size_t weights = !gguf  ? static_cast<size_t>(c.param_count()) * dtype_size(act)
-                         : cuda ? gguf->cuda_bytes
-                                : gguf->bytes;
+  size_t weights = !gguf  ? static_cast<size_t>(rank_params) * dtype_size(act)
+                   : cuda ? gguf->cuda_bytes
+                          : gguf->bytes;
+  if (gguf && parallel)  // the rank's share of the file's bytes, as of the parameters
+    weights = static_cast<size_t>(static_cast<double>(weights) * static_cast<double>(rank_params) /
+                                  static_cast<double>(whole_params));
   if (!a.mode.empty()) return run_plan_modes(a, c, act, weights, cuda ? Device::CUDA : Device::CPU, name);
-  const graph::GraphTemplate g =
-      build_dense_graph(shape_only_weights(c, act), graph_options(c, act, cuda ? Device::CUDA : Device::CPU),
-                        OutputMode::Sample);
+  GraphOptions go = graph_options(c, act, cuda ? Device::CUDA : Device::CPU);
+  go.tp_size = a.tp;  // the all-reduces (in place: no memory of their own)
+  go.ep_size = a.ep;
+  const graph::GraphTemplate g = build_dense_graph(shape_only_weights(c, act), go, OutputMode::Sample);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const bool cache = a.cache != "none";
   const size_t per_token =
@@ -535,6 +555,8 @@ int run_plan(const PlanArgs& a) {
             {"vocab", c.vocab},
             {"dtype", dtype},
             {"weight_bytes", weights},
+            {"tp", a.tp},
+            {"ep", a.ep},
             {"context", a.context},
             {"mask_ratio", a.mask_ratio},
             {"n_logits", s.n_logits},
@@ -579,6 +601,20 @@ int run_plan(const PlanArgs& a) {
               a.device.c_str(), static_cast<long long>(c.n_layers), static_cast<long long>(c.hidden),
               static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab), dtype.c_str(),
               hb(static_cast<double>(weights)).c_str(), how.c_str());
+  if (parallel) {
+    std::string experts;
+    if (c.moe.n_experts > 0)
+      experts = ", " + std::to_string(c.moe.n_experts / a.ep) + " of " + std::to_string(c.moe.n_experts) +
+                " experts";
+    const bool replicated = whole.n_kv_heads < a.tp;
+    std::printf(
+        "--tp %d --ep %d: every figure is one rank's (%lld of %lld heads, %lld of %lld key / value heads%s, "
+        "dense FFN %lld%s; %.1f%% of the parameters)\n",
+        a.tp, a.ep, static_cast<long long>(c.n_heads), static_cast<long long>(whole.n_heads),
+        static_cast<long long>(c.n_kv_heads), static_cast<long long>(whole.n_kv_heads),
+        replicated ? ", replicated" : "", static_cast<long long>(c.intermediate), experts.c_str(),
+        100.0 * static_cast<double>(rank_params) / static_cast<double>(whole_params));
+  }
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));
   if (cache) {
@@ -671,6 +707,15 @@ void add_plan(CLI::App& app, Registry& reg) {
   sub->add_option("--block-length", a->block,
                   "--mode diffusion / spec: the block (0: the model's trained block, else 32)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option(
+         "--tp", a->tp,
+         "tensor parallelism over N ranks: plan one rank (its share of the heads, the key / value "
+         "cache and the dense FFN; embedding, LM head and MoE FFNs whole); weights, peak, L_max per rank")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--ep", a->ep,
+                  "expert parallelism over N ranks (the --tp ranks when both are given): plan one rank, "
+                  "holding 1/N of every MoE layer's experts")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--device", a->device,
                   "plan the step as this device runs it (cuda: bf16 K / V staging for its attention, "
                   "quantized GGUF tensors converted at load); no GPU is needed")

@@ -586,6 +586,11 @@ void add_serve(CLI::App& app, Registry& reg) {
       "Examples:\n  tessera serve --port 8080                  # then open http://127.0.0.1:8080/\n"
       "  tessera serve -m /models/LLaDA-8B-Instruct --host 0.0.0.0 --api-key-file keys.txt --batch 8");
   reg.handlers.emplace_back(sub, [a] {
+    if (a->session.tp > 1 || a->session.ep > 1)
+      fail(
+          "serve with --tp / --ep: ranks following rank 0's requests are not implemented yet (generate, eval "
+          "and "
+          "bench run over ranks)");
     ServeApp s(*a);
     return s.run();
   });

@@ -13,6 +13,7 @@
 #include "apps/tessera/cli_parse.h"
 #include "apps/tessera/commands.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 
 extern const char* const tessera_build_commit;  // generated/version.cpp (cmake/version.cmake)
 
@@ -80,15 +81,21 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return tessera::cli::report_parse_error(app, e, argc, argv);
   }
+  // Tensor parallelism (--tp, under mpirun): every rank runs the command, rank 0 prints its results;
+  // the others' errors still reach stderr, each naming its rank.
+  const int rank = tessera::dist::launcher_size() > 1 ? tessera::dist::launcher_rank() : 0;
+  if (rank > 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
+  const std::string who =
+      rank > 0 ? "tessera: rank " + std::to_string(rank) + ": error: " : "tessera: error: ";
   try {
     for (auto& [sub, fn] : reg.handlers) {
       if (sub->parsed()) return fn();
     }
   } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    std::fprintf(stderr, "%s%s\n", who.c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    std::fprintf(stderr, "%s%s\n", who.c_str(), e.what());
     return 1;
   }
   return 0;

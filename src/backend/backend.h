@@ -140,6 +140,13 @@ struct MoeExperts {
   int64_t hidden = 0, inter = 0;
   DType dtype = DType::BF16;
   std::array<int16_t, 3> quant{-1, -1, -1};
+  // Expert parallelism (CPU backend): this rank computes only the (row, slot) pairs routed to experts
+  // [local_lo, local_hi) (local_hi 0: every expert) and, with overwrite, writes out = their weighted sum
+  // instead of adding it (a rank other than 0, whose partial sum the all-reduce adds to rank 0's x).
+  int local_lo = 0, local_hi = 0;
+  bool overwrite = false;
+  bool partitioned() const { return local_hi > 0 || overwrite; }
+  bool local(int id) const { return local_hi == 0 || (id >= local_lo && id < local_hi); }
 };
 // Scratch bytes moe_ffn may use for M rows with top_k experts each (the graph plans this buffer).
 inline size_t moe_scratch_bytes(int64_t rows, int top_k, const MoeExperts& e) {

@@ -62,13 +62,29 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
     fail("unknown device '" + opt.device + "' (use cpu or cuda)");
   }
   if (opt.wrap_backend) e->backend_ = opt.wrap_backend(std::move(e->backend_));
+  if (opt.comm && opt.comm->size() > 1) {
+    const bool host = std::string(opt.comm->name()) != "nccl";
+    TESSERA_CHECK(host == (e->backend_->device() == Device::CPU),
+                  std::string("tensor parallelism: the ") + opt.comm->name() +
+                      " communicator cannot serve the " + opt.device + " device (MPI: cpu; NCCL: cuda)");
+  }
   return e;
+}
+
+void Engine::shard() {
+  const int world = opt_.comm ? opt_.comm->size() : 1, want = std::max(opt_.tp, opt_.ep);
+  if (world == 1 && want == 1) return;
+  TESSERA_CHECK(want == world, "--tp " + std::to_string(opt_.tp) + " --ep " + std::to_string(opt_.ep) +
+                                   " needs " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
+                                   "; the communicator has " + std::to_string(world));
+  model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
 }
 
 std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act,
                                           int16_t quant) {
   auto e = make(opt);
   e->model_ = Model::synthetic(c, *e->backend_, act, 1, quant);
+  e->shard();
   e->init();
   return e;
 }
@@ -79,6 +95,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (e->model_->config().mask_id < 0) {
     fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
   }
+  e->shard();
   e->init();
   return e;
 }
@@ -178,6 +195,7 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   }
   ctx.dump_dir = opt_.dump_dir;
   if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
+  ctx.comm = opt_.comm.get();
   if (kv_cache) {  // State tensors: their slices of the pool, kv_->rows() rows each
     const auto pool_rows = static_cast<size_t>(kv_->rows());
     state_ptrs_.assign(g.tensors().size(), nullptr);

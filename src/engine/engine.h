@@ -54,6 +54,13 @@ struct EngineOptions {
   // The CPU backend's attention kernel (backend.h CpuAttention): Auto runs a bf16 model's attention on
   // bf16 operands where the CPU has AVX-512 BF16 (TESSERA_CPU_ATTN=f32 turns that off); F32 never.
   CpuAttention cpu_attention = CpuAttention::Auto;
+  // Tensor parallelism: the communicator of the ranks (dist/communicator.h; null or one rank: a single
+  // process). The model keeps this rank's share of the heads and the dense FFN, and every forward sums the
+  // partial outputs over the ranks; every rank runs the same requests in the same order.
+  std::shared_ptr<dist::Communicator> comm;
+  // The layout over comm's ranks: tp > 1 splits the heads and the dense FFNs, ep > 1 the MoE layers'
+  // experts; each is 1 or the number of ranks (Model::shard_parallel).
+  int tp = 1, ep = 1;
   // Wraps the device's backend (tests: a CPU backend that records and replays steps as CUDA does).
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };
@@ -238,6 +245,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
  private:
   Engine() = default;
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
+  void shard();  // this rank's share of the model (EngineOptions::comm)
   // After the model is set: the KV cache pool, then the budget check of the weights.
   void init();
 

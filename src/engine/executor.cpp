@@ -236,6 +236,13 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       b.gather_rows(in(0), in(1), o);
       break;
     }
+    case OpKind::AllReduce: {
+      Tensor o = out(0);
+      TESSERA_CHECK(c.comm != nullptr, "execute: a tensor-parallel graph runs without its communicator");
+      TESSERA_CHECK(o.dtype == DType::F32, "all_reduce: f32 expected");
+      c.comm->all_reduce_sum(o.as<float>(), static_cast<size_t>(o.numel()));
+      break;
+    }
     case OpKind::MoeFfn: {
       // The scratch is the whole planned buffer (its fixed part included), seen as bytes.
       const Tensor s = out(0);

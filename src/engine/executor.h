@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "dist/communicator.h"
 #include "graph/graph.h"
 
 namespace tessera {
@@ -50,6 +51,7 @@ struct ExecContext {
   const SparseExec* sparse = nullptr;  // SparseD; null = dense attention
   const DesExec* des = nullptr;        // DES; null = every row routes on its own
   double* op_seconds = nullptr;        // [graph::kOpKinds]: each op synchronised and timed, by kind
+  dist::Communicator* comm = nullptr;  // tensor parallelism: the ranks AllReduce sums over
 };
 
 // A view of tensor `id` for the given chunk of a loop (chunk < 0: the whole tensor).

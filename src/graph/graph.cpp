@@ -60,6 +60,8 @@ const char* op_name(OpKind k) {
       return "gather_rows";
     case OpKind::TopLogprobs:
       return "top_logprobs";
+    case OpKind::AllReduce:
+      return "all_reduce";
   }
   return "?";
 }

@@ -68,8 +68,9 @@ enum class OpKind : uint8_t {
   GatherRows,   // in: src (State), row indices; out: dst with dst[i] = src[rows[i]] (bf16 widened to f32)
   TopLogprobs,  // in: logits, tokens; out: the tokens' log-probabilities, and ids and log-probabilities
                 // [rows, K] of the K most likely tokens
+  AllReduce,    // in / out: an f32 tensor summed in place over the tensor-parallel ranks (ExecContext::comm)
 };
-constexpr int kOpKinds = static_cast<int>(OpKind::TopLogprobs) + 1;
+constexpr int kOpKinds = static_cast<int>(OpKind::AllReduce) + 1;
 const char* op_name(OpKind k);
 
 // A tensor operand. chunked: the op sees only the rows of the current chunk of the enclosing loop.

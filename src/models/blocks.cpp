@@ -14,9 +14,10 @@ using graph::Sym;
 
 namespace {
 
-// x[chunk] += down(silu(gate(m)) * up(m)); tensor names get `sfx` ("_shexp" for a shared expert).
+// x[chunk] += down(silu(gate(m)) * up(m)) (accumulate; else x[chunk] = the FFN: a rank other than 0 whose
+// partial sum the all-reduce adds); tensor names get `sfx` ("_shexp" for a shared expert).
 void add_swiglu_ffn(graph::GraphTemplate& g, const LayerWeights& L, const GraphOptions& o, int l, int m,
-                    int x, const std::string& sfx) {
+                    int x, const std::string& sfx, bool accumulate) {
   const int64_t inter = L.w_gate.rows();
   const int wg = g.add_weight("ffn_gate" + sfx + ".weight", l, L.w_gate);
   const int wu = g.add_weight("ffn_up" + sfx + ".weight", l, L.w_up);
@@ -29,8 +30,11 @@ void add_swiglu_ffn(graph::GraphTemplate& g, const LayerWeights& L, const GraphO
   g.add_alias(act, gate);  // silu(gate) * up written over gate
   g.add_op(OpKind::Swiglu, "ffn_act" + sfx, l, {{gate}, {up}}, {{act}});
   OpParams acc;
-  acc.accumulate = true;
-  g.add_op(OpKind::Gemm, "ffn_down" + sfx, l, {{act}, {wd}, {x, true}}, {{x, true}}, acc);
+  acc.accumulate = accumulate;
+  if (accumulate)
+    g.add_op(OpKind::Gemm, "ffn_down" + sfx, l, {{act}, {wd}, {x, true}}, {{x, true}}, acc);
+  else
+    g.add_op(OpKind::Gemm, "ffn_down" + sfx, l, {{act}, {wd}}, {{x, true}}, acc);
 }
 
 // Routed experts: router logits -> (ids, weights) -> x[chunk] += sum of the selected experts.
@@ -158,7 +162,13 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     }
     g.add_op(OpKind::Attention, "attention", l, {{q}, {keys}, {values}, {cu_q}, {cu_k}, {q_pos}, {k_pos}},
              attn_outs, attn);
-    g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);  // x += att wo^T
+    // x += att wo^T. Tensor-parallel: each rank's heads give a partial sum; rank 0 adds its own to x, the
+    // others write theirs over x, and the all-reduce after the adapter sums them.
+    if (o.tp_size == 1 || o.tp_rank == 0) {
+      g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}, {x}}, {{x}}, acc);
+    } else {
+      g.add_op(OpKind::Gemm, "attn_output", l, {{att}, {wo}}, {{x}}, OpParams{});
+    }
     if (o.draft_adapter && L.lora_a.ndim > 0) {  // x += (att lora_a^T) lora_b^T (scale folded into b)
       const int mid = g.add_tensor("attn_lora", l, o.act, Sym::NQuery, L.lora_a.rows());
       g.add_op(OpKind::Gemm, "attn_lora_a", l, {{att}, {g.add_weight("attn_lora_a.weight", l, L.lora_a)}},
@@ -166,6 +176,7 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
       g.add_op(OpKind::Gemm, "attn_lora_b", l,
                {{mid}, {g.add_weight("attn_lora_b.weight", l, L.lora_b)}, {x}}, {{x}}, acc);
     }
+    if (o.tp_size > 1) g.add_op(OpKind::AllReduce, "attn_all_reduce", l, {{x}}, {{x}});
 
     // FFN, chunked over query rows (K_ffn); x is read and written chunk by chunk. A dense layer runs
     // the SwiGLU FFN, an MoE layer the routed experts and, if it has one, the shared expert.
@@ -174,8 +185,23 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_barrier(x);
     const int m = g.add_tensor("ffn_norm", l, o.act, Sym::FfnRows, o.hidden);
     g.add_op(OpKind::RmsNorm, "ffn_norm", l, {{x, true}, {fn}}, {{m}}, norm);
-    if (L.is_moe()) add_moe_ffn(g, L, o, l, m, x);
-    if (L.w_gate.ndim > 0) add_swiglu_ffn(g, L, o, l, m, x, L.is_moe() ? "_shexp" : "");
+    // Parallel ranks (o.tp_size / o.ep_size > 1; models/tensor_parallel.cpp): a split FFN's ranks each
+    // hold a partial sum, rank 0's added to x and the others' written over it, summed by one all-reduce.
+    // A dense FFN splits with tensor parallelism. An MoE layer splits with expert parallelism (each rank
+    // its experts; the shared expert split too under tensor parallelism, else rank 0's alone), otherwise
+    // every rank runs it whole.
+    const bool rank0 = o.tp_rank == 0;
+    if (L.is_moe()) {
+      const bool ep = o.ep_size > 1;
+      add_moe_ffn(g, L, o, l, m, x);  // L.experts: the rank's experts, and whether it overwrites x
+      if (L.w_gate.ndim > 0 && (!ep || o.tp_size > 1 || rank0))
+        add_swiglu_ffn(g, L, o, l, m, x, "_shexp", true);
+      if (ep) g.add_op(OpKind::AllReduce, "ffn_all_reduce", l, {{x, true}}, {{x, true}});
+    } else if (L.w_gate.ndim > 0) {
+      const bool split = o.tp_size > 1;
+      add_swiglu_ffn(g, L, o, l, m, x, "", !split || rank0);
+      if (split) g.add_op(OpKind::AllReduce, "ffn_all_reduce", l, {{x, true}}, {{x, true}});
+    }
     g.end_loop();
   }
 

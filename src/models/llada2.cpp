@@ -161,7 +161,28 @@ void llada2_mid(ModelConfig& c) {
   c.moe.moe_layer.resize(4);
 }
 
-constexpr GeometryPreset kGeometries[] = {{"llada2-mini", llada2_mini}, {"llada2-mid", llada2_mid}};
+// LLaDA2.0-flash / LLaDA2.1-flash (100B total, 6.1B active; Ling-flash-2.0's layers): 32 layers of hidden
+// 4096, 32 query heads and 4 key / value heads of 128, layer 0 dense (9216), then 256 routed experts of
+// 1024 (top-8) and one shared expert of 1024, the router as mini's. Not in specs/models.md: the layer,
+// hidden, expert and top-k figures agree with a public serving log of the checkpoint; heads and the dense
+// FFN are Ling-flash-2.0's config. Check: 102.5B parameters, 6.1B active (the model card's 100B / 6.1B).
+void llada2_flash(ModelConfig& c) {
+  llada2_mini(c);
+  c.hidden = 4096;
+  c.n_layers = 32;
+  c.n_heads = 32;
+  c.n_kv_heads = 4;
+  c.head_dim = 128;
+  c.rotary_dim = 64;
+  c.intermediate = 9216;
+  c.moe.expert_inter = 1024;
+  c.moe.shared_inter = 1024;
+  c.moe.moe_layer.assign(32, 1);
+  c.moe.moe_layer[0] = 0;
+}
+
+constexpr GeometryPreset kGeometries[] = {
+    {"llada2-mini", llada2_mini}, {"llada2-mid", llada2_mid}, {"llada2-flash", llada2_flash}};
 
 void bind(Model& m) {
   const ModelConfig& c = m.config();

@@ -72,7 +72,24 @@ struct GraphOptions {
   bool kv_cache = false;
   // Draft graph: o_proj adds each layer's draft adapter (LayerWeights::lora_a / lora_b).
   bool draft_adapter = false;
+  // Tensor and expert parallelism (models/tensor_parallel.cpp) over the same ranks; tp_rank is this
+  // process's rank. tp_size > 1: this rank's share of the heads and of the dense FFN (n_heads, n_kv_heads
+  // and the weights are the rank's); ep_size > 1: its share of every MoE layer's experts. The graph sums
+  // the partial outputs of o_proj and of each split FFN over the ranks (OpKind::AllReduce; rank 0's
+  // partial sum is added to the residual, the others' written over it).
+  int tp_rank = 0, tp_size = 1, ep_size = 1;
 };
+
+// Throws a one-line error when config c cannot be split over `size` tensor-parallel ranks (heads, key /
+// value heads or the dense FFN not divisible) or, with ep > 1, its experts over ep ranks (a dense model,
+// more ranks than experts, or experts not divisible).
+void check_tensor_parallel(const ModelConfig& c, int size, int ep = 1);
+// The geometry one rank computes under tensor parallelism over tp ranks: its heads, key / value heads and
+// dense FFN (and, with expert parallelism, its share of the shared expert); head_dim, hidden, vocab and
+// the routed experts as they are. kv_cache_bytes_per_token is the rank's share of the cache.
+ModelConfig tensor_parallel_rank_config(const ModelConfig& c, int tp, int ep = 1);
+// The parameters one rank holds under --tp tp --ep ep (its experts only; the router whole).
+int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep);
 
 // Precision::Auto's compute dtype: the dtype most weight bytes are stored in (as loaded: GGUF's
 // quantized tensors count as the bf16 they become).
@@ -136,6 +153,10 @@ class Model {
   GraphOptions& mutable_options() { return opts_; }
   // Block-causal models: a new attention block size (the graphs are rebuilt on next use).
   void set_mask_block(int64_t block);
+  // Keeps this rank's share of the weights for tensor parallelism over tp ranks and expert parallelism
+  // over ep ranks (the same ranks: tp and ep are 1 or the world, rank 0..world-1); the graphs are rebuilt
+  // with the local heads, the local experts and the all-reduces.
+  void shard_parallel(int rank, int tp, int ep);
 
  private:
   Model() = default;

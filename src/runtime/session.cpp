@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/utf8.h"
+#include "dist/communicator.h"
 #include "engine/request_budget.h"
 #include "memory/chunk_optimizer.h"
 
@@ -73,6 +74,32 @@ void check_utf8(const std::string& s, const char* what) {
   }
 }
 
+// The ranks of --tp / --ep: MPI's world, which must have exactly max(tp, ep) processes (null for one).
+std::shared_ptr<dist::Communicator> parallel_communicator(int tp, int ep, const std::string& device,
+                                                          double timeout_s) {
+  if (tp < 1 || ep < 1) fail("--tp and --ep must be at least 1");
+  const int ranks = std::max(tp, ep), launched = dist::launcher_size();
+  const std::string layout = "--tp " + std::to_string(tp) + (ep > 1 ? " --ep " + std::to_string(ep) : "");
+  if (ranks == 1) {
+    if (launched > 1)
+      fail("this process is one of " + std::to_string(launched) +
+           " started by the launcher, but --tp is 1: give --tp " + std::to_string(launched) + " or --ep " +
+           std::to_string(launched) + " (or run one process)");
+    return nullptr;
+  }
+  if (launched != ranks)
+    fail(layout + " needs " + std::to_string(ranks) + " processes, one per rank: run mpirun -np " +
+         std::to_string(ranks) + " tessera ... " + layout + " (this job has " + std::to_string(launched) +
+         ")");
+  if (device != "cpu")
+    fail(layout + ": parallelism runs on the CPU backend over MPI; NCCL on CUDA is not wired to the CLI yet");
+  std::string why;
+  auto comm = dist::mpi_world(timeout_s, &why);
+  if (!comm) fail(layout + ": " + why);
+  if (comm->size() != ranks) fail(layout + ": MPI's world has " + std::to_string(comm->size()) + " ranks");
+  return comm;
+}
+
 Session::Session(const LoadOptions& lo) {
   dir_ = lo.model.empty() ? default_model_dir() : lo.model;
   check_model_path(dir_);
@@ -88,6 +115,9 @@ Session::Session(const LoadOptions& lo) {
   eo.prefix_cache_bytes = lo.prefix_cache;
   eo.precision = lo.precision;
   eo.dequantize = lo.dequantize;
+  eo.comm = parallel_communicator(lo.tp, lo.ep, lo.device, lo.dist_timeout);
+  eo.tp = lo.tp;
+  eo.ep = lo.ep;
   engine_ = Engine::load(dir_, eo);
   const size_t before_tokenizer = lo.memory_budget > 0 ? process_memory().rss : 0;
   tok_ = load_model_tokenizer(dir_);

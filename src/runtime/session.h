@@ -30,8 +30,19 @@ struct LoadOptions {
   size_t memory_budget = 0;  // bytes for the weights plus the planned activations; 0 = none
   size_t prefix_cache = 0;   // block-causal models: the cross-request prefix cache's bytes (0: off)
   int threads = 0;  // > 0: OpenMP threads for the process (omp_set_num_threads); 0: OMP_NUM_THREADS or all
+  // Tensor parallelism over tp processes (dist/communicator.h: MPI, one process per rank, started by
+  // mpirun -np tp); every rank loads its share and runs the same requests. dist_timeout: seconds a
+  // collective may wait for the others before the job ends with an error.
+  int tp = 1, ep = 1;  // ep: expert parallelism over the same ranks (MoE models; 1 or the number of ranks)
+  double dist_timeout = 120.0;
   std::string chat_template_file;  // a Jinja chat template used instead of the model's; empty: the model's
 };
+
+// The ranks of --tp / --ep on `device`: MPI's world, which must have exactly max(tp, ep) processes
+// started by the launcher (one-line errors otherwise, and for a launch of several processes with
+// neither); null for one process.
+std::shared_ptr<dist::Communicator> parallel_communicator(int tp, int ep, const std::string& device,
+                                                          double timeout_s);
 
 class Session {
  public:

@@ -93,10 +93,11 @@ TEST(Registry, GgufArchitecturesAndGeometriesAreUnique) {
   const std::vector<std::string> names = geometry_names();
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), geometries);
   EXPECT_EQ(names.size(), geometries.size());
-  test::expect_error([] { named_geometry("gpt-2"); },
-                     "unknown geometry 'gpt-2' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, "
-                     "llada-moe-mid, llada2-mini, llada2-mid, nemotron-diffusion-3b, nemotron-diffusion-8b, "
-                     "nemotron-diffusion-14b)");
+  test::expect_error(
+      [] { named_geometry("gpt-2"); },
+      "unknown geometry 'gpt-2' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, "
+      "llada-moe-mid, llada2-mini, llada2-mid, llada2-flash, nemotron-diffusion-3b, nemotron-diffusion-8b, "
+      "nemotron-diffusion-14b)");
 }
 
 }  // namespace

@@ -282,22 +282,27 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
   for (int64_t i = 0; i < P; ++i) {
     if (id[i] < 0 || id[i] >= E)
       fail("moe_ffn: expert id " + std::to_string(id[i]) + " is outside [0, " + std::to_string(E) + ")");
-    ++l.offsets[id[i] + 1];
+    if (e.local(id[i])) ++l.offsets[id[i] + 1];
   }
   for (int i = 0; i < E; ++i) {
     l.offsets[i + 1] += l.offsets[i];
     l.cursor[i] = 0;
   }
   for (int64_t i = 0; i < P; ++i) {
+    if (!e.local(id[i])) {  // another rank's expert (expert parallelism)
+      l.pair_pos[i] = -1;
+      continue;
+    }
     const int32_t pos = l.offsets[id[i]] + l.cursor[id[i]]++;
     l.pair_row[pos] = static_cast<int32_t>(i / k);
     l.pair_pos[i] = pos;
   }
+  const int64_t local_pairs = l.offsets[E];
   // Gather the rows of x in sorted order.
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(e.dtype);
   const auto* xs = static_cast<const char*>(x.data);
-#pragma omp parallel for if (P * H > 65536)
-  for (int64_t i = 0; i < P; ++i) {
+#pragma omp parallel for if (local_pairs * H > 65536)
+  for (int64_t i = 0; i < local_pairs; ++i) {
     std::memcpy(l.xg + static_cast<size_t>(i) * row_bytes,
                 xs + static_cast<size_t>(l.pair_row[i]) * row_bytes, row_bytes);
   }
@@ -318,8 +323,8 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
     gemm.gemm(a, wg, nullptr, g, false);
     gemm.gemm(a, wu, nullptr, u, false);
   });
-  Tensor g_all(l.gate, e.dtype, {P, I}), u_all(l.up, e.dtype, {P, I});
-  swiglu(g_all, u_all, g_all);
+  Tensor g_all(l.gate, e.dtype, {local_pairs, I}), u_all(l.up, e.dtype, {local_pairs, I});
+  if (local_pairs > 0) swiglu(g_all, u_all, g_all);
   for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
     const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
     Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});
@@ -337,14 +342,20 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
       const int64_t nc = std::min(kCols, H - c0);
       float acc[kCols] = {};
       for (int64_t j = 0; j < k; ++j) {
+        if (l.pair_pos[m * k + j] < 0) continue;  // another rank's expert
         const float wj = w[m * k + j];
         const float* yr = l.y + static_cast<int64_t>(l.pair_pos[m * k + j]) * H + c0;
 #pragma omp simd
         for (int64_t c = 0; c < nc; ++c) acc[c] += wj * yr[c];
       }
       float* orow = o + m * H + c0;
+      if (e.overwrite) {
 #pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) orow[c] += acc[c];
+        for (int64_t c = 0; c < nc; ++c) orow[c] = acc[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < nc; ++c) orow[c] += acc[c];
+      }
     }
   }
 }
