@@ -100,6 +100,20 @@ std::shared_ptr<dist::Communicator> parallel_communicator(int tp, int ep, const 
   return comm;
 }
 
+namespace {
+
+// A byte count every rank plans with: the largest of the ranks' (their processes measure slightly different
+// runtimes, and ranks whose budgets chunked a step differently would sum rows that do not match).
+size_t agreed_bytes(dist::Communicator* comm, size_t mine) {
+  if (comm == nullptr || comm->size() == 1) return mine;
+  std::vector<uint64_t> all(static_cast<size_t>(comm->size()));
+  const uint64_t v = mine;
+  comm->all_gather(&v, all.data(), sizeof(v));
+  return static_cast<size_t>(*std::max_element(all.begin(), all.end()));
+}
+
+}  // namespace
+
 Session::Session(const LoadOptions& lo) {
   dir_ = lo.model.empty() ? default_model_dir() : lo.model;
   check_model_path(dir_);
@@ -109,21 +123,22 @@ Session::Session(const LoadOptions& lo) {
   EngineOptions eo;
   eo.device = lo.device;
   eo.memory_budget = lo.memory_budget;
-  // The budget bounds the process: what it holds before the model (libraries, threads) is counted in it,
-  // and below the tokenizer's share.
-  if (lo.memory_budget > 0) eo.runtime_bytes = process_memory().rss;
-  eo.prefix_cache_bytes = lo.prefix_cache;
-  eo.precision = lo.precision;
-  eo.dequantize = lo.dequantize;
   eo.comm = parallel_communicator(lo.tp, lo.ep, lo.device, lo.dist_timeout);
   eo.tp = lo.tp;
   eo.ep = lo.ep;
+  // The budget bounds the process: what it holds before the model (libraries, threads) is counted in it,
+  // and below the tokenizer's share.
+  if (lo.memory_budget > 0) eo.runtime_bytes = agreed_bytes(eo.comm.get(), process_memory().rss);
+  eo.prefix_cache_bytes = lo.prefix_cache;
+  eo.precision = lo.precision;
+  eo.dequantize = lo.dequantize;
   engine_ = Engine::load(dir_, eo);
   const size_t before_tokenizer = lo.memory_budget > 0 ? process_memory().rss : 0;
   tok_ = load_model_tokenizer(dir_);
   if (lo.memory_budget > 0) {
     const size_t after = process_memory().rss;
-    engine_->add_runtime_bytes(after > before_tokenizer ? after - before_tokenizer : 0);
+    engine_->add_runtime_bytes(
+        agreed_bytes(eo.comm.get(), after > before_tokenizer ? after - before_tokenizer : 0));
   }
   const auto token_text = [&](int64_t id) {
     return id >= 0 && static_cast<size_t>(id) < tok_->vocab_size()
@@ -208,7 +223,8 @@ void Session::measure_runtime() {
   generate(*engine_, prompt, w);
   const size_t after = process_memory().anon, ws = engine_->workspace_resident();
   engine_->set_memory_budget(budget);
-  engine_->add_runtime_bytes(after > anon + ws ? after - anon - ws : 0);
+  engine_->add_runtime_bytes(
+      agreed_bytes(engine_->options().comm.get(), after > anon + ws ? after - anon - ws : 0));
 }
 
 GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<int> block_length,

@@ -50,6 +50,14 @@ TEST(TensorParallelCli, TwoRanksPrintTheSingleProcessText) {
       << two;
   EXPECT_GT(nlohmann::json::parse(one)["tokens"].size(), 8u) << one;
   EXPECT_EQ(tokens_and_text(two), tokens_and_text(one));  // rank 0's result, once (one JSON line)
+  // Under a memory budget every rank plans with the same runtime share (the largest measured), so their
+  // steps chunk alike and their all-reduces match.
+  ASSERT_EQ(test::run_command(mpirun(2) + TESSERA_BINARY + generate_args() +
+                                  " --tp 2 --memory-budget 40MiB --json 2>/dev/null",
+                              &two),
+            0)
+      << two;
+  EXPECT_EQ(tokens_and_text(two), tokens_and_text(one));
 }
 
 TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
