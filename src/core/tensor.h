@@ -42,6 +42,13 @@ struct Tensor {
     if (quantized()) return ggml_bytes(static_cast<GgmlType>(quant), cols());
     return static_cast<size_t>(cols()) * dtype_size(dtype);
   }
+  // Rows [row0, row0 + n) of this tensor (rows of any storage, ggml blocks included, are contiguous).
+  Tensor row_view(int64_t row0, int64_t n) const {
+    Tensor v = *this;
+    v.data = static_cast<char*>(data) + static_cast<size_t>(row0) * row_bytes();
+    v.shape[0] = n;
+    return v;
+  }
   int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
   // Rows = product of all but the last dim; cols = last dim.
   int64_t rows() const { return ndim == 0 ? 1 : numel() / shape[static_cast<size_t>(ndim - 1)]; }

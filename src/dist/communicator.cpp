@@ -1,4 +1,4 @@
-// The local communicator, the launcher's environment, and the MPI one (built with TESSERA_MPI).
+// The launcher's environment, and MPI's communicator (built with TESSERA_MPI).
 #include "dist/communicator.h"
 
 #include <chrono>
@@ -19,24 +19,6 @@ namespace tessera::dist {
 
 namespace {
 
-class LocalCommunicator final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  const char* name() const override { return "local"; }
-  void all_reduce_sum(float*, size_t n) override { count(n * sizeof(float)); }
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    count(bytes);
-    if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
-  }
-  void all_to_all(const void* send, void* recv, size_t bytes) override { all_gather(send, recv, bytes); }
-  void broadcast(void*, size_t bytes, int root) override {
-    TESSERA_CHECK(root == 0, "broadcast: root " + std::to_string(root) + " is not a rank of 1");
-    count(bytes);
-  }
-  void barrier() override {}
-};
-
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -46,10 +28,6 @@ int env_int(const char* name, int fallback) {
 }
 
 }  // namespace
-
-std::unique_ptr<Communicator> make_local_communicator() {
-  return std::make_unique<LocalCommunicator>();
-}
 
 int launcher_size() {
   return std::max(1, env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", 1)));

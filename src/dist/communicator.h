@@ -41,9 +41,6 @@ class Communicator {
   CommStats stats_;
 };
 
-// One rank, no peer: every collective is a copy or nothing (a single process runs the same code).
-std::unique_ptr<Communicator> make_local_communicator();
-
 // The process's MPI world (MPI_Init on first use, MPI_Finalize at exit). A collective that has not
 // completed after `timeout_s` seconds (a rank died or hangs) prints one line naming it and aborts the
 // whole job (MPI_Abort), so no rank waits forever. Null, with the reason in *why, when tessera was built

@@ -48,14 +48,6 @@ Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const
 
 namespace {
 
-// Rows [lo, hi) of a 2-D view (tensor_view's views are all 2-D).
-Tensor row_range(const Tensor& t, int64_t lo, int64_t hi) {
-  Tensor v = t;
-  v.data = static_cast<char*>(t.data) + static_cast<size_t>(lo) * t.row_bytes();
-  v.shape[0] = hi - lo;
-  return v;
-}
-
 void dump(const graph::GraphTemplate& g, const ExecContext& c, int id, const Tensor& t, int64_t chunk) {
   std::vector<char> host(t.nbytes());
   c.backend->copy_to_host(host.data(), t.data, host.size());
@@ -182,8 +174,8 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
         const int64_t lo = std::max(c.sample_rows[s], row0) - row0;
         const int64_t hi = std::min(c.sample_rows[s + 1], row0 + n) - row0;
         if (lo >= hi) continue;
-        Tensor l = row_range(logits, lo, hi), k = row_range(keys, lo, hi), t = row_range(tok, lo, hi),
-               f = row_range(conf, lo, hi);
+        Tensor l = logits.row_view(lo, hi - lo), k = keys.row_view(lo, hi - lo),
+               t = tok.row_view(lo, hi - lo), f = conf.row_view(lo, hi - lo);
         b.sample_rows(l, k, c.sample_seqs[s], t, f);
       }
       break;

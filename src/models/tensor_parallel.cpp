@@ -69,14 +69,6 @@ int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep) {
 
 namespace {
 
-// Rows [row0, row0 + rows) of a 2-D weight: a view (rows of any storage are contiguous).
-Tensor row_slice(const Tensor& t, int64_t row0, int64_t rows) {
-  Tensor v = t;
-  v.data = static_cast<char*>(t.data) + static_cast<size_t>(row0) * t.row_bytes();
-  v.shape[0] = rows;
-  return v;
-}
-
 // The byte offset and length of columns [col0, col0 + cols) inside a row of t (whole ggml blocks).
 std::pair<size_t, size_t> column_bytes(const Tensor& t, int64_t col0, int64_t cols, const char* what) {
   if (!t.quantized())
@@ -108,7 +100,7 @@ void Model::shard_parallel(int rank, int tp, int ep) {
   // again); a tensor copied at load is replaced by a copy of the rank's rows or columns and freed.
   auto rows = [&](const Tensor& t, int64_t row0, int64_t n) {
     weight_bytes_ -= static_cast<size_t>(t.rows() - n) * t.row_bytes();
-    const Tensor v = row_slice(t, row0, n);
+    const Tensor v = t.row_view(row0, n);
     auto it = std::find(owned_.begin(), owned_.end(), t.data);
     if (it == owned_.end()) return v;  // a view of the mapped file: the other rows are never read
     // A copy made at load (converted, or on a device): the rank's rows move to an allocation of their own.
@@ -185,10 +177,9 @@ void Model::shard_parallel(int rank, int tp, int ep) {
       backend_->copy_to_host(table.data(), e.table, table.size() * sizeof(void*));
       for (int p = 0; p < 3; ++p) {
         const auto pq = static_cast<size_t>(p);
-        const int64_t cols = p < 2 ? e.hidden : e.inter, nrows = p < 2 ? e.inter : e.hidden;
-        const size_t bytes = static_cast<size_t>(nrows) *
-                             (e.quant[pq] >= 0 ? ggml_bytes(static_cast<GgmlType>(e.quant[pq]), cols)
-                                               : static_cast<size_t>(cols) * dtype_size(e.dtype));
+        Tensor one(nullptr, e.dtype, {p < 2 ? e.inter : e.hidden, p < 2 ? e.hidden : e.inter});
+        one.quant = e.quant[pq];  // an expert's projection, as bind_experts bound it
+        const size_t bytes = one.nbytes();
         for (int x = 0; x < e.n_experts; ++x) {
           const void*& ptr = table[static_cast<size_t>(p * e.n_experts + x)];
           if (e.local(x) || ptr == nullptr) continue;
