@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream, LLaDA-MoE, LLaDA2 or
-Nemotron-Labs-Diffusion.
+"""Writes a tiny random checkpoint in the exact Hugging Face layout of LLaDA, Dream, LLaDA-MoE, LLaDA2,
+Nemotron-Labs-Diffusion or DiffusionGemma.
 
-  make_tiny_checkpoint.py --family llada|dream|llada_moe|llada2|nemotron --out DIR [--seed 0] [--hidden 64] [--layers 2]
-      [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512] [--shards 2]
-      [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
+  make_tiny_checkpoint.py --family llada|dream|llada_moe|llada2|nemotron|diffusion_gemma --out DIR [--seed 0]
+      [--hidden 64] [--layers 2] [--heads 4] [--kv-heads N] [--intermediate 160] [--vocab 300] [--max-pos 512]
+      [--shards 2] [--dtype bf16|f32] [--qkv-bias | --no-qkv-bias]
       llada_moe only: [--experts 8] [--top-k 2] [--expert-inter 32] [--first-dense 0] [--shared-inter 0]
       [--norm-topk] [--routed-scale 1.0] [--partial-rotary 1.0] [--no-qk-norm]
       llada2: the llada_moe expert options (defaults --experts 16 --top-k 3 --first-dense 1
       --routed-scale 2.5 --partial-rotary 0.5 --layers 3, kv heads = heads / 2) and [--n-group 4]
       [--topk-group 2] [--shared-experts 1] [--bias-scale 0.1]
       nemotron: [--head-dim 24] [--nemotron-mscale] [--nemotron-lora R] (kv heads 2)
+      diffusion_gemma: defaults --layers 6 --kv-heads 2 --intermediate 48 --experts 8 --top-k 2
+      --expert-inter 24 --head-dim 16, and [--global-kv-heads 1] [--global-head-dim 32] [--sliding-window 8]
+      [--canvas-length 8] [--sliding-per-full 2] [--encoder-scalars differ|same] [--no-vision]
 
 Output (same file names, config field names, tensor names and dtypes as the real checkpoints, see
 shared/specs/models.md):
@@ -35,6 +38,9 @@ Special-token ids (V = --vocab):
   llada_moe, llada2: <|endoftext|> V-5 (eos = pad), <|mask|> V-4 (mask), <role> V-3, </role> V-2,
          <|role_end|> V-1 (llada2's config.json names no mask / eos id, as the real one)
   nemotron: <unk> V-6, <s> V-5 (bos), </s> V-4 (eos = pad), [INST] V-3, [/INST] V-2, <mask> V-1 (mask)
+  diffusion_gemma: <pad> V-9 (pad), <eos> V-8, <bos> V-7 (bos), <|turn> V-6, <turn|> V-5, <|channel> V-4,
+         <channel|> V-3, <|think|> V-2, <|tool_response> V-1; eos_token_id [V-8, V-5, V-1] (V = 300: pad 291,
+         eos [292, 295, 299], bos 293); no mask token (uniform-noise diffusion)
 
 LLaDA-MoE layout (modeling_lladamoe.py): Qwen2-style names without biases plus
 self_attn.{q,k}_norm.weight [head_dim]; MoE layers mlp.gate.weight [E, d] (router) and
@@ -58,6 +64,16 @@ self-speculation in linear_spec_lora/: adapter_config.json (r R, lora_alpha 2R, 
 and adapter_model.safetensors with base_model.model.encoder.layers.i.self_attn.o_proj.lora_A.weight
 [R, heads * head_dim] and ...lora_B.weight [hidden, R] per layer (both non-zero), drawn after the LM head.
 
+DiffusionGemma layout (tiny_diffusion_gemma.py; google/diffusiongemma-26B-A4B-it in small): config.json with
+text_config (model_type "diffusion_gemma_text", layer_types, sliding / full head dims and kv heads,
+rope_parameters per layer type, MoE fields) and a small vision_config; the text weights under
+model.decoder.* (tied embed_tokens = LM head, K = V on full layers: no v_proj there, the dense MLP, router,
+fused experts.gate_up_proj / down_proj, seven norms and layer_scalar per layer, self_conditioning.*), the
+encoder's own model.encoder.language_model.layers.N.layer_scalar (--encoder-scalars differ: other values
+than the decoder's, the default), a few vision tensors a loader skips (unless --no-vision);
+generation_config.json with max_denoising_steps, sampler_config (EntropyBoundSamplerConfig), t_min / t_max,
+stability_threshold, confidence_threshold. No chat_template (the Gemma 4 jinja was not read).
+
 Weights: linears N(0, 1/fan_in) stored [out, in]; embeddings N(0, 1); norm weights 1 + 0.1 N(0, 1);
 biases 0.1 N(0, 1). The random draws happen in a fixed order (embedding, then per layer in the order
 the tensors are listed, then final norm, then LM head, then nemotron's LoRA), so a given --seed and
@@ -72,6 +88,7 @@ from collections import Counter
 
 import numpy as np
 
+import tiny_diffusion_gemma  # the --family diffusion_gemma builder (beside this file)
 import tiny_nemotron  # the --family nemotron builder (beside this file)
 
 # Special tokens of each family, in the order they take the top ids of the vocabulary.
@@ -82,6 +99,7 @@ SPECIALS = {
     "llada_moe": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
     "llada2": ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
     "nemotron": tiny_nemotron.SPECIALS,
+    "diffusion_gemma": tiny_diffusion_gemma.SPECIALS,
 }
 
 # Built-in English text the BPE merges are learnt from.
@@ -371,14 +389,21 @@ def build_llada2(a, rng, lin, norm, ids, kv, torch_dtype):
     return t, cfg, tcfg
 
 
+DG_OPTIONS = ("global_kv_heads", "global_head_dim", "sliding_window", "canvas_length", "sliding_per_full",
+              "encoder_scalars", "no_vision")
+
+
 def build(a):
     """Returns (tensors {name: float32}, config.json, tokenizer.json, tokenizer_config.json,
     generation_config.json, lora) for the parsed arguments; lora is None, or (adapter tensors,
     adapter_config.json) of nemotron's --nemotron-lora."""
     fam = a.family
-    if fam != "nemotron" and a.hidden % a.heads:
+    dg_only = [k for k in DG_OPTIONS if getattr(a, k) is not None]
+    if fam != "diffusion_gemma" and dg_only:
+        raise SystemExit(f"--{dg_only[0].replace('_', '-')} is a diffusion_gemma option")
+    if fam not in ("nemotron", "diffusion_gemma") and a.hidden % a.heads:
         raise SystemExit("--hidden must be a multiple of --heads")
-    if fam != "nemotron" and (a.head_dim or a.nemotron_mscale or a.nemotron_lora):
+    if fam != "nemotron" and (a.nemotron_mscale or a.nemotron_lora or (a.head_dim and fam != "diffusion_gemma")):
         raise SystemExit("--head-dim, --nemotron-mscale and --nemotron-lora are nemotron options "
                          "(others: head_dim = hidden / heads, no LoRA)")
     if a.nemotron_lora < 0:
@@ -410,7 +435,7 @@ def build(a):
 
     tok, ids = make_tokenizer(fam, V)
     torch_dtype = "bfloat16" if a.dtype == "bf16" else "float32"
-    t, lora = {}, None
+    t, lora, gen = {}, None, None
     if fam == "llada":
         p = "model.transformer."
         t[p + "wte.weight"] = rng.standard_normal((V, d)).astype(np.float32)
@@ -447,6 +472,8 @@ def build(a):
         t, cfg, tcfg = build_llada_moe(a, rng, lin, norm, ids, kv, torch_dtype)
     elif fam == "llada2":
         t, cfg, tcfg = build_llada2(a, rng, lin, norm, ids, kv, torch_dtype)
+    elif fam == "diffusion_gemma":
+        t, cfg, tcfg, gen = tiny_diffusion_gemma.build_diffusion_gemma(a, rng, lin, norm, ids, torch_dtype)
     elif fam == "nemotron":
         a.head_dim = a.head_dim or 24
         t, cfg, tcfg = tiny_nemotron.build_nemotron(a, rng, lin, norm, ids, kv, torch_dtype)
@@ -484,14 +511,16 @@ def build(a):
                 "mask_token": "<|mask|>", "add_bos_token": False, "model_max_length": a.max_pos,
                 "chat_template": DREAM_CHAT}
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    gen = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id", ids.get("<|endoftext|>")),
-           "pad_token_id": cfg["pad_token_id"], "transformers_version": "4.46.0"}
+    gen = gen or {"bos_token_id": cfg.get("bos_token_id"),
+                  "eos_token_id": cfg.get("eos_token_id", ids.get("<|endoftext|>")),
+                  "pad_token_id": cfg["pad_token_id"], "transformers_version": "4.46.0"}
     return t, cfg, tok, tcfg, gen, lora
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=["llada", "dream", "llada_moe", "llada2", "nemotron"], required=True)
+    ap.add_argument("--family", choices=["llada", "dream", "llada_moe", "llada2", "nemotron", "diffusion_gemma"],
+                    required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
@@ -519,11 +548,28 @@ def main():
     ap.add_argument("--topk-group", type=int, default=2, help="llada2: groups kept per token")
     ap.add_argument("--shared-experts", type=int, default=1, help="llada2: num_shared_experts (0 = none)")
     ap.add_argument("--bias-scale", type=float, default=0.1, help="llada2: expert_bias ~ N(0, scale^2)")
-    ap.add_argument("--head-dim", type=int, default=0, help="nemotron: explicit head_dim (default 24)")
+    ap.add_argument("--head-dim", type=int, default=0,
+                    help="nemotron: explicit head_dim (default 24); diffusion_gemma: sliding layers' (default 16)")
     ap.add_argument("--nemotron-mscale", action="store_true", help="nemotron: mscale = mscale_all_dim = 1.0")
     ap.add_argument("--nemotron-lora", type=int, default=0, metavar="R",
                     help="nemotron: write the draft-only o_proj LoRA of rank R in linear_spec_lora/ (default: none)")
+    ap.add_argument("--global-kv-heads", type=int, default=None, help="diffusion_gemma: full layers' kv heads (1)")
+    ap.add_argument("--global-head-dim", type=int, default=None, help="diffusion_gemma: full layers' head_dim (32)")
+    ap.add_argument("--sliding-window", type=int, default=None, help="diffusion_gemma: sliding_window (8)")
+    ap.add_argument("--canvas-length", type=int, default=None, help="diffusion_gemma: canvas_length (8)")
+    ap.add_argument("--sliding-per-full", type=int, default=None,
+                    help="diffusion_gemma: sliding layers before each full one in layer_types (2)")
+    ap.add_argument("--encoder-scalars", choices=["differ", "same"], default=None,
+                    help="diffusion_gemma: encoder layer_scalar values other than the decoder's (default) or equal")
+    ap.add_argument("--no-vision", action="store_const", const=True, default=None,
+                    help="diffusion_gemma: write no vision tensors")
     a = ap.parse_args()
+    if a.family == "diffusion_gemma":  # diffusiongemma-26B-A4B's shape in small (tiny_diffusion_gemma.py)
+        for key, value in tiny_diffusion_gemma.DEFAULTS.items():
+            if getattr(a, key) in (None, ap.get_default(key)):
+                setattr(a, key, value)
+        a.encoder_scalars = a.encoder_scalars or "differ"
+        a.no_vision = bool(a.no_vision)
     if a.family == "llada2":  # LLaDA2.0-mini's shape in small: GQA, a dense first layer, half rotary
         for key, value in (("experts", 16), ("top_k", 3), ("first_dense", 1), ("routed_scale", 2.5),
                            ("partial_rotary", 0.5), ("layers", 3)):

@@ -74,7 +74,30 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
                   "token per causal forward) or spec (linear self-speculation: a bidirectional draft of "
                   "--block-length, verified by one causal pass; at temperature 0 the same text as ar); ar "
                   "and spec need a tri-mode model")
-      ->check(CLI::IsMember({"diffusion", "ar", "spec"}));
+      ->check(CLI::IsMember({"diffusion", "ar", "spec", "uniform"}));
+  sub->add_flag(
+      "--think", a.think,
+      "chat: turn the chat template's thinking switch on (enable_thinking: Gemma 4 / DiffusionGemma, "
+      "Qwen3-style templates); a template without one refuses it");
+  sub->add_option("--t-min", a.t_min,
+                  "uniform-noise models (DiffusionGemma): the temperature of a canvas's last step (default: "
+                  "generation_config.json's t_min, 0.4); the first step's is --t-max")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--t-max", a.t_max, "uniform-noise models: the temperature of a canvas's first step (0.8)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--entropy-bound", a.entropy_bound,
+                  "uniform-noise models: a step keeps the samples of the lowest-entropy positions while the "
+                  "entropies before them sum to at most this (0.1); the others are re-noised")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option(
+         "--stability", a.stability,
+         "uniform-noise models: a canvas may stop once its argmax repeats over this many steps (1; 0: "
+         "no stability test)")
+      ->check(CLI::Range(0, 64));
+  sub->add_option("--confidence", a.confidence,
+                  "uniform-noise models: ... and its mean entropy is below this (0.005; 0: every canvas runs "
+                  "--steps steps)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option(
          "--spec-sampling", a.spec_sampling,
          "--mode spec at temperature > 0: match (the reference's: the verify pass's samples are kept "
@@ -227,6 +250,7 @@ std::shared_ptr<const JsonGrammar> json_schema_grammar(const std::string& arg) {
 }  // namespace
 
 Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
+  if (a.think) set_thinking(true);
   GenerateOptions g = defaults(a.gen_length, a.block_length, a.steps, &notes_);
   if (a.threshold) g.threshold = *a.threshold;
   if (a.alg) g.alg = parse_unmask(*a.alg);
@@ -241,6 +265,11 @@ Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
   g.draft_adapter = !a.no_draft_adapter;
   g.spec_sampling = parse_spec_sampling(a.spec_sampling);
   g.draft_threshold = a.draft_threshold;
+  g.uniform.t_min = a.t_min.value_or(g.uniform.t_min);
+  g.uniform.t_max = a.t_max.value_or(g.uniform.t_max);
+  g.uniform.entropy_bound = a.entropy_bound.value_or(g.uniform.entropy_bound);
+  g.uniform.stability = a.stability.value_or(g.uniform.stability);
+  g.uniform.confidence = a.confidence.value_or(g.uniform.confidence);
   g.sparse = a.sparse || a.sparse_block || a.sparse_rho || a.sparse_skip;
   g.sparse_block = a.sparse_block.value_or(g.sparse_block);
   g.sparse_rho = a.sparse_rho.value_or(g.sparse_rho);

@@ -31,7 +31,10 @@ struct SessionArgs {
   bool no_draft_adapter = false;        // spec: drafts without the checkpoint's draft LoRA
   std::string spec_sampling = "match";  // spec at temperature > 0: match | rejection
   float draft_threshold = 0.0f;         // spec's drafts
-  bool sparse = false;                  // SparseD; the three below turn it on too
+  // Uniform-noise models (mode uniform): the entropy-bound sampler; defaults from generation_config.json.
+  std::optional<double> t_min, t_max, entropy_bound, confidence;
+  std::optional<int> stability;
+  bool sparse = false;  // SparseD; the three below turn it on too
   std::optional<int> sparse_block;
   std::optional<float> sparse_rho, sparse_skip;
   std::optional<std::string> des;  // DES: off | seq | vote; --des-k implies seq, --des-beta vote
@@ -46,6 +49,7 @@ struct SessionArgs {
   float cfg = 0.0f, alg_temp = 0.0f;
   uint64_t seed = 0;
   bool chat = false, raw = false, json = false, no_progress = false;
+  bool think = false;                 // the chat template's thinking switch (enable_thinking) on
   std::vector<std::string> stop;      // stop sequences
   std::optional<int> logprobs;        // report each token's log-probability and this many alternatives
   std::optional<std::string> suffix;  // generate --suffix: infill between the prompt and this text

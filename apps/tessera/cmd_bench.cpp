@@ -284,6 +284,96 @@ void write_chart(const std::string& path, const std::string& title, const std::s
   svg::save(path, "--svg", svg::bar_chart(title, subtitle, labels, {tps, step, speed, agree}, notes));
 }
 
+// A uniform-noise model (DiffusionGemma): its three kinds of forward timed apart, as decode/uniform.cpp
+// runs them: the prompt's causal prefill (chunks of 512 rows), a canvas's denoising steps (the decoder
+// over the whole canvas, sampled and self-conditioned on the device) and the commit (the causal pass that
+// appends a finished canvas's K / V). Best of --reps each; the activation peak and the KV cache of each.
+int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& prompt,
+                  const std::string& what) {
+  const ModelConfig& c = e.config();
+  const auto P = static_cast<int64_t>(prompt.size()), C = c.uniform.canvas;
+  const int steps = a.steps > 0 ? a.steps : 4;
+  std::vector<int32_t> canvas = prompt;
+  for (int64_t i = 0; i < C; ++i)
+    canvas.push_back(
+        static_cast<int32_t>(rng_mix(static_cast<uint64_t>(i) + 991) % static_cast<uint64_t>(c.vocab)));
+  e.kv_cache_reset(P + C);
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  auto prefill = [&] {
+    e.set_causal(true);
+    for (int64_t lo = 0; lo < P; lo += 512)
+      e.predict_cached(std::span<const int32_t>(canvas).first(static_cast<size_t>(std::min(P, lo + 512))), lo,
+                       std::min(P, lo + 512), {}, SampleParams{}, {}, {});
+    e.set_causal(false);
+  };
+  double t_prefill = 1e300, t_step = 1e300, t_commit = 1e300;
+  size_t peak_prefill = 0, peak_step = 0, peak_commit = 0;
+  CanvasPrediction pred;
+  std::vector<float> sc;
+  for (int rep = 0; rep < a.reps + 1; ++rep) {  // the first repetition warms up (plans, threads, pages)
+    auto t0 = clock::now();
+    prefill();
+    if (rep > 0) t_prefill = std::min(t_prefill, secs(t0));
+    peak_prefill = std::max(peak_prefill, e.last_step().planned_peak);
+    sc.clear();
+    for (int s = 0; s < steps; ++s) {
+      SampleParams sp;
+      sp.temperature = 0.8f - 0.4f * static_cast<float>(s) / static_cast<float>(steps);
+      sp.seed = rng_mix(a.seed + static_cast<uint64_t>(s));
+      t0 = clock::now();
+      e.denoise_canvas(canvas, P, P + C, sc, sp, pred);
+      if (rep > 0) t_step = std::min(t_step, secs(t0));
+      peak_step = std::max(peak_step, e.last_step().planned_peak);
+      sc.swap(pred.soft);
+    }
+    e.set_causal(true);
+    t0 = clock::now();
+    e.predict_cached(canvas, P, P + C, {}, SampleParams{}, {}, {});
+    if (rep > 0) t_commit = std::min(t_commit, secs(t0));
+    peak_commit = std::max(peak_commit, e.last_step().planned_peak);
+    e.set_causal(false);
+  }
+  const ProcessMemory m = process_memory();
+  const json j = {{"model", what},
+                  {"backend", e.backend().name()},
+                  {"prompt", P},
+                  {"canvas", C},
+                  {"prefill_seconds", t_prefill},
+                  {"canvas_step_seconds", t_step},
+                  {"commit_seconds", t_commit},
+                  {"prefill_activation_peak_bytes", peak_prefill},
+                  {"canvas_step_activation_peak_bytes", peak_step},
+                  {"commit_activation_peak_bytes", peak_commit},
+                  {"weight_bytes", e.model().weight_bytes()},
+                  {"kv_cache_bytes", e.kv_cache_bytes()},
+                  {"rss_peak_bytes", m.peak}};
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    if (!f || !(f << j.dump(2) << "\n")) fail("--json-out: cannot write " + a.json_out);
+  }
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s on %s: prompt %lld tokens, canvas %lld, best of %d (after a warm-up)\n", what.c_str(),
+              e.backend().name().c_str(), static_cast<long long>(P), static_cast<long long>(C), a.reps);
+  std::printf("%-40s %10s %14s\n", "forward", "seconds", "act. peak");
+  std::printf("%-40s %10.3f %14s\n", ("prefill (causal, " + std::to_string(P) + " rows)").c_str(), t_prefill,
+              human_bytes(static_cast<double>(peak_prefill)).c_str());
+  std::printf("%-40s %10.3f %14s\n", "canvas step (decoder, sample, SC)", t_step,
+              human_bytes(static_cast<double>(peak_step)).c_str());
+  std::printf("%-40s %10.3f %14s\n", "commit (causal, the canvas)", t_commit,
+              human_bytes(static_cast<double>(peak_commit)).c_str());
+  std::printf(
+      "weights %s, KV cache %s, peak RSS %s; a canvas of %d steps + its commit: %.3f s (commit %.1f%%)\n",
+      human_bytes(static_cast<double>(e.model().weight_bytes())).c_str(),
+      human_bytes(static_cast<double>(e.kv_cache_bytes())).c_str(),
+      human_bytes(static_cast<double>(m.peak)).c_str(), steps, steps * t_step + t_commit,
+      100.0 * t_commit / (steps * t_step + t_commit));
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   TESSERA_CHECK(a.model.empty() || a.geometry.empty(), "give -m DIR or --geometry NAME, not both");
   TESSERA_CHECK(a.reps >= 1, "--reps must be >= 1");
@@ -333,6 +423,13 @@ int run_bench(const BenchArgs& a) {
     }
   }
   const std::vector<int32_t>& prompt = prompts[0];
+  if (cfg.is_uniform()) {
+    TESSERA_CHECK(
+        a.batch == 0 && a.compare.empty() && !eng.comm,
+        "bench on a uniform-noise model times its forwards; --batch, --compare, --tp / --ep do not apply");
+    return bench_uniform(*base_engine, a, prompt,
+                         a.geometry.empty() ? model_dir(a) : a.geometry + " (synthetic weights)");
+  }
   GenerateOptions base;
   base.gen_length = a.gen_length;
   base.block_length = a.block_length;

@@ -267,24 +267,40 @@ void write_svg(const std::string& path, const graph::GraphTemplate& g, const std
 // every forward's floor fit.
 int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t weights, Device dev,
                    const std::string& name) {
-  if (!c.tri_mode)
+  const bool uniform = c.is_uniform();
+  if (!c.tri_mode && !uniform)
     fail("--mode plans a tri-mode model's decoding (Nemotron-Labs-Diffusion); " + name + " has one mode");
+  if (uniform && a.mode != "uniform")
+    fail("--mode: " + name + " is a uniform-noise model (DiffusionGemma): its only mode is uniform");
   if (a.cache != "none" || a.sparse > 0)
     fail("--mode plans the causal KV cache tri-mode decoding keeps; --cache and --sparse-block do not apply");
   if (!a.svg.empty()) fail("--svg draws one bidirectional step; it does not draw --mode's forwards yet");
   GraphOptions go = graph_options(c, act, dev);
   go.kv_cache = true;
   const auto w = shape_only_weights(c, act);
-  const graph::GraphTemplate g = build_dense_graph(w, go, OutputMode::Sample);
+  GraphOptions enc = go;
+  enc.mask = MaskKind::Causal;  // a uniform-noise model's encoder (its graph's other mode)
+  const graph::GraphTemplate g = build_model_graph(c, w, uniform ? enc : go, OutputMode::Sample);
+  const graph::GraphTemplate gc =
+      uniform ? build_model_graph(c, w, go, OutputMode::Sample) : graph::GraphTemplate{};
   go.draft_adapter = a.mode == "spec" && c.draft_adapter.rank > 0;
-  const graph::GraphTemplate gd = go.draft_adapter ? build_dense_graph(w, go, OutputMode::Sample) : g;
-  const int64_t block = a.block > 0 ? a.block : c.diffusion_block > 0 ? c.diffusion_block : 32;
+  const graph::GraphTemplate gd = go.draft_adapter ? build_model_graph(c, w, go, OutputMode::Sample) : g;
+  const int64_t block = a.block > 0             ? a.block
+                        : uniform               ? c.uniform.canvas
+                        : c.diffusion_block > 0 ? c.diffusion_block
+                                                : 32;
   struct Forward {
     std::string what;
     const graph::GraphTemplate* g;
     int64_t rows, logits;  // at context L: min(rows, L) and min(logits, L)
   };
   std::vector<Forward> fw = {{"prefill (causal, the prompt)", &g, -1, 1}};
+  if (uniform) {  // decode/uniform.cpp: the prompt in chunks of 512 rows, then per canvas its steps and
+                  // commit
+    fw = {{"prefill chunk (causal, 512 rows)", &g, 512, 0},
+          {"canvas step (bidirectional, all rows)", &gc, block, block},
+          {"commit (causal, writes the canvas)", &g, block, 0}};
+  }
   if (a.mode == "ar") fw.push_back({"step (causal, one token)", &g, 1, 1});
   if (a.mode == "diffusion") {
     fw.push_back({"draft (bidirectional, a block)", &g, block, block});
@@ -447,6 +463,7 @@ int run_plan(const PlanArgs& a) {
     if (a.tp > 1 && a.ep > 1 && a.tp != a.ep)
       fail("plan: --tp " + std::to_string(a.tp) + " --ep " + std::to_string(a.ep) +
            ": each must be 1 or the number of ranks (they share the ranks)");
+    if (c.is_uniform()) fail("plan: DiffusionGemma has no tensor or expert parallelism yet");
     rank_params = parallel_rank_params(c, a.tp, a.ep);
     c = tensor_parallel_rank_config(c, a.tp, a.ep);
   }
@@ -460,11 +477,15 @@ int run_plan(const PlanArgs& a) {
   if (gguf && parallel)  // the rank's share of the file's bytes, as of the parameters
     weights = static_cast<size_t>(static_cast<double>(weights) * static_cast<double>(rank_params) /
                                   static_cast<double>(whole_params));
-  if (!a.mode.empty()) return run_plan_modes(a, c, act, weights, cuda ? Device::CUDA : Device::CPU, name);
+  if (!a.mode.empty() || c.is_uniform()) {  // a uniform-noise model has only its own mode
+    PlanArgs m = a;
+    if (c.is_uniform() && m.mode.empty()) m.mode = "uniform";
+    return run_plan_modes(m, c, act, weights, cuda ? Device::CUDA : Device::CPU, name);
+  }
   GraphOptions go = graph_options(c, act, cuda ? Device::CUDA : Device::CPU);
   go.tp_size = a.tp;  // the all-reduces (in place: no memory of their own)
   go.ep_size = a.ep;
-  const graph::GraphTemplate g = build_dense_graph(shape_only_weights(c, act), go, OutputMode::Sample);
+  const graph::GraphTemplate g = build_model_graph(c, shape_only_weights(c, act), go, OutputMode::Sample);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const bool cache = a.cache != "none";
   const size_t per_token =
@@ -703,7 +724,7 @@ void add_plan(CLI::App& app, Registry& reg) {
                   "tri-mode models (Nemotron-Labs-Diffusion): plan this decoding mode's forwards against the "
                   "causal KV cache of the whole context (the prefill, and ar's steps, diffusion's drafts and "
                   "block passes, or spec's drafts and verify passes) instead of one bidirectional step")
-      ->check(CLI::IsMember({"ar", "diffusion", "spec"}));
+      ->check(CLI::IsMember({"ar", "diffusion", "spec", "uniform"}));
   sub->add_option("--block-length", a->block,
                   "--mode diffusion / spec: the block (0: the model's trained block, else 32)")
       ->check(CLI::NonNegativeNumber);

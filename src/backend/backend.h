@@ -55,6 +55,12 @@ struct AttnParams {
   // f32: BF16 where the graph computes in bf16 (the executor passes the output's dtype), F32 for f32
   // arithmetic throughout. The CPU backend's bf16 kernel (CpuAttention) runs only under BF16.
   DType operands = DType::F32;
+  // Sliding-window attention (Gemma 4's sliding layers; CPU only), 0 = none. Causal: a query at position
+  // q sees keys k with q - window < k <= q. Bidirectional (mask None): every query of a sequence sees the
+  // keys at or after q0 - (window - 1), q0 the position of the sequence's first query row (a canvas over
+  // a cache sees the last window - 1 cached positions, identically for each of its rows: Hugging Face's
+  // sliding cache in DiffusionGemma's decoder).
+  int window = 0;
 };
 // SparseD pattern selection (sparse_select): block-wise importance of one layer's attention and the
 // head-specific tiles kept, with the paper's isolated selection of prompt and generation keys.
@@ -92,12 +98,13 @@ struct MoeShare;
 struct MoeRouteParams {
   MoeScore score = MoeScore::Softmax;
   int top_k = 1;
-  bool norm_topk = false;              // weights /= sum of the top-k scores (+1e-20)
-  float scale = 1.0f;                  // routed scaling factor applied to the final weights
-  int n_group = 1, topk_group = 1;     // grouped selection: keep the topk_group groups whose top-2
-                                       // (biased) scores sum highest, then pick top_k inside them
-  const float* expert_bias = nullptr;  // [E] f32 device memory or nullptr; selection only
-  const MoeShare* share = nullptr;     // Dynamic Expert Sharing for this call, or nullptr
+  bool norm_topk = false;               // weights /= sum of the top-k scores (+1e-20)
+  float scale = 1.0f;                   // routed scaling factor applied to the final weights
+  int n_group = 1, topk_group = 1;      // grouped selection: keep the topk_group groups whose top-2
+                                        // (biased) scores sum highest, then pick top_k inside them
+  const float* expert_bias = nullptr;   // [E] f32 device memory or nullptr; selection only
+  const MoeShare* share = nullptr;      // Dynamic Expert Sharing for this call, or nullptr
+  const float* expert_scale = nullptr;  // [E] f32 device memory or nullptr: weights *= expert_scale[id]
 };
 
 // Dynamic Expert Sharing (DES, algorithms.md 4): the tokens decoded in parallel agree on a coreset C of
@@ -145,6 +152,7 @@ struct MoeExperts {
   // instead of adding it (a rank other than 0, whose partial sum the all-reduce adds to rank 0's x).
   int local_lo = 0, local_hi = 0;
   bool overwrite = false;
+  bool gelu = false;  // gelu_tanh(gate) * up (Gemma 4's experts; CPU only) instead of silu(gate) * up
   bool partitioned() const { return local_hi > 0 || overwrite; }
   bool local(int id) const { return local_hi == 0 || (id >= local_lo && id < local_hi); }
 };
@@ -245,11 +253,16 @@ struct RopeParams {
   // multiplied by 1 + pos_beta * ln(1 + floor(p / pos_orig)) (1 below pos_orig).
   float pos_beta = 0.0f;
   int pos_orig = 0;
+  // Proportional RoPE (Gemma 4's global layers; CPU only): pair i is (i, i + pair_offset) instead of
+  // (i, i + rotary_dim / 2), and its frequency theta^(-2i / freq_dim) instead of theta^(-2i / rotary_dim);
+  // 0 = the default. A 512-wide head with 64 rotated pairs: rotary_dim 128, pair_offset 256, freq_dim 512.
+  int pair_offset = 0, freq_dim = 0;
 };
 
 // Pair i's inverse frequency under p (computed in double, rounded once: identical on every backend).
 inline float rope_inv_freq(const RopeParams& p, int i) {
-  const double extra = 1.0 / std::pow(static_cast<double>(p.theta), 2.0 * i / p.rotary_dim);
+  const int dim = p.freq_dim > 0 ? p.freq_dim : p.rotary_dim;
+  const double extra = 1.0 / std::pow(static_cast<double>(p.theta), 2.0 * i / dim);
   if (p.yarn_factor <= 0.0f) return static_cast<float>(extra);
   const double span = p.ramp_hi == p.ramp_lo ? 0.001 : static_cast<double>(p.ramp_hi) - p.ramp_lo;
   const double ramp = std::clamp((i - static_cast<double>(p.ramp_lo)) / span, 0.0, 1.0);
@@ -366,6 +379,49 @@ class Backend {
   // f32 or bf16, dst f32, or equal dtypes: a copy). rows (i32) must lie in [0, src.rows()).
   virtual void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
 
+  // --- uniform-noise diffusion (DiffusionGemma, Gemma 4 blocks); the CPU backend implements them, others
+  // refuse with one line ------------------------------------------------------------------------------
+  // y (= | +=) rmsnorm(x) * w over groups of `group` columns, w [group] any float dtype or nullptr (no
+  // scale); x f32; y f32 (accumulate: y += ..., y f32, not aliasing x) or bf16 (rounded as rmsnorm). y
+  // may alias x (f32, not accumulating).
+  virtual void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate,
+                          Tensor& y) {
+    (void)x, (void)w, (void)group, (void)eps, (void)accumulate, (void)y;
+    unsupported("rmsnorm_ex");
+  }
+  // out = gelu_tanh(gate) * up, elementwise (as swiglu: f32 or bf16, out may alias gate).
+  virtual void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+    (void)gate, (void)up, (void)out;
+    unsupported("geglu");
+  }
+  // x *= s (f32, in place).
+  virtual void scale(Tensor& x, float s) {
+    (void)x, (void)s;
+    unsupported("scale");
+  }
+  // x = cap * tanh(x / cap) (f32, in place): final logit soft-capping.
+  virtual void softcap(Tensor& x, float cap) {
+    (void)x, (void)cap;
+    unsupported("softcap");
+  }
+  // The entropy-bound sampler's per-row statistics of logits [R, V] f32 at temperature T = p.temperature
+  // (> 0): token[r] = argmax_v L[v] - T log(-log U_v) in f64, U_v = rng_uniform(p.seed, row_keys[r], v) (a
+  // sample of softmax(L / T)); argmax[r] = argmax_v L[v]; entropy[r] = -sum p log p of softmax(L / T)
+  // (f64, written as f32). Ties go to the lower vocab index.
+  virtual void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p,
+                             Tensor& token, Tensor& argmax, Tensor& entropy) {
+    (void)logits, (void)row_keys, (void)p, (void)token, (void)argmax, (void)entropy;
+    unsupported("canvas_sample");
+  }
+  // Self-conditioning's soft embeddings: out[R, H] f32 = softmax(logits / temperature) table * scale, with
+  // table [V, H] (the embedding); probs [R, V] is scratch in the table's dtype (the probabilities rounded
+  // to it, as Hugging Face casts them to the embedding dtype).
+  virtual void soft_embed(const Tensor& logits, const Tensor& table, float temperature, float scale,
+                          Tensor& probs, Tensor& out) {
+    (void)logits, (void)table, (void)temperature, (void)scale, (void)probs, (void)out;
+    unsupported("soft_embed");
+  }
+
   // Optional capabilities.
   // Free device memory in bytes (GPU backends), or -1 where the backend does not track it.
   virtual int64_t device_free_bytes() const { return -1; }
@@ -392,6 +448,12 @@ class Backend {
   // Changes whenever the backend releases memory or code that a recording may use (a library's plans or
   // workspace, a tile that grew): recordings made under an older value must not be replayed.
   virtual uint64_t recording_epoch() const { return 0; }
+
+ protected:
+  [[noreturn]] void unsupported(const char* op) const {
+    fail(std::string(op) + ": not supported on the " + name() +
+         " backend (DiffusionGemma's ops run on the CPU backend only)");
+  }
 };
 
 // The CPU attention kernel (attention and sparse_select). Auto: bf16 operands with f32 accumulation

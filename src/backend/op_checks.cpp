@@ -50,7 +50,14 @@ void check_gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, con
   TESSERA_CHECK(f32_or_bf16(c.dtype), "gather_gemm: output must be f32 or bf16");
 }
 
-void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p) {
+void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, Device dev) {
+  TESSERA_CHECK(
+      (p.pair_offset == 0 && p.freq_dim == 0) || dev == Device::CPU,
+      std::string("rope (") + device_tag(dev) + "): proportional RoPE runs on the CPU backend only");
+  TESSERA_CHECK(p.pair_offset == 0 ||
+                    (p.pair_offset >= p.rotary_dim / 2 && p.pair_offset + p.rotary_dim / 2 <= head_dim),
+                "rope: pair_offset must keep every pair inside the head");
+  TESSERA_CHECK(p.freq_dim >= 0, "rope: freq_dim must not be negative");
   TESSERA_CHECK(x.dtype == DType::F32, "rope: input must be f32");
   TESSERA_CHECK(p.rotary_dim % 2 == 0 && p.rotary_dim <= head_dim && p.rotary_dim > 0,
                 "rope: bad rotary_dim");
@@ -69,7 +76,16 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                 std::string("attention (") + device_tag(dev) + "): q, k, v must be f32");
   TESSERA_CHECK(f32_or_bf16(out.dtype), "attention: output must be f32 or bf16");
   TESSERA_CHECK(f32_or_bf16(p.operands), "attention: operands must be f32 or bf16");
-  TESSERA_CHECK(head_dim <= 256, "attention: head_dim above 256 is not supported");
+  const int max_d = dev == Device::CPU ? 512 : 256;
+  TESSERA_CHECK(head_dim > 0 && head_dim <= max_d, std::string("attention (") + device_tag(dev) +
+                                                       "): head_dim above " + std::to_string(max_d) +
+                                                       " is not supported");
+  TESSERA_CHECK(p.window >= 0 && (p.window == 0 || dev == Device::CPU),
+                std::string("attention (") + device_tag(dev) +
+                    "): sliding-window attention runs on the CPU backend only");
+  TESSERA_CHECK(
+      p.window == 0 || (p.mask != MaskKind::BlockCausal && p.block_mask == nullptr),
+      "attention: a sliding window combines with causal or bidirectional attention only, not sparse");
   TESSERA_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "attention: n_heads must be a multiple of n_kv_heads");
   TESSERA_CHECK(q.cols() == int64_t{n_heads} * head_dim && k.cols() == int64_t{n_kv_heads} * head_dim,
@@ -218,6 +234,46 @@ void check_convert(const Tensor& src, const Tensor& dst) {
   TESSERA_CHECK(src.numel() == dst.numel(), "convert: element counts differ");
   TESSERA_CHECK(src.dtype == dst.dtype || (f32_or_bf16(src.dtype) && f32_or_bf16(dst.dtype)),
                 "convert: only f32 <-> bf16");
+}
+
+void check_rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, bool accumulate, const Tensor& y) {
+  TESSERA_CHECK(x.dtype == DType::F32, "rmsnorm: input must be f32");
+  TESSERA_CHECK(group > 0 && x.numel() % group == 0 && y.numel() == x.numel(), "rmsnorm: shape mismatch");
+  TESSERA_CHECK(w == nullptr || w->numel() == group, "rmsnorm: the weight must have `group` values");
+  TESSERA_CHECK(f32_or_bf16(y.dtype), "rmsnorm: output must be f32 or bf16");
+  TESSERA_CHECK(!accumulate || (y.dtype == DType::F32 && y.data != x.data),
+                "rmsnorm: accumulating needs an f32 output apart from the input");
+}
+
+void check_scale(const Tensor& x, const char* op) {
+  TESSERA_CHECK(x.dtype == DType::F32, std::string(op) + ": f32 expected");
+}
+
+void check_canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p,
+                         const Tensor& token, const Tensor& argmax, const Tensor& entropy) {
+  const int64_t R = logits.rows();
+  TESSERA_CHECK(logits.dtype == DType::F32 && logits.cols() > 0, "canvas_sample: logits must be f32 [R, V]");
+  TESSERA_CHECK(row_keys.dtype == DType::I32 && row_keys.numel() == R,
+                "canvas_sample: row_keys must be i32 [R]");
+  TESSERA_CHECK(token.dtype == DType::I32 && token.numel() == R && argmax.dtype == DType::I32 &&
+                    argmax.numel() == R && entropy.dtype == DType::F32 && entropy.numel() == R,
+                "canvas_sample: token and argmax i32 [R], entropy f32 [R] expected");
+  TESSERA_CHECK(p.temperature > 0.0f && std::isfinite(p.temperature),
+                "canvas_sample: the temperature must be positive");
+}
+
+void check_soft_embed(const Tensor& logits, const Tensor& table, float temperature, const Tensor& probs,
+                      const Tensor& out) {
+  const int64_t R = logits.rows(), V = logits.cols();
+  TESSERA_CHECK(logits.dtype == DType::F32, "soft_embed: logits must be f32");
+  TESSERA_CHECK(table.rows() == V && !table.quantized() && f32_or_bf16(table.dtype),
+                "soft_embed: the table must be [V, H] f32 or bf16 (not quantized)");
+  TESSERA_CHECK(probs.dtype == table.dtype && probs.numel() >= R * V,
+                "soft_embed: probs must hold [R, V] of the table's dtype");
+  TESSERA_CHECK(out.dtype == DType::F32 && out.rows() == R && out.cols() == table.cols(),
+                "soft_embed: out must be f32 [R, H]");
+  TESSERA_CHECK(temperature > 0.0f && std::isfinite(temperature),
+                "soft_embed: the temperature must be positive");
 }
 
 }  // namespace tessera

@@ -15,7 +15,9 @@ void check_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& y);
 void check_gemm(const Tensor& a, const Tensor& w, const Tensor* bias, const Tensor& c, bool accumulate,
                 Device dev);
 void check_gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, const Tensor& c, Device dev);
-void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
+// dev: proportional RoPE (RopeParams::pair_offset / freq_dim) runs on the CPU only.
+void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p,
+                Device dev = Device::CPU);
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int n_heads,
                      int n_kv_heads, int head_dim, const AttnParams& p, Device dev);
 void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
@@ -37,6 +39,14 @@ void check_moe_route(const Tensor& logits, const MoeRouteParams& p, const Tensor
 void check_moe_share(const MoeShare& sh, int64_t rows, int n_experts, int top_k);
 void check_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
                    const Tensor& scratch, const Tensor& out);
+
+// Uniform-noise diffusion ops (Backend: rmsnorm_ex ... soft_embed).
+void check_rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, bool accumulate, const Tensor& y);
+void check_scale(const Tensor& x, const char* op);
+void check_canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p,
+                         const Tensor& token, const Tensor& argmax, const Tensor& entropy);
+void check_soft_embed(const Tensor& logits, const Tensor& table, float temperature, const Tensor& probs,
+                      const Tensor& out);
 
 void check_scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst);
 void check_gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst);

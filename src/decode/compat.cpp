@@ -147,6 +147,58 @@ constexpr Entry kTable[] = {
      {Combination::Exact,
       "the threshold of causal-context diffusion's steps (conf >= threshold, at least one); spec's drafts "
       "have their own (draft-threshold)"}},
+    {Feature::Uniform,
+     Feature::KvCache,
+     {Combination::Refused,
+      "a uniform-noise model keeps its own cache, written causally by the prompt's and each committed "
+      "canvas's encoder pass (exact); use cache none"}},
+    {Feature::Uniform,
+     Feature::SparseD,
+     {Combination::Refused, "SparseD is not built for uniform-noise canvases yet; turn sparse off"}},
+    {Feature::Uniform,
+     Feature::Window,
+     {Combination::Refused,
+      "the window prunes masked positions; a uniform-noise canvas re-noises every position each step: "
+      "turn the window off"}},
+    {Feature::Uniform,
+     Feature::Cfg,
+     {Combination::Refused, "cfg is not defined for the entropy-bound sampler; set cfg-scale 0"}},
+    {Feature::Uniform,
+     Feature::Infilling,
+     {Combination::Refused,
+      "the encoder writes the cache left to right, so a canvas cannot see a suffix; drop the suffix"}},
+    {Feature::Uniform,
+     Feature::Des,
+     {Combination::Refused, "DES is not built for uniform-noise canvases yet; use des off"}},
+    {Feature::Uniform,
+     Feature::BlockCausal,
+     {Combination::Refused, "a block-causal model (LLaDA2) has no uniform-noise canvases"}},
+    {Feature::Uniform,
+     Feature::Logprobs,
+     {Combination::Refused,
+      "a committed canvas is the argmax of its last step, which no log-probability describes yet; "
+      "drop logprobs"}},
+    {Feature::Uniform,
+     Feature::Editing,
+     {Combination::Refused,
+      "uniform-noise canvases re-noise every position each step already; token editing is the masked "
+      "models' rule: turn editing off"}},
+    {Feature::Uniform,
+     Feature::Threshold,
+     {Combination::Refused,
+      "the entropy bound decides which positions keep their samples (entropy-bound); threshold is "
+      "the masked models' rule: set threshold 0"}},
+    {Feature::Uniform,
+     Feature::Batching,
+     {Combination::Alone, "the canvas steps run on the engine's own cache: such requests run one at a time"}},
+    {Feature::Uniform,
+     Feature::Structured,
+     {Combination::Refused,
+      "structured output writes left to right under a grammar; a canvas decides its positions together: "
+      "drop the format"}},
+    {Feature::Uniform,
+     Feature::TriMode,
+     {Combination::Refused, "uniform-noise canvases are a different model's decoding (DiffusionGemma)"}},
 };
 
 }  // namespace
@@ -164,7 +216,8 @@ std::string_view feature_name(Feature f) {
                                                                     "editing",
                                                                     "batching",
                                                                     "structured output",
-                                                                    "tri-mode (ar / spec)"};
+                                                                    "tri-mode (ar / spec)",
+                                                                    "uniform noise (DiffusionGemma)"};
   return names[static_cast<size_t>(f)];
 }
 
@@ -206,7 +259,9 @@ bool uses(const GenerateOptions& o, Feature f, bool block_causal) {
     case Feature::Structured:
       return o.constraint != nullptr;
     case Feature::TriMode:
-      return o.causal();
+      return o.mode == DecodeMode::Ar || o.mode == DecodeMode::Spec || o.causal_context;
+    case Feature::Uniform:
+      return o.mode == DecodeMode::Uniform;
   }
   return false;
 }

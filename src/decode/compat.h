@@ -23,8 +23,9 @@ enum class Feature : uint8_t {
   Batching,     // concurrent requests in serve (engine/batcher)
   Structured,   // structured output (serve's response_format, --json-schema): GenerateOptions::constraint
   TriMode,      // a tri-mode model's causal decoding: mode ar / spec, causal-context diffusion
+  Uniform,      // a uniform-noise model's canvases (DiffusionGemma: mode uniform)
 };
-constexpr int kFeatures = 13;
+constexpr int kFeatures = 14;
 
 enum class Combination : uint8_t {
   Exact,        // the combination is exact where each part is

@@ -53,6 +53,14 @@ struct PredictLogprobs {
   std::vector<float> top_lp;     // [n * top]
 };
 
+// One denoising step of a uniform-noise canvas (Denoiser::denoise_canvas), per canvas row: the token
+// sampled at the step's temperature, the argmax, the entropy of the tempered distribution, and the soft
+// embeddings [rows, soft_width] the next step conditions on.
+struct CanvasPrediction {
+  std::vector<int32_t> sampled, argmax;
+  std::vector<float> entropy, soft;
+};
+
 class Denoiser {
  public:
   virtual ~Denoiser() = default;
@@ -89,6 +97,20 @@ class Denoiser {
   virtual bool supports_draft_adapter() const { return false; }
   virtual void set_draft_adapter(bool on) {
     if (on) fail("this model has no draft adapter");
+  }
+
+  // Uniform-noise block diffusion (DiffusionGemma; decode/uniform.cpp). The cache is written by causal
+  // forwards (set_causal(true), then predict_cached over the rows to write, with no positions);
+  // denoise_canvas runs the bidirectional (decoder) forward of canvas rows [lo, hi) = the canvas against
+  // the cached rows [0, lo) (read, not changed; the canvas rows' own K / V are scratch until a causal
+  // forward rewrites them), conditioned on `sc` ([hi - lo, soft_width()] f32: the previous step's soft
+  // embeddings; empty: none), sampling with sp (temperature > 0, seed; each row keyed by its position).
+  virtual bool supports_uniform_canvas() const { return false; }
+  virtual int64_t soft_width() const { return 0; }
+  virtual void denoise_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t hi,
+                              std::span<const float> sc, const SampleParams& sp, CanvasPrediction& out) {
+    (void)canvas, (void)lo, (void)hi, (void)sc, (void)sp, (void)out;
+    fail("this model has no uniform-noise canvases");
   }
 
   // KV cache (Fast-dLLM prefix / dual cache; the engine's State tensors). kv_cache_reset starts a

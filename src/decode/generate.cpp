@@ -164,6 +164,21 @@ void validate_generate_options(const GenerateOptions& o, int64_t vocab_size, boo
   TESSERA_CHECK(!(o.draft_threshold > 0.0f && o.mode != DecodeMode::Spec),
                 "draft-threshold applies to mode spec");
   check_combinations(o, block_causal);  // what cannot be defined together (decode/compat.cpp)
+  if (o.mode == DecodeMode::Uniform) {
+    const UniformSampling& u = o.uniform;
+    TESSERA_CHECK(
+        std::isfinite(u.t_min) && u.t_min > 0.0 && std::isfinite(u.t_max) && u.t_max >= u.t_min,
+        "t-min and t-max must satisfy 0 < t-min <= t-max (got " + num(u.t_min) + ", " + num(u.t_max) + ")");
+    TESSERA_CHECK(std::isfinite(u.entropy_bound) && u.entropy_bound >= 0.0,
+                  "entropy-bound must be >= 0 (got " + num(u.entropy_bound) + ")");
+    TESSERA_CHECK(u.stability >= 0 && u.stability <= 64,
+                  "stability must be in [0, 64] (got " + std::to_string(u.stability) + ")");
+    TESSERA_CHECK(std::isfinite(u.confidence) && u.confidence >= 0.0,
+                  "confidence must be >= 0 (got " + num(u.confidence) + "); 0 never stops a canvas early");
+    TESSERA_CHECK(u.pad_id >= 0 && u.pad_id < vocab_size, "the pad id is outside the vocabulary");
+    TESSERA_CHECK(!block_causal, "mode uniform needs a uniform-noise model (DiffusionGemma)");
+    return;
+  }
   TESSERA_CHECK(
       !(o.constraint && o.causal() && o.mode != DecodeMode::Ar),
       "structured output on a tri-mode model needs mode ar (diffusion's causal seeds and spec's "
@@ -218,7 +233,9 @@ GenerateResult generate(RequestScope& request, std::span<const int32_t> prompt, 
   TESSERA_CHECK(!(plan.causal && prompt.empty()),
                 "mode " + std::string(name(o.mode)) +
                     " starts with a causal pass over the prompt: give a prompt of at least one token");
-  if (o.mode == DecodeMode::Ar)
+  if (o.mode == DecodeMode::Uniform)
+    decode::run_uniform(L);
+  else if (o.mode == DecodeMode::Ar)
     decode::run_autoregressive(L);
   else if (o.mode == DecodeMode::Spec)
     decode::run_speculative(L);

@@ -198,6 +198,8 @@ void run_block_causal(Loop& L);
 // causal.cpp: the tri-mode layouts (GenerateOptions::mode ar and spec).
 void run_autoregressive(Loop& L);
 void run_speculative(Loop& L);
+// uniform.cpp: a uniform-noise model's canvases (GenerateOptions::mode uniform).
+void run_uniform(Loop& L);
 // spec: the provisional drafts at [lo, hi) go back to masks; nothing is editable any more.
 void return_drafts(Loop& L, int lo, int hi);
 // spec_sampling.cpp: one cycle of spec with SpecSampling::Rejection (temperature > 0) from the seed at c

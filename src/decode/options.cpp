@@ -22,7 +22,7 @@ constexpr std::array<std::string_view, 3> kCache = {"none", "prefix", "dual"};
 constexpr std::array<std::string_view, 3> kDes = {"off", "seq", "vote"};
 constexpr std::array<std::string_view, 2> kScope = {"block", "all"};
 constexpr std::array<std::string_view, 3> kEditMode = {"off", "quality", "speed"};
-constexpr std::array<std::string_view, 3> kMode = {"diffusion", "ar", "spec"};
+constexpr std::array<std::string_view, 4> kMode = {"diffusion", "ar", "spec", "uniform"};
 constexpr std::array<std::string_view, 2> kSpecSampling = {"match", "rejection"};
 
 }  // namespace
@@ -44,7 +44,7 @@ EditMode parse_edit_mode(std::string_view s) {
   return parse_choice<EditMode>(s, kEditMode, "edit mode", "off, quality or speed");
 }
 DecodeMode parse_decode_mode(std::string_view s) {
-  return parse_choice<DecodeMode>(s, kMode, "mode", "diffusion, ar or spec");
+  return parse_choice<DecodeMode>(s, kMode, "mode", "diffusion, ar, spec or uniform");
 }
 std::string_view name(DecodeMode m) {
   return kMode[static_cast<size_t>(m)];

@@ -46,7 +46,9 @@ EditPreset edit_preset(EditMode m);  // m != Off
 // decode/causal.cpp). Ar and Spec need a tri-mode model (Nemotron-Labs-Diffusion): Ar decodes one token
 // per causal forward; Spec is linear self-speculation (a bidirectional draft fills a block, a causal
 // pass verifies it, the longest matching run plus one token is kept).
-enum class DecodeMode : uint8_t { Diffusion, Ar, Spec };
+// Uniform: a uniform-noise model's canvases (DiffusionGemma, decode/uniform.cpp), the only mode such a
+// model has.
+enum class DecodeMode : uint8_t { Diffusion, Ar, Spec, Uniform };
 DecodeMode parse_decode_mode(std::string_view s);
 std::string_view name(DecodeMode m);
 // How spec keeps drafts at temperature > 0 (GenerateOptions::spec_sampling). Match (the reference's):
@@ -77,6 +79,17 @@ inline bool is_llada(Unmask a) {
 inline bool is_dream(Unmask a) {
   return !is_llada(a);
 }
+
+// The entropy-bound sampler of uniform-noise canvases (DecodeMode::Uniform; decode/uniform.cpp); the
+// model's generation_config.json gives the defaults (the session sets them). Steps per canvas are
+// GenerateOptions::steps, the canvas length block_length.
+struct UniformSampling {
+  double t_min = 0.4, t_max = 0.8;  // the temperature schedule, from t_max (first step) down to t_min
+  double entropy_bound = 0.1;       // a step keeps the lowest-entropy samples while their sum stays below
+  int stability = 1;                // stop when the last `stability` argmax canvases repeat (0: always)
+  double confidence = 0.005;        // ... and the mean entropy is below this (0: never early)
+  int32_t pad_id = 0;               // shown at positions no canvas has reached yet
+};
 
 // What a generation does (each part is described in its file of decode/, listed in decode/loop.h;
 // decode/compat.h says which combine).
@@ -153,6 +166,7 @@ struct GenerateOptions {
   // spec's drafts: 0 (the reference's default) fills the block in one pass; > 0 runs passes deciding the
   // most confident position and every other with conf >= draft_threshold. (`threshold` is diffusion's.)
   float draft_threshold = 0.0f;
+  UniformSampling uniform;  // mode uniform
   // Whether the generation's forwards switch to causal attention (Denoiser::set_causal).
   bool causal() const { return mode != DecodeMode::Diffusion || causal_context; }
 };

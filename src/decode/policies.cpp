@@ -5,6 +5,10 @@ namespace tessera::decode {
 
 Parts choose_parts(const GenerateOptions& o, const RequestPlan& plan) {
   Parts p;
+  if (o.mode == DecodeMode::Uniform) {  // uniform.cpp is the whole loop; init_canvas reads the unmask part
+    p.unmask = make_unmask(o);
+    return p;
+  }
   p.schedule = o.constraint ? make_constrained_schedule(o)
                : o.edit     ? make_edit_schedule(o)
                             : make_schedule(o, plan);

@@ -8,6 +8,8 @@ namespace tessera {
 
 int64_t canvas_length(int64_t prompt_len, const GenerateOptions& o, bool block_causal) {
   const int64_t n = prompt_len + o.gen_length + static_cast<int64_t>(o.suffix.size());
+  if (o.mode == DecodeMode::Uniform)  // whole canvases
+    return prompt_len + (o.gen_length + o.block_length - 1) / o.block_length * o.block_length;
   if (!block_causal) return n;
   const int64_t bl = o.block_length;
   return (n + bl - 1) / bl * bl;
@@ -27,7 +29,9 @@ RequestPlan plan_request(const GenerateOptions& o, int64_t prompt_len, bool bloc
   p.prompt_len = prompt_len;
   p.canvas = canvas_length(prompt_len, o, block_causal);
   p.attention_block = block_causal ? o.block_length : 0;
-  p.logit_rows = block_causal ? o.block_length : std::min(o.block_length, o.gen_length);
+  p.logit_rows =
+      block_causal || o.mode == DecodeMode::Uniform ? o.block_length : std::min(o.block_length, o.gen_length);
+  p.uniform = o.mode == DecodeMode::Uniform;
   p.host_logits =
       o.cfg_scale > 0.0f || o.edit_penalty > 0.0f || o.constraint != nullptr ||
       (o.mode == DecodeMode::Spec && o.spec_sampling == SpecSampling::Rejection && o.temperature > 0.0f);
@@ -71,7 +75,11 @@ RequestScope::RequestScope(Denoiser& d, const RequestPlan& p) : d_(d), p_(p) {
       des_ = true;
     }
     if (p.attention_block > 0) d.set_attention_block(p.attention_block);
-    if (p.causal)
+    if (p.uniform)
+      TESSERA_CHECK(d.supports_uniform_canvas(),
+                    "mode uniform needs a uniform-noise model (DiffusionGemma); this model decodes by masked "
+                    "diffusion");
+    if (p.causal && !p.uniform)
       TESSERA_CHECK(d.supports_causal(),
                     "mode ar, mode spec and causal-context diffusion need a tri-mode model "
                     "(Nemotron-Labs-Diffusion); this model decodes by diffusion only (mode diffusion)");

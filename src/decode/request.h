@@ -29,10 +29,11 @@ struct RequestPlan {
   // Tri-mode decoding (GenerateOptions::causal()): some forwards are causal; the KV cache holds the
   // canvas, written causally (decode/causal.cpp).
   bool causal = false;
+  bool uniform = false;  // uniform-noise canvases (decode/uniform.cpp; causal is set too)
   // Whether its forwards can be packed with other requests' (no per-request attention or expert state,
-  // no whole logit rows from a KV cache).
+  // no whole logit rows from a KV cache, not uniform-noise canvases: their steps run on the engine's cache).
   bool shares_forwards() const {
-    return !sparse && !des && kv_streams < 2 && !(host_logits && kv_capacity > 0);
+    return !sparse && !des && !uniform && kv_streams < 2 && !(host_logits && kv_capacity > 0);
   }
 };
 

@@ -8,6 +8,8 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "io/config.h"
+#include "io/gguf.h"
 
 namespace tessera {
 
@@ -80,8 +82,19 @@ void Engine::shard() {
   model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
 }
 
+namespace {
+// Uniform-noise models run on the CPU backend only: refused before any weight is read.
+void check_uniform_device(const ModelConfig& c, const EngineOptions& opt) {
+  if (c.is_uniform() && opt.device != "cpu")
+    fail(
+        "DiffusionGemma runs on the CPU backend only for now (its sliding-window attention, proportional "
+        "RoPE, 512-wide heads, gelu experts and soft embeddings have no CUDA kernels yet); use --device cpu");
+}
+}  // namespace
+
 std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act,
                                           int16_t quant) {
+  check_uniform_device(c, opt);
   auto e = make(opt);
   e->model_ = Model::synthetic(c, *e->backend_, act, 1, quant);
   e->shard();
@@ -90,9 +103,10 @@ std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOpti
 }
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
+  if (!is_gguf_file(dir)) check_uniform_device(load_config(dir), opt);
   auto e = make(opt);
   e->model_ = Model::load(dir, *e->backend_, opt.precision, opt.dequantize);
-  if (e->model_->config().mask_id < 0) {
+  if (e->model_->config().mask_id < 0 && !e->model_->config().is_uniform()) {  // uniform noise: no mask
     fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
   }
   e->shard();
@@ -226,6 +240,13 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
     stage(ids.cache_rows, cache_rows_);
     stage(ids.kv_rows, kv_rows_);
   }
+  if (ids.sc_in >= 0) {  // self-conditioning: the caller's soft embeddings, else none (zeros)
+    const size_t n = static_cast<size_t>(shape.n_query * model_->config().hidden);
+    if (sc_.size() != n) sc_.assign(n, 0.0f);
+    backend_->copy_to_device(ctx.base + prog.tensors[static_cast<size_t>(ids.sc_in)].offset, sc_.data(),
+                             n * 4);
+    sc_.clear();
+  }
   step_graphs_.run(g, prog, prog.serial, ctx, kv_cache ? kv_->data() : nullptr, kv_cache ? kv_->rows() : 0);
   sparse_.step_done();
   des_.step_done(*backend_, model_->config());  // unique experts of this forward, per MoE layer
@@ -249,6 +270,9 @@ const Engine::GraphIo& Engine::io(OutputMode mode, bool kv_cache) {
       r.cache_rows = g.find("cache_rows");
       r.kv_rows = g.find("kv_rows");
     }
+    r.sc_in = g.find("sc_in");
+    r.argmax = g.find("argmax");
+    r.soft = g.find("soft");
     const char* outs[kOutputModes][2] = {
         {"token", "conf"}, {"logits", nullptr}, {"logprob", nullptr}, {"token", "conf"}};
     for (int i = 0; i < 2; ++i) r.out[i] = outs[m][i] != nullptr ? g.find(outs[m][i]) : -1;
@@ -462,8 +486,51 @@ void Engine::set_draft_adapter(bool on) {
   draft_ = on;
 }
 
+void Engine::denoise_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t hi,
+                            std::span<const float> sc, const SampleParams& sp, CanvasPrediction& out) {
+  TESSERA_CHECK(supports_uniform_canvas(), "this model has no uniform-noise canvases");
+  TESSERA_CHECK(!causal_, "denoise_canvas: a causal forward is selected (set_causal(false) first)");
+  TESSERA_CHECK(sp.temperature > 0.0f, "denoise_canvas: the temperature must be positive");
+  const int64_t n = hi - lo, H = soft_width();
+  TESSERA_CHECK(sc.empty() || static_cast<int64_t>(sc.size()) == n * H,
+                "denoise_canvas: the soft embeddings must be [rows, hidden]");
+  cached_range(lo, hi, static_cast<int64_t>(canvas.size()), req_rows_);
+  const CachedSeq s{0, canvas, req_rows_, req_rows_};
+  if (sc.empty())
+    sc_.assign(static_cast<size_t>(n * H), 0.0f);
+  else
+    sc_.assign(sc.begin(), sc.end());
+  const graph::Program& p = run_cached(OutputMode::Sample, std::span<const CachedSeq>(&s, 1), &sp);
+  const GraphIo& ids = io(OutputMode::Sample, true);
+  TESSERA_CHECK(ids.argmax >= 0 && ids.soft >= 0, "denoise_canvas: the model's graph has no canvas outputs");
+  out.sampled.resize(static_cast<size_t>(n));
+  out.argmax.resize(static_cast<size_t>(n));
+  out.entropy.resize(static_cast<size_t>(n));
+  out.soft.resize(static_cast<size_t>(n * H));
+  read_output(p, ids.out[0], out.sampled.data(), out.sampled.size() * 4);
+  read_output(p, ids.out[1], out.entropy.data(), out.entropy.size() * 4);
+  read_output(p, ids.argmax, out.argmax.data(), out.argmax.size() * 4);
+  read_output(p, ids.soft, out.soft.data(), out.soft.size() * 4);
+}
+
+void Engine::logits_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t hi, std::span<const float> sc,
+                           std::span<float> out) {
+  TESSERA_CHECK(supports_uniform_canvas() && !causal_,
+                "logits_canvas: a uniform-noise model's decoder expected");
+  const int64_t H = soft_width();
+  TESSERA_CHECK(sc.empty() || static_cast<int64_t>(sc.size()) == (hi - lo) * H,
+                "logits_canvas: the soft embeddings must be [rows, hidden]");
+  std::vector<int32_t> pos(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(lo + static_cast<int64_t>(i));
+  if (sc.empty())
+    sc_.assign(pos.size() * static_cast<size_t>(H), 0.0f);
+  else
+    sc_.assign(sc.begin(), sc.end());
+  logits_cached(canvas, lo, hi, pos, out);
+}
+
 void Engine::set_causal(bool causal) {
-  TESSERA_CHECK(!causal || model_->config().tri_mode,
+  TESSERA_CHECK(!causal || supports_causal(),
                 std::string("the ") + family_name(model_->config().family) +
                     " model has no causal mode (autoregressive decoding needs a tri-mode model such as "
                     "Nemotron-Labs-Diffusion)");

@@ -236,11 +236,20 @@ class Engine final : public Denoiser, private KvPool::Budget {
   void set_attention_block(int block) override;
   // Tri-mode models (ModelConfig::tri_mode): the causal graphs are a second set beside the model's own
   // (both cached, so switching costs nothing).
-  bool supports_causal() const override { return model_->config().tri_mode; }
+  bool supports_causal() const override { return model_->config().tri_mode || model_->config().is_uniform(); }
   void set_causal(bool causal) override;
   bool causal() const { return causal_; }
   bool supports_draft_adapter() const override { return model_->config().draft_adapter.rank > 0; }
   void set_draft_adapter(bool on) override;
+  // Uniform-noise models (ModelConfig::Uniform): the decoder's canvas step over the engine's cache (slot 0).
+  bool supports_uniform_canvas() const override { return model_->config().is_uniform(); }
+  int64_t soft_width() const override { return model_->config().is_uniform() ? model_->config().hidden : 0; }
+  void denoise_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t hi, std::span<const float> sc,
+                      const SampleParams& sp, CanvasPrediction& out) override;
+  // The decoder's logits [hi - lo, vocab] of canvas rows [lo, hi) conditioned on `sc` (as denoise_canvas;
+  // tests and host-side policies).
+  void logits_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t hi, std::span<const float> sc,
+                     std::span<float> out);
 
  private:
   Engine() = default;
@@ -281,6 +290,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   struct GraphIo {
     int tokens = -1, q_pos = -1, k_pos = -1, cu_q = -1, cu_k = -1, rows = -1, keys = -1, target = -1;
     int cache_rows = -1, kv_rows = -1;
+    int sc_in = -1, argmax = -1, soft = -1;  // uniform-noise decoders
     int out[2] = {-1, -1};
     int lp = -1, top_ids = -1, top_lp = -1;  // SampleLogprobs
   };
@@ -336,6 +346,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   PredictLogprobs logprobs_;
   // Host staging of the step inputs (capacity kept across steps: no allocation after warm-up).
   std::vector<int32_t> tokens_, q_pos_, k_pos_, cu_q_, cu_k_, rows_, keys_, targets_, cache_rows_, kv_rows_;
+  std::vector<float> sc_;                 // a uniform-noise decoder's self-conditioning input (empty: zeros)
   std::vector<int64_t> seq_rows_;         // the first logit row of each sequence of the step, and the end
   std::span<const SampleParams> seq_sp_;  // per-sequence sampling of the current forward_sample, if any
   std::vector<int32_t> req_rows_;         // a KV-cache step's requested rows (cached_range)

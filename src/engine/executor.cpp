@@ -90,7 +90,15 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
     }
     case OpKind::RmsNorm: {
       Tensor o = out(0);
-      b.rmsnorm(in(0), in(1), op.p.eps, o);
+      // in: x, the weight (absent: no scale), and when accumulating the output it adds to.
+      const bool weighted = op.in.size() > (op.p.accumulate ? 2u : 1u);
+      if (op.p.group == 0 && !op.p.accumulate && weighted) {
+        b.rmsnorm(in(0), in(1), op.p.eps, o);
+        break;
+      }
+      const Tensor w = weighted ? in(1) : Tensor();
+      const int64_t group = op.p.group > 0 ? op.p.group : w.numel();
+      b.rmsnorm_ex(in(0), weighted ? &w : nullptr, group, op.p.eps, op.p.accumulate, o);
       break;
     }
     case OpKind::Gemm: {
@@ -124,6 +132,7 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       ap.q_pos = q_pos.as<const int32_t>();
       ap.k_pos = k_pos.as<const int32_t>();
       ap.operands = o.dtype;  // a bf16 graph's attention may round its operands to bf16
+      ap.window = op.p.window;
       if (op.out.size() > 1) ap.kv_scratch = out(1).data;  // planned bf16 K/V staging
       if (op.out.size() > 2) ap.q_scratch = out(2).data;   // q itself, which attention may overwrite
       uint8_t* pattern = nullptr;
@@ -233,6 +242,34 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
       TESSERA_CHECK(c.comm != nullptr, "execute: a tensor-parallel graph runs without its communicator");
       TESSERA_CHECK(o.dtype == DType::F32, "all_reduce: f32 expected");
       c.comm->all_reduce_sum(o.as<float>(), static_cast<size_t>(o.numel()));
+      break;
+    }
+    case OpKind::Geglu: {
+      Tensor o = out(0);
+      b.geglu(in(0), in(1), o);
+      break;
+    }
+    case OpKind::Scale: {
+      Tensor o = out(0);
+      b.scale(o, op.p.scale);
+      break;
+    }
+    case OpKind::Softcap: {
+      Tensor o = out(0);
+      b.softcap(o, op.p.scale);
+      break;
+    }
+    case OpKind::CanvasSample: {
+      TESSERA_CHECK(c.sample != nullptr && c.sample_seqs.empty(),
+                    "execute: canvas_sample needs one SampleParams (a single sequence)");
+      Tensor tok = out(0), am = out(1), ent = out(2);
+      b.canvas_sample(in(0), in(1), *c.sample, tok, am, ent);
+      break;
+    }
+    case OpKind::SoftEmbed: {
+      TESSERA_CHECK(c.sample != nullptr, "execute: soft_embed needs the step's temperature");
+      Tensor probs = out(0), o = out(1);
+      b.soft_embed(in(0), in(1), c.sample->temperature, op.p.scale, probs, o);
       break;
     }
     case OpKind::MoeFfn: {

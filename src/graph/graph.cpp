@@ -62,6 +62,16 @@ const char* op_name(OpKind k) {
       return "top_logprobs";
     case OpKind::AllReduce:
       return "all_reduce";
+    case OpKind::Geglu:
+      return "geglu";
+    case OpKind::Scale:
+      return "scale";
+    case OpKind::Softcap:
+      return "softcap";
+    case OpKind::CanvasSample:
+      return "canvas_sample";
+    case OpKind::SoftEmbed:
+      return "soft_embed";
   }
   return "?";
 }

@@ -69,8 +69,14 @@ enum class OpKind : uint8_t {
   TopLogprobs,  // in: logits, tokens; out: the tokens' log-probabilities, and ids and log-probabilities
                 // [rows, K] of the K most likely tokens
   AllReduce,    // in / out: an f32 tensor summed in place over the tensor-parallel ranks (ExecContext::comm)
+  // Uniform-noise diffusion (DiffusionGemma's Gemma 4 blocks):
+  Geglu,         // in: gate, up; out: gelu_tanh(gate) * up
+  Scale,         // in / out: x *= p.scale (f32, in place)
+  Softcap,       // in / out: x = p.scale * tanh(x / p.scale) (f32, in place)
+  CanvasSample,  // in: logits, row keys; out: sampled token, argmax, entropy (ExecContext::sample's T, seed)
+  SoftEmbed,     // in: logits, embedding table; out: probs scratch, soft rows (softmax(logits / T) E p.scale)
 };
-constexpr int kOpKinds = static_cast<int>(OpKind::AllReduce) + 1;
+constexpr int kOpKinds = static_cast<int>(OpKind::SoftEmbed) + 1;
 const char* op_name(OpKind k);
 
 // A tensor operand. chunked: the op sees only the rows of the current chunk of the enclosing loop.
@@ -89,6 +95,10 @@ struct OpParams {
   int block_size = 0;
   MoeRouteParams route;  // MoeRoute (expert_bias comes from the op's optional second input)
   MoeExperts experts;    // MoeFfn: the layer's expert table
+  // RmsNorm: groups of `group` columns (0: the weight's length; needed without a weight, an RMSNorm
+  // without scale) and, with accumulate, y += the normalised x.
+  int64_t group = 0;
+  int window = 0;  // Attention: AttnParams::window
 };
 
 struct OpDecl {

@@ -113,6 +113,36 @@ const char* const kLladaMoe = R"J(
   {{- '<role>ASSISTANT</role>' }}
 {%- endif %})J";
 
+// Gemma 4 (DiffusionGemma's processor; shared/specs/diffusion-gemma.md section 7): turns
+// <|turn>ROLE\n...<turn|>\n with the model's role "model"; thinking off (the default), the generation prompt
+// closes an empty thought channel, <|channel>thought\n<channel|>, which the reference prompt tokenises
+// to; thinking on puts <|think|> at the start of the system turn and leaves the channel to the model. The
+// published Jinja file was not read (the spec's open point): the system turn and the refusal of tool turns
+// are tessera's choice.
+const char* const kGemma4 = R"J(
+{%- for m in messages %}
+  {%- if m.role not in ['system', 'user', 'assistant'] %}
+    {{- raise_exception("chat message role '" ~ m.role ~ "' is not supported by the built-in Gemma 4 template (use one of: system, user, assistant)") }}
+  {%- endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- set think = enable_thinking is defined and enable_thinking %}
+{%- if think or (messages and messages[0].role == 'system') %}
+  {{- '<|turn>system\n' }}
+  {%- if think %}{{- '<|think|>' }}{%- endif %}
+  {%- if messages and messages[0].role == 'system' %}{{- messages[0].content | trim }}{%- endif %}
+  {{- '<turn|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+  {%- if m.role != 'system' or not loop.first %}
+    {{- '<|turn>' + ('model' if m.role == 'assistant' else m.role) + '\n' + m.content | trim + '<turn|>\n' }}
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+  {{- '<|turn>model\n' }}
+  {%- if not think %}{{- '<|channel>thought\n<channel|>' }}{%- endif %}
+{%- endif %})J";
+
 // A base model: the contents as they are.
 const char* const kNone = "{%- for m in messages %}{{ m.content }}{% endfor %}";
 
@@ -126,6 +156,8 @@ const char* builtin_chat_template(ChatFamily f) {
       return kChatML;
     case ChatFamily::LladaMoE:
       return kLladaMoe;
+    case ChatFamily::Gemma4:
+      return kGemma4;
     case ChatFamily::None:
       break;
   }
@@ -140,6 +172,8 @@ const char* chat_family_name(ChatFamily f) {
       return "ChatML";
     case ChatFamily::LladaMoE:
       return "LLaDA-MoE";
+    case ChatFamily::Gemma4:
+      return "Gemma 4";
     case ChatFamily::None:
       return "none";
   }
@@ -151,6 +185,7 @@ ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
   if (tmpl.find("<|start_header_id|>") != std::string::npos) return ChatFamily::LladaInstruct;
   if (tmpl.find("<|im_start|>") != std::string::npos) return ChatFamily::ChatML;
   if (tmpl.find("<role>") != std::string::npos) return ChatFamily::LladaMoE;
+  if (tmpl.find("<|turn>") != std::string::npos) return ChatFamily::Gemma4;
 
   if (is_gguf_file(model_dir)) {  // the architecture stands in for config.json
     const std::string arch = GgufFile::open(model_dir)->get_string("general.architecture", "");
@@ -173,6 +208,7 @@ ChatFamily detect_chat_family(const std::filesystem::path& model_dir) {
     return moe ? ChatFamily::LladaMoE : ChatFamily::LladaInstruct;
   if (type == "dream" || type == "qwen2" || arch.find("dream") != std::string::npos)
     return ChatFamily::ChatML;
+  if (type.find("gemma") != std::string::npos) return ChatFamily::Gemma4;
   return ChatFamily::None;
 }
 

@@ -24,6 +24,7 @@ enum class ChatFamily {
   LladaInstruct,  // Llama-3 headers: <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
   ChatML,         // Dream / Qwen2.5: <|im_start|>role\n...<|im_end|>\n (with Qwen2.5's tools)
   LladaMoE,       // <role>HUMAN</role>...<|role_end|>
+  Gemma4,         // DiffusionGemma: <|turn>user\n...<turn|>\n, replies after <|turn>model\n
   None,           // base model: the message contents are concatenated as they are
 };
 

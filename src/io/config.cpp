@@ -188,6 +188,17 @@ int64_t count_params(const ModelConfig& c, bool active) {
   const int64_t moe_ffn = routed * 3 * d * m.expert_inter + m.n_experts * d +
                           (m.expert_bias ? m.n_experts : 0) + 3 * d * m.shared_inter;
   int64_t total = c.vocab * d * (c.tie_embeddings ? 1 : 2) + d;
+  if (c.is_uniform()) {  // Gemma 4 layers: the dense MLP and the experts side by side
+    const ModelConfig::Uniform& u = c.uniform;
+    const int64_t gq = c.n_heads * u.global_head_dim, gkv = u.global_kv_heads * u.global_head_dim;
+    const int64_t global_attn = 2 * d * gq + d * gkv + 2 * u.global_head_dim;  // q, o, k (= v), norms
+    const int64_t sliding_attn = 2 * d * q + 2 * d * kv + 2 * c.head_dim;
+    const int64_t per_layer = 3 * d * c.intermediate + routed * 3 * d * m.expert_inter + m.n_experts * d + d +
+                              m.n_experts + 7 * d + 1;  // router, its scales, 7 norms, the scalar
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      total += (c.is_global_layer(l) ? global_attn : sliding_attn) + per_layer;
+    return total + 3 * d * c.intermediate + d;  // self-conditioning's MLP and pre-norm
+  }
   for (int64_t l = 0; l < c.n_layers; ++l)
     total += attn + (c.is_moe_layer(l) ? moe_ffn : 3 * d * c.intermediate);
   return total;

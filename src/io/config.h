@@ -74,6 +74,32 @@ struct ModelConfig {
     float scale = 1.0f;
     std::string dir;
   } draft_adapter;
+  // Uniform-noise block diffusion (DiffusionGemma: shared/specs/diffusion-gemma.md; canvas > 0). Gemma 4
+  // layers: sliding ones (n_kv_heads x head_dim, RoPE over the whole head at rope_theta, attention within
+  // `window`) and global ones where global_layer[l] (global_kv_heads x global_head_dim, K as V,
+  // proportional RoPE: global_rotary of the head's dims rotate, pairs (i, i + head / 2), at
+  // global_theta); attention scale 1; a dense GeGLU MLP (intermediate) beside the routed experts
+  // (moe: softmax, top_k renormalised, per-expert scales); sandwich norms; per-layer scalars; final
+  // soft-capping. No mask token: canvases of `canvas` random tokens are denoised against a KV cache that
+  // causal (encoder) forwards write. The sampler's defaults come from generation_config.json.
+  struct Uniform {
+    int64_t canvas = 0;
+    int64_t window = 0;
+    std::vector<uint8_t> global_layer;
+    int64_t global_kv_heads = 0, global_head_dim = 0, global_rotary = 0;
+    float global_theta = 1e6f;
+    float softcap = 0.0f;  // final_logit_softcapping (0: none)
+    // generation_config.json
+    int64_t max_new_tokens = 256;
+    int steps = 48;  // max_denoising_steps
+    double t_min = 0.4, t_max = 0.8, entropy_bound = 0.1, confidence = 0.005;
+    int stability = 1;
+    std::vector<int32_t> eos_ids;  // every end-of-sequence id (eos_token_id's list)
+  } uniform;
+  bool is_uniform() const { return uniform.canvas > 0; }
+  bool is_global_layer(int64_t l) const {
+    return is_uniform() && uniform.global_layer.at(static_cast<size_t>(l)) != 0;
+  }
   int32_t mask_id = -1, eos_id = -1, bos_id = -1, pad_id = -1;
 
   bool is_moe_layer(int64_t layer) const {
@@ -85,7 +111,11 @@ struct ModelConfig {
   // Bytes a KV cache (--cache) holds per canvas position: K and V of every layer, in the compute
   // dtype (elem_bytes: 2 for bf16, 4 for f32).
   int64_t kv_cache_bytes_per_token(int64_t elem_bytes) const {
-    return 2 * elem_bytes * n_layers * n_kv_heads * head_dim;
+    if (!is_uniform()) return 2 * elem_bytes * n_layers * n_kv_heads * head_dim;
+    int64_t width = 0;  // every layer's key / value width
+    for (int64_t l = 0; l < n_layers; ++l)
+      width += is_global_layer(l) ? uniform.global_kv_heads * uniform.global_head_dim : n_kv_heads * head_dim;
+    return 2 * elem_bytes * width;
   }
   // Bytes of the SparseD patterns (--sparse) of a canvas of L positions with tiles of `block`: one per
   // (layer, head, query block, key block).

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/model.h"
+#include "models/registry.h"
 
 namespace tessera {
 
@@ -61,6 +62,7 @@ GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
 }
 
 DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make) {
+  if (const FamilyInfo& f = family_info(c.family); f.layout != nullptr) return f.layout(c, act, make);
   const int64_t d = c.hidden, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
   auto sd = [](int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
   auto swiglu = [&](LayerWeights& L, int64_t f) {

@@ -51,7 +51,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   int64_t last_layer = -1, l = 0;
   std::string rest;
   for (const auto& [name, t] : m->ckpt_.tensors()) {
-    for (const char* stem : {"model.layers.", "model.transformer.blocks.", "encoder.layers."}) {
+    for (const char* stem :
+         {"model.layers.", "model.transformer.blocks.", "encoder.layers.", "model.decoder.layers."}) {
       if (split_layer(name, stem, l, rest)) last_layer = std::max(last_layer, l);
     }
   }
@@ -189,6 +190,14 @@ Tensor Model::bind_bias(const std::string& name, int64_t n) {
   return bind_bias_slice(name, n, 0, n);
 }
 
+float Model::scalar(const std::string& name) {
+  const StTensor& st = ckpt_.get(name, {1});
+  TESSERA_CHECK(st.quant < 0, "bind: a quantized scalar (" + name + ")");
+  float v = 0.0f;
+  convert_to_f32(st.data, st.dtype, &v, 1);
+  return v;
+}
+
 bool Model::has_tensor(const std::string& name) const {
   return ckpt_.tensors().count(name) > 0;
 }
@@ -273,7 +282,7 @@ const graph::GraphTemplate& Model::graph(OutputMode mode, bool kv_cache, bool ca
       o.mask = MaskKind::Causal;
       o.mask_block = 0;
     }
-    slot = std::make_unique<graph::GraphTemplate>(build_dense_graph(w_, o, mode));
+    slot = std::make_unique<graph::GraphTemplate>(build_model_graph(cfg_, w_, o, mode));
   }
   return *slot;
 }

@@ -43,12 +43,21 @@ struct LayerWeights {
   Tensor router;       // [n_experts, hidden], act dtype
   Tensor expert_bias;  // [n_experts] f32 selection bias
   MoeExperts experts;  // table of the routed experts (n_experts == 0: dense layer)
+  // Gemma 4 layers (DiffusionGemma, ModelConfig::Uniform; models/diffusion_gemma.cpp): attn_norm and
+  // ffn_norm are the attention's and the dense MLP's input norms; these the rest of its sandwich norms
+  // (o_proj's output, the experts' input, the dense MLP's and the experts' outputs, their sum), the
+  // router's input norm (router.scale), the per-expert scales (f32) and the encoder's and decoder's
+  // layer scalars.
+  Tensor post_attn_norm, moe_norm, post_dense_norm, post_moe_norm, post_ffn_norm, router_norm, expert_scale;
+  float scalar_enc = 1.0f, scalar_dec = 1.0f;
   bool is_moe() const { return experts.n_experts > 0; }
 };
 
 struct DenseWeights {
   Tensor embed, final_norm, lm_head;
   std::vector<LayerWeights> layers;
+  // Self-conditioning (DiffusionGemma): its pre-norm and GeGLU MLP.
+  Tensor sc_norm, sc_gate, sc_up, sc_down;
 };
 
 // Everything the shared graph builder needs besides the weights.
@@ -138,6 +147,8 @@ class Model {
   Tensor bind_bias(const std::string& name, int64_t n);
   // The f32 bias slice [at, at + n) of the 1-D tensor `name` of `total` values.
   Tensor bind_bias_slice(const std::string& name, int64_t total, int64_t at, int64_t n);
+  // The value of a one-element tensor (a layer scalar), on the host.
+  float scalar(const std::string& name);
   bool has_tensor(const std::string& name) const;
   // Binds the n_experts x {gate_proj, up_proj, down_proj} weights named name(e, proj) (zero copy
   // where possible) and builds their table in backend memory.
@@ -179,6 +190,10 @@ class Model {
 
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).
 graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions& o, OutputMode mode);
+// The graph of config c's family: its own builder where it has one (FamilyInfo::graph), else
+// build_dense_graph.
+graph::GraphTemplate build_model_graph(const ModelConfig& c, const DenseWeights& w, const GraphOptions& o,
+                                       OutputMode mode);
 
 }  // namespace tessera
 

@@ -12,7 +12,7 @@ namespace {
 
 // One line per family: its FamilyInfo, defined in models/<family>.cpp.
 constexpr const FamilyInfo* kFamilies[] = {
-    &kLladaFamily, &kDreamFamily, &kLladaMoeFamily, &kLlada2Family, &kNemotronFamily,
+    &kLladaFamily, &kDreamFamily, &kLladaMoeFamily, &kLlada2Family, &kNemotronFamily, &kDiffusionGemmaFamily,
 };
 
 }  // namespace
@@ -58,6 +58,12 @@ ModelConfig named_geometry(const std::string& name) {
     }
   }
   fail("unknown geometry '" + name + "' (known: " + known + ")");
+}
+
+graph::GraphTemplate build_model_graph(const ModelConfig& c, const DenseWeights& w, const GraphOptions& o,
+                                       OutputMode mode) {
+  const FamilyInfo& f = family_info(c.family);
+  return f.graph != nullptr ? f.graph(c, w, o, mode) : build_dense_graph(w, o, mode);
 }
 
 }  // namespace tessera

@@ -24,6 +24,11 @@ struct FamilyInfo {
   // Binds the weights of a loaded checkpoint by their names and sets the family's options; the graph is
   // the shared one (build_dense_graph) with the options of its config (graph_options).
   void (*bind)(Model& m) = nullptr;
+  // A family whose blocks are not the shared graph's (DiffusionGemma): its weight layout (Model::synthetic,
+  // planning without a checkpoint) and its graph builder; nullptr: layout_weights' and build_dense_graph.
+  DenseWeights (*layout)(const ModelConfig& c, DType act, const WeightMaker& make) = nullptr;
+  graph::GraphTemplate (*graph)(const ModelConfig& c, const DenseWeights& w, const GraphOptions& o,
+                                OutputMode mode) = nullptr;
 };
 
 // Every family, indexed by Family.
@@ -32,10 +37,11 @@ std::span<const FamilyInfo* const> families();
 const FamilyInfo& family_info(Family f);
 
 // The families' definitions, one in each family's file.
-extern const FamilyInfo kLladaFamily;     // models/llada.cpp
-extern const FamilyInfo kDreamFamily;     // models/dream.cpp
-extern const FamilyInfo kLladaMoeFamily;  // models/llada_moe.cpp
-extern const FamilyInfo kLlada2Family;    // models/llada2.cpp
-extern const FamilyInfo kNemotronFamily;  // models/nemotron.cpp
+extern const FamilyInfo kLladaFamily;           // models/llada.cpp
+extern const FamilyInfo kDreamFamily;           // models/dream.cpp
+extern const FamilyInfo kLladaMoeFamily;        // models/llada_moe.cpp
+extern const FamilyInfo kLlada2Family;          // models/llada2.cpp
+extern const FamilyInfo kNemotronFamily;        // models/nemotron.cpp
+extern const FamilyInfo kDiffusionGemmaFamily;  // models/diffusion_gemma.cpp
 
 }  // namespace tessera

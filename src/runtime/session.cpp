@@ -153,6 +153,7 @@ Session::Session(const LoadOptions& lo) {
     const char* marker = family == ChatFamily::LladaInstruct ? "<|start_header_id|>"
                          : family == ChatFamily::ChatML      ? "<|im_start|>"
                          : family == ChatFamily::LladaMoE    ? "<|role_end|>"
+                         : family == ChatFamily::Gemma4      ? "<|turn>"
                                                              : nullptr;
     if (marker != nullptr && tok_->token_id(marker) < 0) chat_ = ChatTemplate();
   }
@@ -236,6 +237,17 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
   // Tri-mode models (Nemotron-Labs-Diffusion's generate): blocks of the trained block_size (32), steps
   // per block = block_length, threshold 0.9, the causal context.
   const ModelConfig& mc = engine_->config();
+  if (mc.is_uniform()) {  // DiffusionGemma: generation_config.json's sampler, canvas after canvas
+    const ModelConfig::Uniform& u = mc.uniform;
+    g.mode = DecodeMode::Uniform;
+    g.gen_length = gen_length.value_or(static_cast<int>(u.max_new_tokens));
+    g.block_length = block_length.value_or(static_cast<int>(u.canvas));
+    g.steps = steps.value_or(u.steps);
+    g.uniform = UniformSampling{u.t_min,     u.t_max,      u.entropy_bound,
+                                u.stability, u.confidence, mc.pad_id >= 0 ? mc.pad_id : 0};
+    g.eos_ids = u.eos_ids;
+    return g;
+  }
   const int tri_block = mc.tri_mode ? static_cast<int>(std::max<int64_t>(mc.diffusion_block, 1)) : 0;
   const int model_block = model_block_ > 0 ? model_block_ : tri_block;
   g.gen_length = gc_gen_length_.value_or(128);
@@ -325,7 +337,15 @@ std::string Session::chat_text(const std::vector<ChatMessage>& msgs, bool add_ge
 
 std::string Session::templated(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
   if (chat_.empty()) fail(dir_ + " has no chat template (use --raw)");
-  return chat_.render(Conversation::of(msgs, add_generation_prompt));
+  Conversation c = Conversation::of(msgs, add_generation_prompt);
+  c.enable_thinking = thinking_;
+  return chat_.render(c);
+}
+
+void Session::set_thinking(std::optional<bool> on) {
+  if (on && !chat_.takes_thinking())
+    fail(dir_ + "'s chat template has no thinking switch (enable_thinking); drop --think");
+  thinking_ = on;
 }
 
 std::shared_ptr<const TokenConstraint> Session::json_output(std::shared_ptr<const JsonGrammar> grammar,

@@ -135,6 +135,9 @@ class Session {
   const GenerateOptions& options() const { return gen_; }
   // The text of chat messages with the model's template (throws Error when it has none).
   std::string chat_text(const std::vector<ChatMessage>& msgs, bool add_generation_prompt = true) const;
+  // The chat template's thinking switch (enable_thinking) for chat_text; nullopt: the template's default.
+  // Throws Error when the template has none.
+  void set_thinking(std::optional<bool> on);
   // Structured output: the constraint of a JSON grammar (then `suffix`) over this model's vocabulary,
   // ending at its EOS (GenerateOptions::constraint). Throws Error for a vocabulary that cannot write every
   // completion.
@@ -162,6 +165,7 @@ class Session {
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tok_;
   ChatTemplate chat_;
+  std::optional<bool> thinking_;
   mutable std::once_flag vocab_once_;  // json_output's table of the tokens' bytes, built on first use
   mutable std::shared_ptr<const VocabBytes> vocab_bytes_;
   bool add_bos_ = false;

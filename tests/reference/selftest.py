@@ -791,6 +791,8 @@ import selftest_combos  # noqa: E402 (SparseD with the window and cfg, the windo
 selftest_combos.register(check, make, close, recording_hidden)
 import selftest_nemotron  # noqa: E402 (Nemotron-Labs-Diffusion: ref_nemotron.py and --family nemotron)
 selftest_nemotron.register(check, close, TMP)
+import selftest_diffusion_gemma  # noqa: E402 (DiffusionGemma: ref_diffusion_gemma.py and --family diffusion_gemma)
+selftest_diffusion_gemma.register(check, close, TMP)
 
 
 def main():

@@ -27,6 +27,30 @@ TEST(ChatTemplate, LladaInstructMultiTurnTrimsContent) {
             "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>");
 }
 
+// Gemma 4 (DiffusionGemma, shared/specs/diffusion-gemma.md section 7): thinking off renders the spec's
+// prompt (which tokenises to [2, 105, 2364, 107, ..., 106, 107, 105, 4368, 107, 100, 45518, 107, 101]).
+TEST(ChatTemplate, Gemma4MatchesTheSpecsPrompt) {
+  const ChatTemplate t = ChatTemplate::of_family(ChatFamily::Gemma4, "<bos>", "<eos>");
+  EXPECT_TRUE(t.takes_thinking());
+  Conversation c = Conversation::of({{"user", "What is 2+2?"}});
+  EXPECT_EQ(t.render(c),
+            "<bos><|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
+  c.enable_thinking = true;  // <|think|> in a system turn; the model opens the thought channel itself
+  EXPECT_EQ(t.render(c),
+            "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n");
+  Conversation m =
+      Conversation::of({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}});
+  EXPECT_EQ(t.render(m),
+            "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n"
+            "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
+  test::expect_error(
+      [&] {
+        (void)t.render(Conversation::of({{"tool", "{}"}}));
+      },
+      "not supported by the built-in Gemma 4");
+  EXPECT_EQ(t.reasoning().open, "<|channel>thought");
+}
+
 TEST(ChatTemplate, ChatMLDefaultSystemTurnMatchesModelsMd) {
   EXPECT_EQ(apply_chat_template(ChatFamily::ChatML, {{"user", "Hello"}}, true),
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"

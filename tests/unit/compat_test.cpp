@@ -68,7 +68,14 @@ void use(GenerateOptions& o, Feature f, bool& block_causal) {
       o.constraint = std::make_shared<AnyText>();
       break;
     case Feature::TriMode:  // ar: the mode every feature that combines with tri-mode combines with
-      o.mode = DecodeMode::Ar;
+      if (o.mode == DecodeMode::Uniform)
+        o.causal_context = true;  // (both at once: causal-context diffusion's flag beside mode uniform)
+      else
+        o.mode = DecodeMode::Ar;
+      break;
+    case Feature::Uniform:
+      if (o.mode == DecodeMode::Ar) o.causal_context = true;
+      o.mode = DecodeMode::Uniform;
       break;
   }
 }

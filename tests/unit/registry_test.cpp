@@ -15,12 +15,13 @@ namespace tessera {
 namespace {
 
 TEST(Registry, EnumeratorsIndexTheirFamilies) {
-  ASSERT_EQ(families().size(), 5u);  // the four enumerators, then Nemotron-Labs-Diffusion (none needed)
+  ASSERT_EQ(families().size(), 6u);  // the four enumerators, then Nemotron-Labs-Diffusion and DiffusionGemma
   EXPECT_STREQ(family_name(Family::LLaDA), "llada");
   EXPECT_STREQ(family_name(Family::Dream), "dream");
   EXPECT_STREQ(family_name(Family::LLaDAMoE), "llada-moe");
   EXPECT_STREQ(family_name(Family::LLaDA2), "llada2");
   EXPECT_STREQ(family_name(static_cast<Family>(4)), "nemotron-diffusion");
+  EXPECT_STREQ(family_name(static_cast<Family>(5)), "diffusion-gemma");
   EXPECT_STREQ(family_name(static_cast<Family>(99)), "?");
   EXPECT_EQ(&family_info(Family::Dream), &kDreamFamily);
   test::expect_error([] { family_info(static_cast<Family>(99)); }, "no model family 99");
@@ -56,7 +57,8 @@ TEST(Registry, ModelTypesHaveOneFamilyEach) {
                                               {"lladamoe", Family::LLaDAMoE},
                                               {"llada_moe", Family::LLaDAMoE},
                                               {"llada2_moe", Family::LLaDA2},
-                                              {"nemotron_labs_diffusion", static_cast<Family>(4)}};
+                                              {"nemotron_labs_diffusion", static_cast<Family>(4)},
+                                              {"diffusion_gemma", static_cast<Family>(5)}};
   const nlohmann::json plain = nlohmann::json::object(), moe = {{"num_experts", 4}},
                        both = {{"num_experts", 4}, {"d_model", 8}};
   auto claimants = [](const std::string& type, const nlohmann::json& j) {
@@ -97,7 +99,7 @@ TEST(Registry, GgufArchitecturesAndGeometriesAreUnique) {
       [] { named_geometry("gpt-2"); },
       "unknown geometry 'gpt-2' (known: llada-8b, llada-mid, dream-7b, llada-moe-7b, "
       "llada-moe-mid, llada2-mini, llada2-mid, llada2-flash, nemotron-diffusion-3b, nemotron-diffusion-8b, "
-      "nemotron-diffusion-14b)");
+      "nemotron-diffusion-14b, diffusiongemma-26b-a4b, diffusiongemma-mid)");
 }
 
 }  // namespace

@@ -261,7 +261,7 @@ void attend_tile(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
       if (mask_elems) {
         const int32_t qp = p.q_pos[qa + i];
         for (int j = 0; j < nk; ++j) {
-          if (!visible(p.mask, p.block_size, qp, p.k_pos[rows[i0 + j]])) si[j] = kNegInf;
+          if (!visible(p.mask, p.block_size, qp, p.k_pos[rows[i0 + j]], p.window)) si[j] = kNegInf;
         }
       }
       const float rowmax = padded_row_max(si, nk, nkv * kW);
@@ -440,17 +440,84 @@ void attend_sparse(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb
   }
 }
 
+// Heads wider than the tile kernels' kMaxD (Gemma 4's global layers: 512), f32, one query row at a time:
+// its scores over the visible keys in a row buffer, then the softmax-weighted sum of V. Dense only (the
+// checks refuse a sparse pattern with a window; SparseD's models have narrower heads).
+void attend_wide(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, int64_t ka, int64_t kb,
+                 int n_heads, int group, Tensor& out) {
+  TESSERA_CHECK(p.block_mask == nullptr, "attention: heads wider than 256 have no sparse kernel");
+  const int d = c.d;
+#pragma omp parallel
+  {
+    std::vector<float> sc(static_cast<size_t>(std::max<int64_t>(kb - ka, 1)));
+    std::vector<float> acc(static_cast<size_t>(d));
+#pragma omp for collapse(2) schedule(dynamic, 8)
+    for (int h = 0; h < n_heads; ++h) {
+      for (int64_t i = qa; i < qb; ++i) {
+        const float* qi = c.q + i * c.q_stride + static_cast<int64_t>(h) * d;
+        const int64_t hk = h / group;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = ka; j < kb; ++j) {
+          float& sj = sc[static_cast<size_t>(j - ka)];
+          if (p.mask != MaskKind::None && !visible(p.mask, p.block_size, p.q_pos[i], p.k_pos[j], p.window)) {
+            sj = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const float* kj = c.k + j * c.kv_stride + hk * d;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int t = 0; t < d; ++t) dot += qi[t] * kj[t];
+          sj = dot * c.scale;
+          mx = std::max(mx, sj);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float sum = 0.0f;
+        if (mx != -std::numeric_limits<float>::infinity()) {
+          for (int64_t j = ka; j < kb; ++j) {
+            const float e = std::exp(sc[static_cast<size_t>(j - ka)] - mx);
+            if (e == 0.0f) continue;
+            sum += e;
+            const float* vj = c.v + j * c.kv_stride + hk * d;
+#pragma omp simd
+            for (int t = 0; t < d; ++t) acc[static_cast<size_t>(t)] += e * vj[t];
+          }
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int64_t off = i * c.q_stride + static_cast<int64_t>(h) * d;
+        for (int t = 0; t < d; ++t) {
+          const float o = acc[static_cast<size_t>(t)] * inv;
+          if (out.dtype == DType::F32)
+            out.as<float>()[off + t] = o;
+          else
+            out.as<uint16_t>()[off + t] = f32_to_bf16(o);
+        }
+      }
+    }
+  }
+}
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p, bool bf16) {
   check_attention(q, k, v, out, n_heads, n_kv_heads, head_dim, p, Device::CPU);
   TESSERA_CHECK(!bf16 || bf16_attention_supported(), "attention: this CPU has no AVX-512 BF16");
   const AttendTileFn tile = bf16 ? attend_tile_bf16 : attend_tile;
-  static_assert(kMaxD >= 256, "the CPU kernel runs every head_dim check_attention accepts");
+  static_assert(kMaxD >= 256, "the tile kernels run head_dim up to 256; attend_wide the wider ones");
   const TileCtx c{
       q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
   for (int s = 0; s < p.n_seqs; ++s) {
-    const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], ka = p.cu_k[s], kb = p.cu_k[s + 1];
+    const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], kb = p.cu_k[s + 1];
+    int64_t ka = p.cu_k[s];
+    if (p.window > 0 && qb > qa) {  // keys before the window of the sequence's first query: none sees them
+      int32_t q0 = p.q_pos[qa];
+      for (int64_t i = qa; i < qb; ++i) q0 = std::min(q0, p.q_pos[i]);
+      const int64_t from = static_cast<int64_t>(q0) - (p.window - 1);
+      while (ka < kb && p.k_pos[ka] < from) ++ka;  // keys ascend by position
+    }
+    if (head_dim > kMaxD) {
+      attend_wide(c, p, qa, qb, ka, kb, n_heads, group, out);
+      continue;
+    }
     if (p.block_mask == nullptr) {
       // The bf16 kernel takes kBQ2 rows per tile where that still leaves four tiles per thread.
       const int64_t big = (qb - qa + kBQ2 - 1) / kBQ2;

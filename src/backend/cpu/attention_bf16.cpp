@@ -259,7 +259,7 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
       for (int j = 0; j < nk; ++j) {
         const int32_t kp = p.k_pos[rows[i0 + j]];
         for (int i = 0; i < nq; ++i)
-          if (!visible(p.mask, p.block_size, p.q_pos[qa + i], kp)) t.st[j * kQS + i] = kNegInf;
+          if (!visible(p.mask, p.block_size, p.q_pos[qa + i], kp, p.window)) t.st[j * kQS + i] = kNegInf;
       }
     }
     // Online softmax down the keys, 16 rows at a time, the probabilities of each key pair interleaved

@@ -18,12 +18,14 @@ constexpr int kMaxD = 256;
 // serves twice the rows (those gathers, rows a page apart, are what it waits for most).
 constexpr int kBQ2 = 2 * kBQ;
 
-inline bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
+// window (AttnParams::window) applies to causal masks here; a bidirectional window is a key range, which
+// the driver cuts (attention.cpp).
+inline bool visible(MaskKind mask, int block, int32_t qp, int32_t kp, int window = 0) {
   switch (mask) {
     case MaskKind::None:
       return true;
     case MaskKind::Causal:
-      return kp <= qp;
+      return kp <= qp && (window == 0 || qp - kp < window);
     case MaskKind::BlockCausal:
       return kp / block <= qp / block;
   }
@@ -69,6 +71,10 @@ inline TileMask tile_mask(const AttnParams& p, const KeyRows& rows, int64_t i0, 
   for (int j = 0; j < nk; ++j) {
     kmin = std::min(kmin, p.k_pos[rows[i0 + j]]);
     kmax = std::max(kmax, p.k_pos[rows[i0 + j]]);
+  }
+  if (p.mask == MaskKind::Causal && p.window > 0) {  // visible iff q - window < k <= q
+    if (kmin > qmax || kmax <= qmin - p.window) return TileMask::Skip;
+    return kmax <= qmin && kmin > qmax - p.window ? TileMask::Whole : TileMask::PerElement;
   }
   if (!visible(p.mask, p.block_size, qmax, kmin)) return TileMask::Skip;
   return visible(p.mask, p.block_size, qmin, kmax) ? TileMask::Whole : TileMask::PerElement;

@@ -78,6 +78,21 @@ class CpuBackend final : public Backend {
                Tensor& scratch, Tensor& out) override {
     cpu::moe_ffn(gemm_, x, ids, weights, e, scratch, out);
   }
+  void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate,
+                  Tensor& y) override {
+    cpu::rmsnorm_ex(x, w, group, eps, accumulate, y);
+  }
+  void geglu(const Tensor& g, const Tensor& u, Tensor& out) override { cpu::geglu(g, u, out); }
+  void scale(Tensor& x, float s) override { cpu::scale(x, s); }
+  void softcap(Tensor& x, float cap) override { cpu::softcap(x, cap); }
+  void canvas_sample(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok,
+                     Tensor& argmax, Tensor& entropy) override {
+    cpu::canvas_sample(logits, keys, p, tok, argmax, entropy);
+  }
+  void soft_embed(const Tensor& logits, const Tensor& table, float t, float s, Tensor& probs,
+                  Tensor& out) override {
+    cpu::soft_embed(gemm_, logits, table, t, s, probs, out);
+  }
 
  private:
   cpu::GemmEngine gemm_;

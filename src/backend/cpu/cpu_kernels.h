@@ -11,6 +11,16 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
 void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+// Uniform-noise diffusion (Backend: rmsnorm_ex, geglu, scale, softcap; canvas_sample and soft_embed are
+// in uniform_ops.cpp).
+void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y);
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out);
+void scale(Tensor& x, float s);
+void softcap(Tensor& x, float cap);
+void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
+                   Tensor& argmax, Tensor& entropy);
+void soft_embed(GemmEngine& gemm, const Tensor& logits, const Tensor& table, float temperature, float scale,
+                Tensor& probs, Tensor& out);
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst);

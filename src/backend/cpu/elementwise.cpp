@@ -99,6 +99,7 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p)
   const int64_t n = x.rows();
   const int64_t heads = x.cols() / head_dim;
   const int half = p.rotary_dim / 2;
+  const int offset = p.pair_offset > 0 ? p.pair_offset : half;  // proportional RoPE: (i, i + head_dim / 2)
   const bool neox = p.neox;
   float inv_freq[512];
   TESSERA_CHECK(half <= 512, "rope: head_dim too large");
@@ -118,7 +119,7 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p)
       float* v = xs + r * x.cols() + h * head_dim;
       for (int i = 0; i < half; ++i) {
         const int a = neox ? i : 2 * i;
-        const int b = neox ? i + half : 2 * i + 1;
+        const int b = neox ? i + offset : 2 * i + 1;
         const float x0 = v[a], x1 = v[b];
         v[a] = x0 * cs[i] - x1 * sn[i];
         v[b] = x1 * cs[i] + x0 * sn[i];
@@ -160,6 +161,77 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
     const float gv = bf16_to_f32(g[i]);
     o[i] = f32_to_bf16(tessera::round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
   }
+}
+
+void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y) {
+  check_rmsnorm_ex(x, w, group, accumulate, y);
+  const int64_t n = x.numel() / group;
+  const auto* xs = x.as<const float>();
+  const bool to_bf16 = y.dtype == DType::BF16;
+#pragma omp parallel for if (n > 16)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = xs + r * group;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < group; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+    for (int64_t i = 0; i < group; ++i) {
+      const float wi = w != nullptr ? load(w->data, w->dtype, i) : 1.0f;
+      if (to_bf16) {
+        y.as<uint16_t>()[r * group + i] = f32_to_bf16(tessera::round_bf16(xr[i] * inv) * wi);
+      } else if (accumulate) {
+        y.as<float>()[r * group + i] += xr[i] * inv * wi;
+      } else {
+        y.as<float>()[r * group + i] = xr[i] * inv * wi;
+      }
+    }
+  }
+}
+
+namespace {
+// gelu with the tanh approximation (PyTorch's gelu(approximate="tanh"), Hugging Face's gelu_pytorch_tanh).
+inline float gelu_tanh(float x) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x)));
+}
+}  // namespace
+
+// gelu_tanh(g) * u; bf16 as swiglu: the activation rounded to bf16 before the multiply (HF).
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_swiglu(gate, up, out);
+  const int64_t n = gate.numel();
+  if (gate.dtype == DType::F32) {
+    const float* g = gate.as<const float>();
+    const float* u = up.as<const float>();
+    float* o = out.as<float>();
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+    return;
+  }
+  const auto* g = gate.as<const uint16_t>();
+  const auto* u = up.as<const uint16_t>();
+  auto* o = out.as<uint16_t>();
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i)
+    o[i] = f32_to_bf16(tessera::round_bf16(gelu_tanh(bf16_to_f32(g[i]))) * bf16_to_f32(u[i]));
+}
+
+void scale(Tensor& x, float s) {
+  check_scale(x, "scale");
+  float* v = x.as<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n > (int64_t{1} << 18))
+  for (int64_t i = 0; i < n; ++i) v[i] *= s;
+}
+
+void softcap(Tensor& x, float cap) {
+  check_scale(x, "softcap");
+  TESSERA_CHECK(cap > 0.0f, "softcap: the cap must be positive");
+  float* v = x.as<float>();
+  const int64_t n = x.numel();
+  const float inv = 1.0f / cap;
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) v[i] = cap * std::tanh(v[i] * inv);
 }
 
 void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {

@@ -30,6 +30,7 @@ struct Key {
   int64_t m, n, k, lda, ldc;
   DType a, w, c;
   bool bias, acc;
+  bool nn = false;  // w stored [K, N] (gemm_nn) instead of [N, K]
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
@@ -41,7 +42,8 @@ struct KeyHash {
     mix(std::hash<int64_t>()(k.lda));
     mix(std::hash<int64_t>()(k.ldc));
     mix(static_cast<size_t>(k.a) | static_cast<size_t>(k.w) << 4 | static_cast<size_t>(k.c) << 8 |
-        static_cast<size_t>(k.bias) << 12 | static_cast<size_t>(k.acc) << 13);
+        static_cast<size_t>(k.bias) << 12 | static_cast<size_t>(k.acc) << 13 |
+        static_cast<size_t>(k.nn) << 14);
     return h;
   }
 };
@@ -69,7 +71,8 @@ struct GemmEngine::Impl {
     if (it != cache.end()) return it->second;
     using dims = dnnl::memory::dims;
     const dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a), dims{key.lda, 1});
-    const dnnl::memory::desc w_md(dims{key.k, key.n}, dnnl_type(key.w), dims{1, key.k});
+    const dnnl::memory::desc w_md(dims{key.k, key.n}, dnnl_type(key.w),
+                                  key.nn ? dims{key.n, 1} : dims{1, key.k});
     const dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c), dims{key.ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -141,6 +144,18 @@ void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tens
   }
   const Key key{m, n, k, k, n, a.dtype, w.dtype, c.dtype, bias != nullptr, accumulate};
   impl_->run(key, a.data, w.data, bias != nullptr ? bias->data : nullptr, c.data);
+}
+
+void GemmEngine::gemm_nn(const Tensor& a, const Tensor& b, Tensor& c) {
+  TESSERA_CHECK(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols(),
+                "gemm_nn: shapes do not match");
+  TESSERA_CHECK(a.dtype == b.dtype && !b.quantized() && c.dtype == DType::F32,
+                "gemm_nn: a and b of one plain dtype, c f32 expected");
+  const int64_t m = a.rows(), k = a.cols(), n = b.cols();
+  if (m == 0) return;
+  Key key{m, n, k, k, n, a.dtype, b.dtype, c.dtype, false, false};
+  key.nn = true;
+  impl_->run(key, a.data, b.data, nullptr, c.data);
 }
 
 int64_t GemmEngine::panel_rows(int64_t n, int64_t k, DType a) {

@@ -23,6 +23,9 @@ class GemmEngine {
   // c[i,:] = a[rows[i],:] * w^T. Rows are read by index in bounded tiles of kGatherTile rows that
   // are packed into a fixed per-engine tile buffer (cache-sized), never a copy of all selected rows.
   void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c);
+  // c[M,N] = a[M,K] * b[K,N] (b not transposed: an embedding table read as [V, H] by soft embeddings); a
+  // and b of one dtype, f32 or bf16, not quantized; c f32.
+  void gemm_nn(const Tensor& a, const Tensor& b, Tensor& c);
   static constexpr int64_t kGatherTile = 256;
   // Dequantized panels of 16 MiB: wide enough that oneDNN runs each at the rate of the whole GEMM
   // (4 MiB panels cost up to 60% more at 250 rows; one panel costs only the dequantization).

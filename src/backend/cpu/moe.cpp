@@ -99,6 +99,7 @@ void select_top_k(const float* s, const float* b, int E, const MoeRouteParams& p
   for (int j = 0; j < p.top_k; ++j) {
     if (p.norm_topk) w[j] /= sum + 1e-20f;
     w[j] *= p.scale;
+    if (p.expert_scale != nullptr) w[j] *= p.expert_scale[ids[j]];
   }
 }
 
@@ -311,7 +312,7 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
     for (const int16_t q : {e.quant[0], e.quant[1]}) gemm.prepare(t, I, H, e.dtype, e.dtype, q >= 0);
     gemm.prepare(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
   }
-  // gate and up per expert, then (after one swiglu over all pairs) down.
+  // gate and up per expert, then (after one swiglu, or geglu, over all pairs) down.
   const void* const* table = e.table;
   for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
     const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
@@ -324,7 +325,7 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
     gemm.gemm(a, wu, nullptr, u, false);
   });
   Tensor g_all(l.gate, e.dtype, {local_pairs, I}), u_all(l.up, e.dtype, {local_pairs, I});
-  if (local_pairs > 0) swiglu(g_all, u_all, g_all);
+  if (local_pairs > 0) (e.gelu ? geglu : swiglu)(g_all, u_all, g_all);
   for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
     const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
     Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});

@@ -283,7 +283,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
 }
 
 void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, cudaStream_t s) {
-  check_rope(x, positions, head_dim, p);
+  check_rope(x, positions, head_dim, p, Device::CUDA);
   const int64_t rows = x.rows(), heads = x.cols() / head_dim;
   const int half = p.rotary_dim / 2;
   TESSERA_CHECK(half <= 256, "rope: at most 512 rotated dims per head on CUDA");

@@ -306,6 +306,7 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s) {
   // One warp per row: 32 lanes of kMaxPerLane experts, top_k of at most 32, at most 64 groups.
   check_moe_route(logits, p, ids, weights, MoeRouteLimits{32 * kMaxPerLane, 32, 64});
+  TESSERA_CHECK(p.expert_scale == nullptr, "moe_route (cuda): per-expert scales run on the CPU backend only");
   const int64_t M = logits.rows();
   const int E = static_cast<int>(logits.cols());
   if (M == 0) return;
@@ -338,6 +339,7 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s) {
   check_moe_ffn(x, ids, weights, e, scratch, out);
+  TESSERA_CHECK(!e.gelu, "moe_ffn (cuda): gelu experts run on the CPU backend only");
   const int64_t M = x.rows();
   if (M == 0) return;
   const int k = static_cast<int>(ids.numel() / M);
