@@ -311,12 +311,14 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
   size_t peak_prefill = 0, peak_step = 0, peak_commit = 0;
   CanvasPrediction pred;
   std::vector<float> sc;
+  std::array<double, graph::kOpKinds> step_ops{};
   for (int rep = 0; rep < a.reps + 1; ++rep) {  // the first repetition warms up (plans, threads, pages)
     auto t0 = clock::now();
     prefill();
     if (rep > 0) t_prefill = std::min(t_prefill, secs(t0));
     peak_prefill = std::max(peak_prefill, e.last_step().planned_peak);
     sc.clear();
+    if (rep == a.reps) e.reset_op_seconds();  // --profile: the last repetition's canvas steps
     for (int s = 0; s < steps; ++s) {
       SampleParams sp;
       sp.temperature = 0.8f - 0.4f * static_cast<float>(s) / static_cast<float>(steps);
@@ -327,6 +329,7 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
       peak_step = std::max(peak_step, e.last_step().planned_peak);
       sc.swap(pred.soft);
     }
+    if (rep == a.reps && a.profile) step_ops = e.op_seconds();
     e.set_causal(true);
     t0 = clock::now();
     e.predict_cached(canvas, P, P + C, {}, SampleParams{}, {}, {});
@@ -371,6 +374,7 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
       human_bytes(static_cast<double>(e.kv_cache_bytes())).c_str(),
       human_bytes(static_cast<double>(m.peak)).c_str(), steps, steps * t_step + t_commit,
       100.0 * t_commit / (steps * t_step + t_commit));
+  if (a.profile) std::printf("canvas step by op: %s\n", format_op_seconds(step_ops, steps).c_str());
   return 0;
 }
 

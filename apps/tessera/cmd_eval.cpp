@@ -114,6 +114,13 @@ int run_eval(const EvalArgs& a) {
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
   auto exact = Engine::load(dir, eng);
+  if (exact->config().is_uniform())
+    fail(
+        "tessera eval measures masked infilling and the masked models' approximations against their exact "
+        "path; " +
+        dir +
+        " is a uniform-noise model (DiffusionGemma: no mask token, one decoding): use "
+        "tessera generate / bench, or eval-task's tasks with a masked model");
   const Tokenizer tok = load_model_tokenizer(dir);
   const auto seqs = eval::load_heldout(heldout, tok, a.seq_len, a.seqs);
   const int32_t uni = eval::unigram_token(seqs);

@@ -285,7 +285,9 @@ void Session::fit_layout(GenerateOptions& g, int gen_length, std::optional<int> 
       g.gen_length > 0 ? static_cast<double>(g.steps) / static_cast<double>(g.gen_length) : 1.0;
   const int base_block = g.block_length;
   g.gen_length = gen_length;
-  if (block_causal() || gen_length <= 0) {  // the attention block is the model's; validation names bad values
+  // The attention block is the model's (block-causal), or steps count per canvas (uniform noise): neither
+  // scales with the length; validation names bad values.
+  if (block_causal() || g.mode == DecodeMode::Uniform || gen_length <= 0) {
     if (block_length) g.block_length = *block_length;
     if (steps) g.steps = *steps;
     return;
