@@ -250,6 +250,8 @@ std::shared_ptr<const JsonGrammar> json_schema_grammar(const std::string& arg) {
 }  // namespace
 
 Session::Session(const SessionArgs& a) : tessera::Session(load_options(a)) {
+  if (a.think && a.raw)
+    fail("--think turns the chat template's thinking on; it does not apply to --raw prompts");
   if (a.think) set_thinking(true);
   GenerateOptions g = defaults(a.gen_length, a.block_length, a.steps, &notes_);
   if (a.threshold) g.threshold = *a.threshold;

@@ -353,13 +353,15 @@ int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t we
   }
   int64_t l_max = -1;
   if (budget > 0) {
-    l_max = memory::largest_fitting([&](int64_t L) {
-      const size_t held = weights + per_token * static_cast<size_t>(L);
-      if (held > budget) return false;
-      for (const Forward& f : fw)
-        if (memory::chunk_floor(*f.g, shape(f, L)) > budget - held) return false;
-      return true;
-    });
+    l_max = memory::largest_fitting(
+        [&](int64_t L) {
+          const size_t held = weights + per_token * static_cast<size_t>(L);
+          if (held > budget) return false;
+          for (const Forward& f : fw)
+            if (memory::chunk_floor(*f.g, shape(f, L)) > budget - held) return false;
+          return true;
+        },
+        c.max_positions);  // at most the model's context
   }
   json j = {{"model", name},           {"device", a.device},
             {"mode", a.mode},          {"block", block},

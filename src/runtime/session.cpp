@@ -218,6 +218,11 @@ void Session::measure_runtime() {
   w.gen_length = w.block_length = model_block_ > 0 ? model_block_ : 8;
   w.steps = 1;
   w.eos_ids = gen_.eos_ids;
+  if (engine_->config().is_uniform()) {  // one step of one canvas of the model's own length
+    w.mode = DecodeMode::Uniform;
+    w.gen_length = w.block_length = gen_.block_length;
+    w.uniform = gen_.uniform;
+  }
   const std::vector<int32_t> prompt = encode_raw(*tok_, "tessera", add_bos_ ? engine_->config().bos_id : -1);
   const size_t anon = process_memory().anon, budget = engine_->options().memory_budget;
   engine_->set_memory_budget(0);  // measured whatever the budget; a budget too small is the request's error

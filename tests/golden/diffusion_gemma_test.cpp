@@ -287,5 +287,32 @@ TEST(DiffusionGemma, LoopStopsEarlyAsReference) {
                       [](GenerateOptions& o) { o.uniform.confidence = 100; });
 }
 
+// The CLI: generate under a memory budget writes the same text (the session measures its runtime with one
+// canvas step); a chat prompt renders the built-in Gemma 4 template; what cannot combine is one line.
+TEST(DiffusionGemma, CliGeneratesUnderABudgetAndRefusesWhatDoesNotCombine) {
+  TESSERA_TINY_OR_SKIP(dir, "diffusion_gemma", kArgs);
+  const std::string gen = std::string(TESSERA_BINARY) + " generate -m " + dir.string() +
+                          " -p hello --raw --gen-length 16 --seed 5 --json";
+  std::string plain, budget, out;
+  ASSERT_EQ(test::run_command(gen + " 2>/dev/null", &plain), 0) << plain;
+  ASSERT_EQ(test::run_command(gen + " --memory-budget 40MiB 2>/dev/null", &budget), 0) << budget;
+  EXPECT_EQ(json::parse(plain)["tokens"], json::parse(budget)["tokens"]);
+  for (const auto& [flags, want] :
+       std::vector<std::pair<std::string, std::string>>{{"--cache dual", "use cache none"},
+                                                        {"--threshold 0.5", "set threshold 0"},
+                                                        {"--t-min 0.9", "t-min and t-max must satisfy"},
+                                                        {"--device cuda", "CPU backend only"},
+                                                        {"--think", "does not apply to --raw"}}) {
+    EXPECT_NE(test::run_command(gen + " " + flags + " 2>&1", &out), 0) << flags;
+    EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
+  }
+  // --think with a chat prompt: the built-in template has the switch.
+  ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + " generate -m " + dir.string() +
+                                  " -p hello --chat --think --gen-length 8 --json 2>/dev/null",
+                              &out),
+            0)
+      << out;
+}
+
 }  // namespace
 }  // namespace tessera
