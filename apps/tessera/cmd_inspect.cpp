@@ -116,7 +116,8 @@ void add_inspect(CLI::App& app, Registry& reg) {
     graph::Program p = graph::instantiate(g, s);
     memory::plan(g, p);
     std::printf("model        %s\n", a->dir.c_str());
-    const std::string mask = c.causal           ? ", causal"
+    const std::string mask = c.is_uniform()     ? ", uniform noise (causal encoder, bidirectional canvases)"
+                             : c.causal         ? ", causal"
                              : c.mask_block > 0 ? ", block-causal (blocks of --block-length, default " +
                                                       std::to_string(c.mask_block) + ")"
                                                 : ", bidirectional";
@@ -129,6 +130,18 @@ void add_inspect(CLI::App& app, Registry& reg) {
     if (c.qk_norm || c.rotary() != c.head_dim) {
       std::printf("attention    %sRoPE on %lld of %lld dims per head\n", c.qk_norm ? "qk-norm, " : "",
                   static_cast<long long>(c.rotary()), static_cast<long long>(c.head_dim));
+    }
+    if (c.is_uniform()) {
+      const ModelConfig::Uniform& u = c.uniform;
+      int64_t global = 0;
+      for (const uint8_t g : u.global_layer) global += g;
+      std::printf(
+          "layers kind  %lld sliding (window %lld), %lld global (kv %lld, head_dim %lld, RoPE on %lld dims)\n"
+          "canvas       %lld tokens, up to %d steps each, soft-cap %g\n",
+          static_cast<long long>(c.n_layers - global), static_cast<long long>(u.window),
+          static_cast<long long>(global), static_cast<long long>(u.global_kv_heads),
+          static_cast<long long>(u.global_head_dim), static_cast<long long>(u.global_rotary),
+          static_cast<long long>(u.canvas), u.steps, static_cast<double>(u.softcap));
     }
     std::printf("ffn          %lld\nvocab        %lld\ncontext      %lld\n",
                 static_cast<long long>(c.intermediate), static_cast<long long>(c.vocab),
