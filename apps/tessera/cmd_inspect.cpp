@@ -134,7 +134,7 @@ void add_inspect(CLI::App& app, Registry& reg) {
     if (c.is_uniform()) {
       const ModelConfig::Uniform& u = c.uniform;
       int64_t global = 0;
-      for (const uint8_t g : u.global_layer) global += g;
+      for (const uint8_t kind : u.global_layer) global += kind;
       std::printf(
           "layers kind  %lld sliding (window %lld), %lld global (kv %lld, head_dim %lld, RoPE on %lld dims)\n"
           "canvas       %lld tokens, up to %d steps each, soft-cap %g\n",
