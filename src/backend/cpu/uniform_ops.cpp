@@ -24,13 +24,23 @@ void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SamplePar
   for (int64_t r = 0; r < R; ++r) {
     const float* L = logits.as<const float>() + r * V;
     const auto key = static_cast<uint64_t>(static_cast<uint32_t>(keys[r]));
-    int64_t best = 0, drawn = 0;
-    double best_g = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < V; ++v) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
       if (L[v] > L[best]) best = v;
-      const double u = rng_uniform(p.seed, key, static_cast<uint64_t>(v));
-      const double g = static_cast<double>(L[v]) - T * std::log(-std::log(u));
-      if (g > best_g) {
+    // Gumbel-max, exactly, drawing only where a token can still win: -log(-log U) <= 37.5 for every U the
+    // RNG gives (U <= 1 - 2^-54), so v cannot beat the best so far once L[v] + 37.5 T <= it. The argmax is
+    // drawn first (a high bar early); ties go to the lower index as in a plain left-to-right scan.
+    auto gumbel = [&](int64_t v) {
+      return static_cast<double>(L[v]) -
+             T * std::log(-std::log(rng_uniform(p.seed, key, static_cast<uint64_t>(v))));
+    };
+    int64_t drawn = best;
+    double best_g = gumbel(best);
+    const double reach = 37.5 * T;
+    for (int64_t v = 0; v < V; ++v) {
+      if (static_cast<double>(L[v]) + reach < best_g) continue;
+      const double g = gumbel(v);
+      if (g > best_g || (g == best_g && v < drawn)) {
         best_g = g;
         drawn = v;
       }
