@@ -492,14 +492,9 @@ void Engine::denoise_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t
   TESSERA_CHECK(!causal_, "denoise_canvas: a causal forward is selected (set_causal(false) first)");
   TESSERA_CHECK(sp.temperature > 0.0f, "denoise_canvas: the temperature must be positive");
   const int64_t n = hi - lo, H = soft_width();
-  TESSERA_CHECK(sc.empty() || static_cast<int64_t>(sc.size()) == n * H,
-                "denoise_canvas: the soft embeddings must be [rows, hidden]");
   cached_range(lo, hi, static_cast<int64_t>(canvas.size()), req_rows_);
+  set_soft_input(sc, n, "denoise_canvas");
   const CachedSeq s{0, canvas, req_rows_, req_rows_};
-  if (sc.empty())
-    sc_.assign(static_cast<size_t>(n * H), 0.0f);
-  else
-    sc_.assign(sc.begin(), sc.end());
   const graph::Program& p = run_cached(OutputMode::Sample, std::span<const CachedSeq>(&s, 1), &sp);
   const GraphIo& ids = io(OutputMode::Sample, true);
   TESSERA_CHECK(ids.argmax >= 0 && ids.soft >= 0, "denoise_canvas: the model's graph has no canvas outputs");
@@ -517,16 +512,15 @@ void Engine::logits_canvas(std::span<const int32_t> canvas, int64_t lo, int64_t 
                            std::span<float> out) {
   TESSERA_CHECK(supports_uniform_canvas() && !causal_,
                 "logits_canvas: a uniform-noise model's decoder expected");
-  const int64_t H = soft_width();
-  TESSERA_CHECK(sc.empty() || static_cast<int64_t>(sc.size()) == (hi - lo) * H,
-                "logits_canvas: the soft embeddings must be [rows, hidden]");
-  std::vector<int32_t> pos(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)));
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(lo + static_cast<int64_t>(i));
-  if (sc.empty())
-    sc_.assign(pos.size() * static_cast<size_t>(H), 0.0f);
-  else
-    sc_.assign(sc.begin(), sc.end());
-  logits_cached(canvas, lo, hi, pos, out);
+  cached_range(lo, hi, static_cast<int64_t>(canvas.size()), req_rows_);
+  set_soft_input(sc, hi - lo, "logits_canvas");
+  logits_rows(canvas, req_rows_, req_rows_, out);
+}
+
+void Engine::set_soft_input(std::span<const float> sc, int64_t rows, const char* who) {
+  TESSERA_CHECK(sc.empty() || static_cast<int64_t>(sc.size()) == rows * soft_width(),
+                std::string(who) + ": the soft embeddings must be [rows, hidden]");
+  sc_.assign(sc.begin(), sc.end());  // empty: execute_step stages zeros (no self-conditioning)
 }
 
 void Engine::set_causal(bool causal) {

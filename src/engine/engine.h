@@ -277,6 +277,9 @@ class Engine final : public Denoiser, private KvPool::Budget {
   int32_t logit_row(int32_t pos) const {
     return causal_ || model_->config().logit_shift ? std::max(pos - 1, 0) : pos;
   }
+  // The next uniform-noise decoder step's self-conditioning input (sc_in): `sc` ([rows, hidden], or empty:
+  // none), checked; `who` names the caller in the error.
+  void set_soft_input(std::span<const float> sc, int64_t rows, const char* who);
   // Throws Error unless position pos of a canvas of n has a logit row (a causal forward predicts no
   // position 0: nothing precedes it).
   void check_position(int32_t pos, int64_t n) const;

@@ -69,6 +69,26 @@ void add_moe_ffn(graph::GraphTemplate& g, const LayerWeights& L, const GraphOpti
 
 }  // namespace
 
+void add_kv_cache(graph::GraphTemplate& g, const GraphOptions& o, int l, int64_t kv_width, int cache_rows,
+                  int kv_rows, int& keys, int& values) {
+  // The cache pool holds the canvases of every request with a cache (the Engine's slots), in the compute
+  // dtype: bf16 models hold half the bytes. cache_rows: the pool row of each computed row; kv_rows: the pool
+  // rows of the step's keys, sequence after sequence, gathered (bf16 -> f32 is exact) into a planned
+  // transient that attention reads like uncached keys.
+  const DType cdt = o.act == DType::BF16 ? DType::BF16 : DType::F32;
+  const int k = keys, v = values;
+  keys = g.add_state("k_cache", l, cdt, Sym::NKv, kv_width);
+  values = g.add_state("v_cache", l, cdt, Sym::NKv, kv_width);
+  g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {cache_rows}}, {{keys}});
+  g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {cache_rows}}, {{values}});
+  const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
+  const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
+  g.add_op(OpKind::GatherRows, "k_all", l, {{keys}, {kv_rows}}, {{k32}});
+  g.add_op(OpKind::GatherRows, "v_all", l, {{values}, {kv_rows}}, {{v32}});
+  keys = k32;
+  values = v32;
+}
+
 graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions& o, OutputMode mode) {
   graph::GraphTemplate g;
   const int64_t q_width = o.n_heads * o.head_dim, kv_width = o.n_kv_heads * o.head_dim;
@@ -136,23 +156,7 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope_q);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope_k);
     int keys = k, values = v;
-    if (o.kv_cache) {  // this step's rows go into the cache; attention reads the step's keys from it
-      // The cache pool holds the canvases of every request with a cache (the Engine's slots), in the
-      // compute dtype: bf16 models hold half the bytes. cache_rows: the pool row of each computed row;
-      // kv_rows: the pool rows of the step's keys, sequence after sequence, gathered (bf16 -> f32 is
-      // exact) into a planned transient that attention reads like uncached keys.
-      const DType cdt = o.act == DType::BF16 ? DType::BF16 : DType::F32;
-      keys = g.add_state("k_cache", l, cdt, Sym::NKv, kv_width);
-      values = g.add_state("v_cache", l, cdt, Sym::NKv, kv_width);
-      g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {cache_rows}}, {{keys}});
-      g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {cache_rows}}, {{values}});
-      const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
-      const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
-      g.add_op(OpKind::GatherRows, "k_all", l, {{keys}, {kv_rows}}, {{k32}});
-      g.add_op(OpKind::GatherRows, "v_all", l, {{values}, {kv_rows}}, {{v32}});
-      keys = k32;
-      values = v32;
-    }
+    if (o.kv_cache) add_kv_cache(g, o, l, kv_width, cache_rows, kv_rows, keys, values);
     const int att = g.add_tensor("attn_out", l, o.act, Sym::NQuery, q_width);
     std::vector<Ref> attn_outs{{att}};
     if (o.stage_kv_bf16) {  // bf16 copies of K and V, planned like any tensor; and q, which attention

@@ -124,19 +124,7 @@ graph::GraphTemplate build_diffusion_gemma_graph(const ModelConfig& c, const Den
     g.add_op(OpKind::Rope, "rope_q", l, {{q}, {q_pos}}, {{q}}, rope);
     g.add_op(OpKind::Rope, "rope_k", l, {{k}, {q_pos}}, {{k}}, rope);
     int keys = k, values = v;
-    if (o.kv_cache) {  // as blocks.cpp: this step's rows into the cache, the step's keys gathered from it
-      const DType cdt = o.act == DType::BF16 ? DType::BF16 : DType::F32;
-      keys = g.add_state("k_cache", l, cdt, Sym::NKv, kv_width);
-      values = g.add_state("v_cache", l, cdt, Sym::NKv, kv_width);
-      g.add_op(OpKind::ScatterRows, "k_cache", l, {{k}, {cache_rows}}, {{keys}});
-      g.add_op(OpKind::ScatterRows, "v_cache", l, {{v}, {cache_rows}}, {{values}});
-      const int k32 = g.add_tensor("k_all", l, DType::F32, Sym::NKv, kv_width);
-      const int v32 = g.add_tensor("v_all", l, DType::F32, Sym::NKv, kv_width);
-      g.add_op(OpKind::GatherRows, "k_all", l, {{keys}, {kv_rows}}, {{k32}});
-      g.add_op(OpKind::GatherRows, "v_all", l, {{values}, {kv_rows}}, {{v32}});
-      keys = k32;
-      values = v32;
-    }
+    if (o.kv_cache) add_kv_cache(g, o, l, kv_width, cache_rows, kv_rows, keys, values);
     OpParams attn;
     attn.n_heads = static_cast<int>(c.n_heads);
     attn.n_kv_heads = static_cast<int>(nkv);

@@ -190,6 +190,12 @@ class Model {
 
 // The shared dense-transformer graph (attention + SwiGLU FFN blocks, final norm, mask-only logits).
 graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions& o, OutputMode mode);
+// One layer's KV cache in a graph (GraphOptions::kv_cache): the step's rows `keys` / `values` (their K and
+// V) are scattered into the State tensors k_cache / v_cache at cache_rows, and the step's keys gathered
+// from them at kv_rows into f32 transients k_all / v_all, which keys / values then name (attention reads
+// them like uncached keys).
+void add_kv_cache(graph::GraphTemplate& g, const GraphOptions& o, int layer, int64_t kv_width, int cache_rows,
+                  int kv_rows, int& keys, int& values);
 // The graph of config c's family: its own builder where it has one (FamilyInfo::graph), else
 // build_dense_graph.
 graph::GraphTemplate build_model_graph(const ModelConfig& c, const DenseWeights& w, const GraphOptions& o,

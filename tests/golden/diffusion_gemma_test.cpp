@@ -181,12 +181,8 @@ TEST(DiffusionGemma, DecoderLogitsMatchReferenceOverTheCache) {
   }
 }
 
-// The loop: every forward's canvas, the stops and the tokens equal the reference's (its trace).
-void expect_loop_matches(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, int gen_length,
-                         uint64_t seed, const std::string& extra_ref,
-                         const std::function<void(GenerateOptions&)>& set) {
-  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  const ModelConfig& c = e->config();
+// The model's own sampler (generation_config.json) for gen_length tokens with `seed`.
+GenerateOptions uniform_options(const ModelConfig& c, int gen_length, uint64_t seed) {
   GenerateOptions o;
   o.mode = DecodeMode::Uniform;
   o.gen_length = gen_length;
@@ -196,6 +192,15 @@ void expect_loop_matches(const std::filesystem::path& dir, const std::vector<int
                               c.uniform.stability, c.uniform.confidence, c.pad_id};
   o.eos_ids = c.uniform.eos_ids;
   o.seed = seed;
+  return o;
+}
+
+// The loop: every forward's canvas, the stops and the tokens equal the reference's (its trace).
+void expect_loop_matches(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, int gen_length,
+                         uint64_t seed, const std::string& extra_ref,
+                         const std::function<void(GenerateOptions&)>& set) {
+  auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
+  GenerateOptions o = uniform_options(e->config(), gen_length, seed);
   if (set) set(o);
   std::vector<std::vector<int32_t>> canvases;
   const GenerateResult r = generate(*e, prompt, o, [&](const StepEvent& ev) {
@@ -248,12 +253,7 @@ TEST(DiffusionGemma, LoopEndsAtEosAsReference) {
   expect_loop_matches(dir, prompt, 16, 8, "--eos 0", [&](GenerateOptions& o) { o.eos_ids = {0}; });
   {
     auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-    GenerateOptions o;
-    o.mode = DecodeMode::Uniform;
-    o.gen_length = 16;
-    o.block_length = 8;
-    o.steps = 12;
-    o.seed = 8;
+    GenerateOptions o = uniform_options(e->config(), 16, 8);
     o.eos_ids = {0};
     free_run = generate(*e, prompt, o).tokens;
   }
@@ -262,12 +262,7 @@ TEST(DiffusionGemma, LoopEndsAtEosAsReference) {
   expect_loop_matches(dir, prompt, 16, 8, "--eos " + std::to_string(eos),
                       [&](GenerateOptions& o) { o.eos_ids = {eos}; });
   auto e = Engine::load(dir, EngineOptions{.precision = Precision::F32});
-  GenerateOptions o;
-  o.mode = DecodeMode::Uniform;
-  o.gen_length = 16;
-  o.block_length = 8;
-  o.steps = 12;
-  o.seed = 8;
+  GenerateOptions o = uniform_options(e->config(), 16, 8);
   o.eos_ids = {eos};
   const GenerateResult r = generate(*e, prompt, o);
   const auto first = std::find(free_run.begin(), free_run.end(), eos) - free_run.begin();

@@ -1,8 +1,6 @@
 """Checks of the DiffusionGemma reference (ref_diffusion_gemma.py) and of make_tiny_checkpoint.py --family
 diffusion_gemma. Run by selftest.py, which registers them (register) in its own order. Checkpoints are written
 in-process (make_tiny_checkpoint.main) to keep the run short."""
-import contextlib
-import io
 import json
 import math
 import os
@@ -11,6 +9,7 @@ import sys
 import numpy as np
 
 import make_tiny_checkpoint as mtc
+from selftest_nemotron import run_main  # one in-process runner for the selftests' CLIs
 import ref_diffusion_gemma as rd
 import safetensors_np
 
@@ -28,18 +27,6 @@ def register(check, close_fn, tmp):
                dg_rng_hand_values, dg_acceptance_rule, dg_sampling_law_and_entropy, dg_temperature_schedule,
                dg_loop_trace_replay, dg_loop_stop_conditions, dg_loop_eos, dg_cli):
         check(fn)
-
-
-def run_main(main, argv):
-    """Runs a script's main() in-process with argv; returns (exit code, stdout)."""
-    old, out = sys.argv, io.StringIO()
-    sys.argv = ["prog"] + argv
-    try:
-        with contextlib.redirect_stdout(out):
-            rc = main()
-    finally:
-        sys.argv = old
-    return rc or 0, out.getvalue()
 
 
 def made(name, *extra):

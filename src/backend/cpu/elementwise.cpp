@@ -26,6 +26,14 @@ inline float load(const void* p, DType t, int64_t i) {
   return 0.0f;
 }
 
+// 1 / sqrt(mean(x^2) + eps) of one group of x.
+inline float inv_rms(const float* x, int64_t group, float eps) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < group; ++i) ss += x[i] * x[i];
+  return 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+}
+
 }  // namespace
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out) {
@@ -74,10 +82,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
 #pragma omp parallel for if (n > 16)
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = xs + r * group;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < group; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+    const float inv = inv_rms(xr, group, eps);
     auto weight = [&](int64_t i) { return staged ? wf[i] : load(w.data, w.dtype, i); };
     if (to_bf16) {
       auto* yr = y.as<uint16_t>() + r * group;
@@ -171,10 +176,7 @@ void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool
 #pragma omp parallel for if (n > 16)
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = xs + r * group;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < group; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+    const float inv = inv_rms(xr, group, eps);
     for (int64_t i = 0; i < group; ++i) {
       const float wi = w != nullptr ? load(w->data, w->dtype, i) : 1.0f;
       if (to_bf16) {
