@@ -30,6 +30,8 @@
 #                                           # before / after at llada-8b beside torch_llada.py, step graphs on
 #                                           # dual-cache steps, quantized weights (q8_0 / q4_K) vs bf16
 #   bash bench/gpu_session.sh graphs        # cuda_tests, then step graphs on / off on dual-cache steps
+#   bash bench/gpu_session.sh uniform       # issue #29 (DiffusionGemma): its CUDA tests, tessera bench of the
+#                                           # mid geometry, every CUDA test, then the real 26B-A4B geometry
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
 # Every device stage first unpacks the pack into build-cuda/ (once per pack), finds cuBLASLt there,
 # checks that the binaries load and writes $OUT/env.txt (GPU, driver, what was packed). Each command
@@ -96,7 +98,7 @@ pack() {
   checksum "$PACK" >"$STAMP"  # here the build's own binaries are the packed ones
   # What the device receives: tracked and untracked-not-ignored files, plus the carried pack.
   local tree pack_bytes
-  tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}' || true)  # a deleted file is not sent
   pack_bytes=$(stat -c %s "$PACK")
   echo "pack: $PACK $((pack_bytes >> 20)) MiB; working tree $((tree >> 20)) MiB; limit 64 MiB"
   [ $((tree + pack_bytes)) -lt $LIMIT ] || die "the working tree and the pack exceed the device's 64 MiB"
@@ -442,5 +444,25 @@ print("step graphs: replays", r.get("step_graph_replays"), "nodes per replayed f
     done
     exit "$rc"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final" ;;
+  uniform)  # DiffusionGemma on the GPU: its own tests first, the benches of its forwards, every CUDA test
+    prepare
+    rc=0
+    echo "== cuda_tests, DiffusionGemma's (timeout 90s)"
+    timeout 90 "${LINEBUF[@]}" ./build-cuda/tests/cuda_tests --gtest_filter='*Uniform*:*DiffusionGemma*:*RmsNormEx*:*ttention*' \
+      >"$OUT/uniform_tests.log" 2>&1 || rc=$?
+    grep -E '^\[ +(OK|FAILED) +\]|Failure|Expected|Which is|relative|^\[==========\]' "$OUT/uniform_tests.log" | head -60
+    for geo in diffusiongemma-mid:90 diffusiongemma-26b-a4b:0; do
+      name=${geo%%:*} limit=${geo##*:}
+      # FULL_TESTS=0: the DiffusionGemma and attention tests only (a rerun after a kernel change of its own)
+      [ "$limit" -gt 0 ] || {
+        [ "${FULL_TESTS:-1}" = 0 ] || run_tests "${TESTS_TIMEOUT:-150}" || rc=$?
+        limit=${BIG_TIMEOUT:-200}
+      }
+      echo "== tessera bench --geometry $name --device cuda (timeout ${limit}s)"
+      timeout "$limit" "${LINEBUF[@]}" ./build-cuda/tessera bench --geometry "$name" --device cuda --prompt-len 512 \
+        --steps 3 --reps 2 --profile --json-out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" || rc=$?
+    done
+    exit "$rc"
+    ;;
+  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final | uniform" ;;
 esac

@@ -1,6 +1,7 @@
 #include "tiny_models.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,25 @@ CheckpointParams checkpoint_params(const std::filesystem::path& dir) {
     if (name.find(".mlp.experts.") != std::string::npos) p.routed_experts += t.numel();
   }
   return p;
+}
+
+std::vector<float> diffusion_gemma_reference_logits(const std::filesystem::path& model,
+                                                    const std::string& args, size_t n) {
+  const auto out = model / ("dgref_" + std::to_string(::getpid()) + ".bin");
+  const std::string cmd = python() + " " +
+                          (source_dir() / "tests/reference/ref_diffusion_gemma.py").string() +
+                          " logits --model " + model.string() + " " + args + " --out " + out.string();
+  std::string log;
+  if (run_command(cmd, &log) != 0) {
+    ADD_FAILURE() << cmd << "\n" << log;
+    return {};
+  }
+  std::vector<float> v(n);
+  std::ifstream f(out, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+  EXPECT_EQ(static_cast<size_t>(f.gcount()), n * 4);
+  std::filesystem::remove(out);
+  return v;
 }
 
 std::string join_ids(const std::vector<int32_t>& v) {

@@ -28,6 +28,11 @@ std::vector<float> reference_logits(const std::filesystem::path& model, const st
                                     const std::vector<int32_t>& rows, int64_t vocab,
                                     std::vector<float>* margins = nullptr,
                                     const std::string& extra_args = "");
+// DiffusionGemma's reference logits ([n / vocab, vocab] f32) from tests/reference/ref_diffusion_gemma.py
+// logits with `args` ("--mode enc --tokens ... --rows ..." or "--mode dec --prompt ... --canvas ..."); empty
+// after a test failure when the script fails.
+std::vector<float> diffusion_gemma_reference_logits(const std::filesystem::path& model,
+                                                    const std::string& args, size_t n);
 std::string join_ids(const std::vector<int32_t>& v);
 // A random canvas of n tokens in [0, vocab) with about mask_ratio of them replaced by `mask`.
 // n ordinary token ids of a vocabulary (below vocab - 8: no special token), from `seed`.

@@ -305,6 +305,7 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
     for (int64_t lo = 0; lo < P; lo += 512)
       e.predict_cached(std::span<const int32_t>(canvas).first(static_cast<size_t>(std::min(P, lo + 512))), lo,
                        std::min(P, lo + 512), {}, SampleParams{}, {}, {});
+    e.backend().synchronize();  // a GPU's queued work ends inside the timed span
     e.set_causal(false);
   };
   double t_prefill = 1e300, t_step = 1e300, t_commit = 1e300;
@@ -333,24 +334,27 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
     e.set_causal(true);
     t0 = clock::now();
     e.predict_cached(canvas, P, P + C, {}, SampleParams{}, {}, {});
+    e.backend().synchronize();
     if (rep > 0) t_commit = std::min(t_commit, secs(t0));
     peak_commit = std::max(peak_commit, e.last_step().planned_peak);
     e.set_causal(false);
   }
   const ProcessMemory m = process_memory();
-  const json j = {{"model", what},
-                  {"backend", e.backend().name()},
-                  {"prompt", P},
-                  {"canvas", C},
-                  {"prefill_seconds", t_prefill},
-                  {"canvas_step_seconds", t_step},
-                  {"commit_seconds", t_commit},
-                  {"prefill_activation_peak_bytes", peak_prefill},
-                  {"canvas_step_activation_peak_bytes", peak_step},
-                  {"commit_activation_peak_bytes", peak_commit},
-                  {"weight_bytes", e.model().weight_bytes()},
-                  {"kv_cache_bytes", e.kv_cache_bytes()},
-                  {"rss_peak_bytes", m.peak}};
+  const int64_t dev_total = e.backend().device_total_bytes(), dev_free = e.backend().device_free_bytes();
+  json j = {{"model", what},
+            {"backend", e.backend().name()},
+            {"prompt", P},
+            {"canvas", C},
+            {"prefill_seconds", t_prefill},
+            {"canvas_step_seconds", t_step},
+            {"commit_seconds", t_commit},
+            {"prefill_activation_peak_bytes", peak_prefill},
+            {"canvas_step_activation_peak_bytes", peak_step},
+            {"commit_activation_peak_bytes", peak_commit},
+            {"weight_bytes", e.model().weight_bytes()},
+            {"kv_cache_bytes", e.kv_cache_bytes()},
+            {"rss_peak_bytes", m.peak}};
+  if (dev_total >= 0 && dev_free >= 0) j["device_bytes_in_use"] = dev_total - dev_free;  // GPU memory
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
     if (!f || !(f << j.dump(2) << "\n")) fail("--json-out: cannot write " + a.json_out);
@@ -374,6 +378,10 @@ int bench_uniform(Engine& e, const BenchArgs& a, const std::vector<int32_t>& pro
       human_bytes(static_cast<double>(e.kv_cache_bytes())).c_str(),
       human_bytes(static_cast<double>(m.peak)).c_str(), steps, steps * t_step + t_commit,
       100.0 * t_commit / (steps * t_step + t_commit));
+  if (dev_total >= 0 && dev_free >= 0)
+    std::printf("GPU memory in use: %s of %s\n",
+                human_bytes(static_cast<double>(dev_total - dev_free)).c_str(),
+                human_bytes(static_cast<double>(dev_total)).c_str());
   if (a.profile) std::printf("canvas step by op: %s\n", format_op_seconds(step_ops, steps).c_str());
   return 0;
 }

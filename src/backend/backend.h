@@ -55,7 +55,7 @@ struct AttnParams {
   // f32: BF16 where the graph computes in bf16 (the executor passes the output's dtype), F32 for f32
   // arithmetic throughout. The CPU backend's bf16 kernel (CpuAttention) runs only under BF16.
   DType operands = DType::F32;
-  // Sliding-window attention (Gemma 4's sliding layers; CPU only), 0 = none. Causal: a query at position
+  // Sliding-window attention (Gemma 4's sliding layers), 0 = none. Causal: a query at position
   // q sees keys k with q - window < k <= q. Bidirectional (mask None): every query of a sequence sees the
   // keys at or after q0 - (window - 1), q0 the position of the sequence's first query row (a canvas over
   // a cache sees the last window - 1 cached positions, identically for each of its rows: Hugging Face's
@@ -152,7 +152,7 @@ struct MoeExperts {
   // instead of adding it (a rank other than 0, whose partial sum the all-reduce adds to rank 0's x).
   int local_lo = 0, local_hi = 0;
   bool overwrite = false;
-  bool gelu = false;  // gelu_tanh(gate) * up (Gemma 4's experts; CPU only) instead of silu(gate) * up
+  bool gelu = false;  // gelu_tanh(gate) * up (Gemma 4's experts) instead of silu(gate) * up
   bool partitioned() const { return local_hi > 0 || overwrite; }
   bool local(int id) const { return local_hi == 0 || (id >= local_lo && id < local_hi); }
 };
@@ -253,7 +253,7 @@ struct RopeParams {
   // multiplied by 1 + pos_beta * ln(1 + floor(p / pos_orig)) (1 below pos_orig).
   float pos_beta = 0.0f;
   int pos_orig = 0;
-  // Proportional RoPE (Gemma 4's global layers; CPU only): pair i is (i, i + pair_offset) instead of
+  // Proportional RoPE (Gemma 4's global layers): pair i is (i, i + pair_offset) instead of
   // (i, i + rotary_dim / 2), and its frequency theta^(-2i / freq_dim) instead of theta^(-2i / rotary_dim);
   // 0 = the default. A 512-wide head with 64 rotated pairs: rotary_dim 128, pair_offset 256, freq_dim 512.
   int pair_offset = 0, freq_dim = 0;
@@ -379,8 +379,8 @@ class Backend {
   // f32 or bf16, dst f32, or equal dtypes: a copy). rows (i32) must lie in [0, src.rows()).
   virtual void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
 
-  // --- uniform-noise diffusion (DiffusionGemma, Gemma 4 blocks); the CPU backend implements them, others
-  // refuse with one line ------------------------------------------------------------------------------
+  // --- uniform-noise diffusion (DiffusionGemma, Gemma 4 blocks); the CPU and CUDA backends implement them,
+  // others refuse with one line --------------------------------------------------------------------
   // y (= | +=) rmsnorm(x) * w over groups of `group` columns, w [group] any float dtype or nullptr (no
   // scale); x f32; y f32 (accumulate: y += ..., y f32, not aliasing x) or bf16 (rounded as rmsnorm). y
   // may alias x (f32, not accumulating).
@@ -452,7 +452,7 @@ class Backend {
  protected:
   [[noreturn]] void unsupported(const char* op) const {
     fail(std::string(op) + ": not supported on the " + name() +
-         " backend (DiffusionGemma's ops run on the CPU backend only)");
+         " backend (DiffusionGemma's ops run on the CPU and CUDA backends)");
   }
 };
 

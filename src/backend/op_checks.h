@@ -15,9 +15,7 @@ void check_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& y);
 void check_gemm(const Tensor& a, const Tensor& w, const Tensor* bias, const Tensor& c, bool accumulate,
                 Device dev);
 void check_gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, const Tensor& c, Device dev);
-// dev: proportional RoPE (RopeParams::pair_offset / freq_dim) runs on the CPU only.
-void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p,
-                Device dev = Device::CPU);
+void check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int n_heads,
                      int n_kv_heads, int head_dim, const AttnParams& p, Device dev);
 void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,

@@ -82,19 +82,8 @@ void Engine::shard() {
   model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
 }
 
-namespace {
-// Uniform-noise models run on the CPU backend only: refused before any weight is read.
-void check_uniform_device(const ModelConfig& c, const EngineOptions& opt) {
-  if (c.is_uniform() && opt.device != "cpu")
-    fail(
-        "DiffusionGemma runs on the CPU backend only for now (its sliding-window attention, proportional "
-        "RoPE, 512-wide heads, gelu experts and soft embeddings have no CUDA kernels yet); use --device cpu");
-}
-}  // namespace
-
 std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act,
                                           int16_t quant) {
-  check_uniform_device(c, opt);
   auto e = make(opt);
   e->model_ = Model::synthetic(c, *e->backend_, act, 1, quant);
   e->shard();
@@ -103,7 +92,6 @@ std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOpti
 }
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
-  if (!is_gguf_file(dir)) check_uniform_device(load_config(dir), opt);
   auto e = make(opt);
   e->model_ = Model::load(dir, *e->backend_, opt.precision, opt.dequantize);
   if (e->model_->config().mask_id < 0 && !e->model_->config().is_uniform()) {  // uniform noise: no mask

@@ -6,8 +6,9 @@
 // Tensor-core kernel (head_dim 32 / 64 / 128, bf16 output): k and v are first rounded to bf16 into
 // the planned scratch (AttnParams::kv_scratch); 128 query rows (8 warps x 16) per block stream 64-key
 // tiles through a two-stage cp.async buffer; S = QK^T and O = PV run on mma.sync m16n8k16 with f32
-// accumulators (q and P rounded to bf16). Other head dims, f32 outputs (f32 precision) or no scratch
-// take the SIMT kernel (f32 math), which is also the in-backend reference.
+// accumulators (q and P rounded to bf16). Heads of 256 and 512 and sliding windows (Gemma 4) take a tiled
+// f32 kernel (32 query rows share each chunk of keys); other head dims, f32 outputs (f32 precision) or no
+// scratch take the SIMT kernel (f32 math, a block per query row), which is also the in-backend reference.
 #include <cfloat>
 #include <climits>
 
@@ -43,6 +44,7 @@ struct AttnArgs {
   int64_t n_qb, n_kb;
   const __nv_bfloat16* k16;  // bf16 copies of k and v (tensor-core kernel)
   const __nv_bfloat16* v16;
+  int window;  // AttnParams::window (SIMT kernel only)
 };
 
 __device__ __forceinline__ bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
@@ -72,11 +74,16 @@ __device__ bool find_tile(const int32_t* cu, int n_seqs, int64_t slot, int tile,
 }
 
 // ---------------------------------------------------------------------------------------------
-// SIMT kernel: one block of 128 threads per (query row, head); keys in chunks of 128.
+// SIMT kernel: one block of 128 threads per (query row, head); keys in chunks of 128; head_dim up to 512
+// (each thread accumulates output dims t, t + 128, t + 256, t + 384). Sliding window (AttnParams::window
+// > 0): keys before q0 - (window - 1), q0 the sequence's first (lowest) query position, are seen by no
+// row; causal rows also drop keys at or beyond `window` positions back (the CPU kernel's semantics).
+constexpr int kSimtMaxD = 512;
 __global__ void __launch_bounds__(128) attn_simt_kernel(const AttnArgs a, int d) {
-  __shared__ float sq[256];
+  __shared__ float sq[kSimtMaxD];
   __shared__ float sp[128];
   __shared__ float red[4];
+  __shared__ int32_t red_pos[4];
   const int64_t i = blockIdx.x;
   const int h = blockIdx.y;
   const int hk = h / a.group;
@@ -84,18 +91,33 @@ __global__ void __launch_bounds__(128) attn_simt_kernel(const AttnArgs a, int d)
   while (s + 1 < a.n_seqs && i >= a.cu_q[s + 1]) ++s;
   const int64_t ka = a.cu_k[s], kb = a.cu_k[s + 1];
   const int32_t qp = a.q_pos[i];
+  int64_t from = INT64_MIN;  // the window's first visible key position
+  if (a.window > 0) {
+    int32_t q0 = INT_MAX;
+    for (int64_t r = a.cu_q[s] + threadIdx.x; r < a.cu_q[s + 1]; r += 128) q0 = min(q0, a.q_pos[r]);
+    for (int o = 16; o > 0; o >>= 1) q0 = min(q0, __shfl_xor_sync(0xffffffffu, q0, o));
+    if ((threadIdx.x & 31) == 0) red_pos[threadIdx.x >> 5] = q0;
+    __syncthreads();
+    q0 = min(min(red_pos[0], red_pos[1]), min(red_pos[2], red_pos[3]));
+    from = static_cast<int64_t>(q0) - (a.window - 1);
+  }
   for (int t = threadIdx.x; t < d; t += 128) sq[t] = a.q[i * a.q_stride + h * d + t];
   __syncthreads();
-  float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
-  const int d0 = threadIdx.x, d1 = threadIdx.x + 128;
+  float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t k0 = ka; k0 < kb; k0 += 128) {
     const int64_t j = k0 + threadIdx.x;
     float sc = -INFINITY;
-    if (j < kb && visible(a.mask, a.block_size, qp, a.k_pos[j]) && sparse_keep(a, h, i - a.cu_q[s], j - ka)) {
-      const float* kr = a.k + j * a.kv_stride + hk * d;
-      float dot = 0.0f;
-      for (int t = 0; t < d; ++t) dot = fmaf(sq[t], kr[t], dot);
-      sc = dot * a.scale;
+    if (j < kb) {
+      const int32_t kp = a.k_pos[j];
+      bool vis = visible(a.mask, a.block_size, qp, kp) && sparse_keep(a, h, i - a.cu_q[s], j - ka);
+      if (a.window > 0)
+        vis = vis && kp >= from && (a.mask != MaskKind::Causal || static_cast<int64_t>(qp) - kp < a.window);
+      if (vis) {
+        const float* kr = a.k + j * a.kv_stride + hk * d;
+        float dot = 0.0f;
+        for (int t = 0; t < d; ++t) dot = fmaf(sq[t], kr[t], dot);
+        sc = dot * a.scale;
+      }
     }
     float cmax = warp_max(sc);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = cmax;
@@ -113,29 +135,193 @@ __global__ void __launch_bounds__(128) attn_simt_kernel(const AttnArgs a, int d)
     psum = red[0] + red[1] + red[2] + red[3];
     l = l * alpha + psum;
     m = mnew;
-    acc0 *= alpha;
-    acc1 *= alpha;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] *= alpha;
     const int64_t nk = kb - k0 < 128 ? kb - k0 : 128;
     for (int jj = 0; jj < nk; ++jj) {
       const float pj = sp[jj];
       if (pj == 0.0f) continue;
       const float* vr = a.v + (k0 + jj) * a.kv_stride + hk * d;
-      if (d0 < d) acc0 = fmaf(pj, vr[d0], acc0);
-      if (d1 < d) acc1 = fmaf(pj, vr[d1], acc1);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int dc = threadIdx.x + 128 * c;
+        if (dc < d) acc[c] = fmaf(pj, vr[dc], acc[c]);
+      }
     }
     __syncthreads();
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   const int64_t o = i * a.q_stride + h * d;
-  if (a.out_bf16) {
-    auto* out = static_cast<__nv_bfloat16*>(a.out);
-    if (d0 < d) out[o + d0] = float_to_bf16(acc0 * inv);
-    if (d1 < d) out[o + d1] = float_to_bf16(acc1 * inv);
-  } else {
-    auto* out = static_cast<float*>(a.out);
-    if (d0 < d) out[o + d0] = acc0 * inv;
-    if (d1 < d) out[o + d1] = acc1 * inv;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int dc = threadIdx.x + 128 * c;
+    if (dc >= d) continue;
+    if (a.out_bf16)
+      static_cast<__nv_bfloat16*>(a.out)[o + dc] = float_to_bf16(acc[c] * inv);
+    else
+      static_cast<float*>(a.out)[o + dc] = acc[c] * inv;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled f32 kernel for wide heads and sliding windows (Gemma 4: heads of 256 and 512, windows of 1024),
+// where neither cuDNN nor the tensor-core kernel applies. A block of 8 warps owns 32 query rows of one
+// sequence and one head: warp w the rows 4w .. 4w + 3. Q of the tile stays in shared memory; K and V
+// stream through it in chunks of 32 keys (K padded to D + 1 floats a row: lane j reads key j's column t
+// without bank conflicts), so every key is read once per 32 rows instead of once per row. Scores: lane j
+// computes key j against the warp's 4 rows; online softmax per row in the warp's lanes; P V: lane c owns
+// output columns c, c + 32, ... of the 4 rows. Masks (causal, block-causal, the window) as the SIMT kernel;
+// no block-sparse pattern (SparseD takes the SIMT kernel).
+constexpr int kWideBQ = 32, kWideBK = 32, kWideThreads = 256, kWideRows = kWideBQ / (kWideThreads / 32);
+
+template <int D>
+constexpr size_t wide_smem_bytes() {
+  return sizeof(float) * (static_cast<size_t>(kWideBQ) * D + static_cast<size_t>(kWideBK) * (D + 1) +
+                          static_cast<size_t>(kWideBK) * D) +
+         sizeof(int32_t) * kWideBK;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWideThreads) attn_wide_kernel(const AttnArgs a) {
+  extern __shared__ float smem[];
+  float* qs = smem;                                          // [kWideBQ][D]
+  float* ks = qs + kWideBQ * D;                              // [kWideBK][D + 1]
+  float* vs = ks + kWideBK * (D + 1);                        // [kWideBK][D]
+  auto* kps = reinterpret_cast<int32_t*>(vs + kWideBK * D);  // [kWideBK] key positions
+  __shared__ int32_t red_pos[kWideThreads / 32];
+  int seq = 0;
+  int64_t row0 = 0;
+  if (!find_tile(a.cu_q, a.n_seqs, blockIdx.x, kWideBQ, seq, row0)) return;
+  const int h = blockIdx.y, hk = h / a.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t q_end = a.cu_q[seq + 1], ka = a.cu_k[seq], kb = a.cu_k[seq + 1];
+  const int n_rows = static_cast<int>(q_end - row0 < kWideBQ ? q_end - row0 : kWideBQ);
+  int64_t from = INT64_MIN;  // the window's first visible key position
+  if (a.window > 0) {
+    int32_t q0 = INT_MAX;
+    for (int64_t r = a.cu_q[seq] + threadIdx.x; r < q_end; r += kWideThreads) q0 = min(q0, a.q_pos[r]);
+    for (int o = 16; o > 0; o >>= 1) q0 = min(q0, __shfl_xor_sync(0xffffffffu, q0, o));
+    if (lane == 0) red_pos[warp] = q0;
+    __syncthreads();
+    q0 = red_pos[0];
+    for (int w = 1; w < kWideThreads / 32; ++w) q0 = min(q0, red_pos[w]);
+    from = static_cast<int64_t>(q0) - (a.window - 1);
+  }
+  for (int e = threadIdx.x; e < kWideBQ * D; e += kWideThreads) {
+    const int r = e / D, c = e % D;
+    qs[e] = r < n_rows ? a.q[(row0 + r) * a.q_stride + static_cast<int64_t>(h) * D + c] : 0.0f;
+  }
+  int32_t qp[kWideRows];
+  bool live[kWideRows];
+  float m[kWideRows], l[kWideRows], acc[kWideRows][D / 32];
+#pragma unroll
+  for (int i = 0; i < kWideRows; ++i) {
+    const int r = warp * kWideRows + i;
+    live[i] = r < n_rows;
+    qp[i] = live[i] ? a.q_pos[row0 + r] : 0;
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) acc[i][c] = 0.0f;
+  }
+  for (int64_t k0 = ka; k0 < kb; k0 += kWideBK) {
+    const int nk = static_cast<int>(kb - k0 < kWideBK ? kb - k0 : kWideBK);
+    __syncthreads();  // the previous chunk's readers are done (and qs is written before the first)
+    for (int e = threadIdx.x; e < kWideBK * D; e += kWideThreads) {
+      const int j = e / D, c = e % D;
+      float kv = 0.0f, vv = 0.0f;
+      if (j < nk) {
+        const int64_t off = (k0 + j) * a.kv_stride + static_cast<int64_t>(hk) * D + c;
+        kv = a.k[off];
+        vv = a.v[off];
+      }
+      ks[j * (D + 1) + c] = kv;
+      vs[j * D + c] = vv;
+    }
+    if (threadIdx.x < kWideBK) kps[threadIdx.x] = threadIdx.x < nk ? a.k_pos[k0 + threadIdx.x] : 0;
+    __syncthreads();
+    // Lane = key: its visibility for each of the warp's rows.
+    const int32_t kp = kps[lane];
+    bool vis[kWideRows];
+    bool any = false;
+#pragma unroll
+    for (int i = 0; i < kWideRows; ++i) {
+      bool v = live[i] && lane < nk && visible(a.mask, a.block_size, qp[i], kp);
+      if (a.window > 0)
+        v = v && kp >= from && (a.mask != MaskKind::Causal || static_cast<int64_t>(qp[i]) - kp < a.window);
+      vis[i] = v;
+      any = any || v;
+    }
+    if (!__any_sync(0xffffffffu, any)) continue;  // nothing of this chunk is seen by the warp's rows
+    float sc[kWideRows];
+#pragma unroll
+    for (int i = 0; i < kWideRows; ++i) sc[i] = 0.0f;
+    const float* kr = ks + lane * (D + 1);
+    const float* q0 = qs + warp * kWideRows * D;
+#pragma unroll 8
+    for (int t = 0; t < D; ++t) {
+      const float kt = kr[t];
+#pragma unroll
+      for (int i = 0; i < kWideRows; ++i) sc[i] = fmaf(q0[i * D + t], kt, sc[i]);
+    }
+    float p[kWideRows];
+#pragma unroll
+    for (int i = 0; i < kWideRows; ++i) {
+      const float si = vis[i] ? sc[i] * a.scale : -INFINITY;
+      const float cmax = warp_max(si);
+      if (cmax == -INFINITY) {  // the whole chunk is masked for this row
+        p[i] = 0.0f;
+        continue;
+      }
+      const float mnew = fmaxf(m[i], cmax);
+      const float alpha = m[i] == -INFINITY ? 0.0f : expf(m[i] - mnew);
+      p[i] = si == -INFINITY ? 0.0f : expf(si - mnew);
+      l[i] = l[i] * alpha + warp_sum(p[i]);
+      m[i] = mnew;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) acc[i][c] *= alpha;
+    }
+    for (int j = 0; j < nk; ++j) {
+      float pj[kWideRows];
+#pragma unroll
+      for (int i = 0; i < kWideRows; ++i) pj[i] = __shfl_sync(0xffffffffu, p[i], j);
+      const float* vr = vs + j * D + lane;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const float vv = vr[32 * c];
+#pragma unroll
+        for (int i = 0; i < kWideRows; ++i) acc[i][c] = fmaf(pj[i], vv, acc[i][c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kWideRows; ++i) {
+    if (!live[i]) continue;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const int64_t o = (row0 + warp * kWideRows + i) * a.q_stride + static_cast<int64_t>(h) * D + lane;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      if (a.out_bf16)
+        static_cast<__nv_bfloat16*>(a.out)[o + 32 * c] = float_to_bf16(acc[i][c] * inv);
+      else
+        static_cast<float*>(a.out)[o + 32 * c] = acc[i][c] * inv;
+    }
+  }
+}
+
+template <int D>
+void launch_wide(const AttnArgs& a, int64_t n_query, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    check(cudaFuncSetAttribute(attn_wide_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(wide_smem_bytes<D>())),
+          "attention (wide): shared memory limit");
+    attr = true;
+  }
+  const auto slots = static_cast<unsigned>(ceil_div(n_query, kWideBQ) + a.n_seqs);
+  attn_wide_kernel<D>
+      <<<dim3(slots, static_cast<unsigned>(a.n_heads)), kWideThreads, wide_smem_bytes<D>(), s>>>(a);
+  check_launch("attention (wide)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -420,6 +606,7 @@ AttnArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
   a.sparse_block = p.sparse_block > 0 ? p.sparse_block : 1;
   a.n_qb = ceil_div(q.rows(), a.sparse_block);
   a.n_kb = ceil_div(k.rows(), a.sparse_block);
+  a.window = p.window;
   return a;
 }
 
@@ -438,9 +625,26 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
                int head_dim, const AttnParams& p, cudaStream_t s) {
   AttnArgs a = make_args(q, k, v, out, n_heads, n_kv_heads, head_dim, p);
   if (q.rows() == 0) return;
+  // Heads wider than the tensor-core kernel's, and sliding windows: the tiled f32 kernel.
+  if ((head_dim > 128 || p.window > 0) && p.block_mask == nullptr) {
+    switch (head_dim) {
+      case 32:
+        return launch_wide<32>(a, q.rows(), s);
+      case 64:
+        return launch_wide<64>(a, q.rows(), s);
+      case 128:
+        return launch_wide<128>(a, q.rows(), s);
+      case 256:
+        return launch_wide<256>(a, q.rows(), s);
+      case 512:
+        return launch_wide<512>(a, q.rows(), s);
+      default:
+        break;  // other widths: the SIMT kernel
+    }
+  }
   const bool tc_dim = head_dim == 32 || head_dim == 64 || head_dim == 128;
   // f32 outputs (f32 precision), other head dims, or no bf16 staging scratch: f32 SIMT kernel.
-  if (out.dtype != DType::BF16 || !tc_dim || p.kv_scratch == nullptr || k.numel() % 4 != 0) {
+  if (out.dtype != DType::BF16 || !tc_dim || p.kv_scratch == nullptr || k.numel() % 4 != 0 || p.window > 0) {
     attention_simt(q, k, v, out, n_heads, n_kv_heads, head_dim, p, s);
     return;
   }

@@ -192,9 +192,30 @@ class CudaBackend final : public Backend {
                Tensor& scratch, Tensor& out) override {
     TESSERA_CHECK(e.quant[0] < 0 && e.quant[1] < 0 && e.quant[2] < 0,
                   "moe_ffn (cuda): quantized experts are dequantized at load on CUDA");
-    TESSERA_CHECK(!e.partitioned(),
+    TESSERA_CHECK(e.local_hi == 0,
                   "moe_ffn (cuda): expert parallelism runs on the CPU backend (MPI) for now");
     cuda::moe_ffn(x, ids, weights, e, scratch, out, stream_);
+  }
+  void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool acc, Tensor& y) override {
+    cuda::rmsnorm_ex(x, w, group, eps, acc, y, stream_);
+  }
+  void geglu(const Tensor& g, const Tensor& u, Tensor& out) override { cuda::geglu(g, u, out, stream_); }
+  void scale(Tensor& x, float f) override { cuda::scale(x, f, false, stream_); }
+  void softcap(Tensor& x, float cap) override { cuda::scale(x, cap, true, stream_); }
+  void canvas_sample(const Tensor& logits, const Tensor& keys, const SampleParams& p, Tensor& tok, Tensor& am,
+                     Tensor& ent) override {
+    cuda::canvas_sample(logits, keys, p, tok, am, ent, stream_);
+  }
+  // softmax(L / T) into probs (the table's dtype), then out = scale * probs * table on cuBLASLt.
+  void soft_embed(const Tensor& logits, const Tensor& table, float temperature, float scale, Tensor& probs,
+                  Tensor& out) override {
+    check_soft_embed(logits, table, temperature, probs, out);
+    const int64_t R = logits.rows(), V = logits.cols(), H = table.cols();
+    if (R == 0) return;
+    Tensor pr(probs.data, probs.dtype, {R, V}, Device::CUDA);
+    cuda::softmax_rows(logits, temperature, pr, stream_);
+    lt_matmul(R, H, V, pr.data, pr.dtype, table.data, table.dtype, out.data, DType::F32, nullptr, false, 0,
+              true, scale);
   }
   int64_t device_free_bytes() const override {
     size_t free = 0, total = 0;
@@ -250,15 +271,17 @@ class CudaBackend final : public Backend {
   // The mask-only logits gather their rows of the hidden state into this bf16 tile, then cuBLASLt
   // multiplies the tile by the LM head: 8 MiB (1024 rows of 4096), a fixed bound like the CPU's tile.
   static constexpr size_t kGatherTile = size_t{8} << 20;
-  // m, n, k, the a / w / c dtypes, bias, accumulate, then c's leading dimension and the operands' common
-  // alignment in bytes (<= 256; cuBLASLt assumes 256 unless told).
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, int64_t, int>;
+  // m, n, k, the a / w / c dtypes, bias, accumulate, then c's leading dimension, the operands' common
+  // alignment in bytes (<= 256; cuBLASLt assumes 256 unless told) and whether w is [K, N] (not transposed).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, int64_t, int, bool>;
   const LtPlan& plan(const Key& key);
   // c[M, N] (=|+=) a[M, K] * w[N, K]^T (+ bias) through cuBLASLt; all pointers device memory, rows
   // contiguous (leading dimensions K, K and N; ldc > 0: c's rows are ldc elements apart, c a column
   // block of a wider matrix).
+  // w_kn: w is [K, N] row-major (c = alpha * a * w, soft_embed's probabilities times the embedding).
   void lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DType at, const void* w, DType wt, void* c,
-                 DType ct, const void* bias, bool acc, int64_t ldc = 0);
+                 DType ct, const void* bias, bool acc, int64_t ldc = 0, bool w_kn = false,
+                 float alpha = 1.0f);
   // c[i, j] (=|+=) a[i, :] . w[j, :] (+ bias[j]) for i < m, j < N = w.rows(), with w quantized
   // (cuda_keeps_quantized) and a [m, K] contiguous of w.dtype (the compute dtype, bf16 or f32); c's rows
   // are ldc elements apart (ldc >= N; c_dtype f32 or bf16; acc needs f32); bias f32 [N] or nullptr. The
@@ -292,10 +315,10 @@ class CudaBackend final : public Backend {
 const LtPlan& CudaBackend::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [m, n, k, at, wt, ct, bias, acc, ldc, align] = key;
+  const auto [m, n, k, at, wt, ct, bias, acc, ldc, align, w_kn] = key;
   LtPlan p;
   check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasOperation_t ta = w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
   if (bias) {
@@ -306,8 +329,11 @@ const LtPlan& CudaBackend::plan(const Key& key) {
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)),
              "bias dtype");
   }
-  check_lt(cublasLtMatrixLayoutCreate(&p.a, cuda_type(static_cast<DType>(wt)), static_cast<uint64_t>(k),
-                                      static_cast<uint64_t>(n), k),
+  // W [N, K] row-major is column-major K x N (transposed by the op); W [K, N] is column-major N x K.
+  check_lt(w_kn ? cublasLtMatrixLayoutCreate(&p.a, cuda_type(static_cast<DType>(wt)),
+                                             static_cast<uint64_t>(n), static_cast<uint64_t>(k), n)
+                : cublasLtMatrixLayoutCreate(&p.a, cuda_type(static_cast<DType>(wt)),
+                                             static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
            "layout W");
   check_lt(cublasLtMatrixLayoutCreate(&p.b, cuda_type(static_cast<DType>(at)), static_cast<uint64_t>(k),
                                       static_cast<uint64_t>(m), k),
@@ -343,7 +369,8 @@ const LtPlan& CudaBackend::plan(const Key& key) {
 }
 
 void CudaBackend::lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DType at, const void* w, DType wt,
-                            void* c, DType ct, const void* bias, bool acc, int64_t ldc) {
+                            void* c, DType ct, const void* bias, bool acc, int64_t ldc, bool w_kn,
+                            float alpha) {
   if (m == 0) return;
   // The largest power of two (<= 256) dividing every operand's address.
   const uintptr_t addr = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w) |
@@ -358,13 +385,14 @@ void CudaBackend::lt_matmul(int64_t m, int64_t n, int64_t k, const void* a, DTyp
                 bias != nullptr,
                 acc,
                 ldc > 0 ? ldc : n,
-                align};
+                align,
+                w_kn};
   const LtPlan& p = plan(key);
   if (bias != nullptr) {
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");
   }
-  const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+  const float beta = acc ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(lt_, p.op, &alpha, w, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, lt_ws_,
                           kLtWorkspace, stream_),
            "matmul");

@@ -48,7 +48,8 @@ void convert(const Tensor& src, Tensor& dst, cudaStream_t s);
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst, cudaStream_t s);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                int head_dim, const AttnParams& p, cudaStream_t s);
-// The generic attention kernel (any head_dim <= 256); the tensor-core kernel is tested against it.
+// The generic attention kernel (any head_dim <= 512, sliding windows); the tensor-core kernel is tested
+// against it.
 void attention_simt(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads,
                     int n_kv_heads, int head_dim, const AttnParams& p, cudaStream_t s);
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
@@ -61,6 +62,17 @@ void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Ten
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s);
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s);
+// Uniform-noise diffusion (uniform.cu): the Backend ops of the same names.
+void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y,
+                cudaStream_t s);
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);
+// x *= f, or with cap x = f * tanh(x / f) (Backend::scale and Backend::softcap).
+void scale(Tensor& x, float f, bool cap, cudaStream_t s);
+void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
+                   Tensor& argmax, Tensor& entropy, cudaStream_t s);
+// probs[r, :] = softmax(logits[r, :] / temperature) in probs' dtype (f32 or bf16): soft_embed's first half.
+void softmax_rows(const Tensor& logits, float temperature, Tensor& probs, cudaStream_t s);
+
 // Device top-k over positions: idx[0..k) = indices of the k largest values of conf[0..n) (f32),
 // descending, ties to the lower index; entries with conf == -inf are never chosen (idx = -1 then).
 void topk_positions(const Tensor& conf, int k, Tensor& idx, cudaStream_t s);

@@ -76,7 +76,7 @@ class Impl final : public CudnnAttention {
   bool attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
                  int head_dim, const AttnParams& p) override {
     check_attention(q, k, v, out, n_heads, n_kv_heads, head_dim, p, Device::CUDA);
-    if (p.mask != MaskKind::None || p.block_mask != nullptr || out.dtype != DType::BF16 ||
+    if (p.mask != MaskKind::None || p.block_mask != nullptr || p.window > 0 || out.dtype != DType::BF16 ||
         p.q_scratch == nullptr || p.kv_scratch == nullptr || head_dim % 8 != 0 || head_dim > 128 ||
         q.rows() == 0 || k.rows() == 0 || p.n_seqs < 1 || p.n_seqs > kMaxPacked) {
       return false;

@@ -28,27 +28,6 @@ __global__ void embed_kernel(const int32_t* ids, const void* table, int tdt, int
   }
 }
 
-// One warp per group (a row for a plain RMSNorm, a head for qk-norm); blockDim = 256 (8 warps).
-__global__ void rmsnorm_kernel(const float* x, const void* w, int wdt, int64_t n_groups, int64_t group,
-                               float eps, void* y, bool y_bf16) {
-  const int64_t gi = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (gi >= n_groups) return;
-  const float* xr = x + gi * group;
-  float ss = 0.0f;
-  for (int64_t i = lane; i < group; i += 32) ss += xr[i] * xr[i];
-  ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
-  for (int64_t i = lane; i < group; i += 32) {
-    const float wv = load_any(w, wdt, i);
-    if (y_bf16) {
-      static_cast<__nv_bfloat16*>(y)[gi * group + i] = float_to_bf16(round_bf16_dev(xr[i] * inv) * wv);
-    } else {
-      static_cast<float*>(y)[gi * group + i] = xr[i] * inv * wv;
-    }
-  }
-}
-
 // One block of kRowThreads per row for wide rows (a model's hidden size; float4 words, 16-byte aligned,
 // width a multiple of 4): the warp-per-row kernel above leaves most of the memory system idle there
 // (ncu: 51 us for 1024 x 4096 on an H100, whose 24 MB move in about 8 us at the copy rate).
@@ -104,7 +83,7 @@ __device__ __forceinline__ float rope_row_scale(const RopeTable& t, int32_t pos)
 // One block per row: the row's cos / sin are computed once into shared memory (the same arithmetic as
 // one thread per pair did for every head), then the block rotates every head's pairs.
 __global__ void rope_row_kernel(float* x, const int32_t* pos, int64_t heads, int head_dim, int half,
-                                const RopeTable t, bool neox) {
+                                int offset, const RopeTable t, bool neox) {
   extern __shared__ float cs_sn[];  // [half] cos, then [half] sin
   const int64_t r = blockIdx.x;
   const float p = static_cast<float>(pos[r]);
@@ -120,9 +99,9 @@ __global__ void rope_row_kernel(float* x, const int32_t* pos, int64_t heads, int
     float* v = row + (idx / half) * head_dim;
     const float cs = cs_sn[i], sn = cs_sn[half + i];
     if (neox) {
-      const float x0 = v[i], x1 = v[i + half];
+      const float x0 = v[i], x1 = v[i + offset];
       v[i] = x0 * cs - x1 * sn;
-      v[i + half] = x1 * cs + x0 * sn;
+      v[i + offset] = x1 * cs + x0 * sn;
     } else {
       const float2 xv = reinterpret_cast<const float2*>(v)[i];
       reinterpret_cast<float2*>(v)[i] = make_float2(xv.x * cs - xv.y * sn, xv.y * cs + xv.x * sn);
@@ -135,9 +114,10 @@ __global__ void rope_row_kernel(float* x, const int32_t* pos, int64_t heads, int
   }
 }
 
-// One thread per (row, head, rotary pair).
+// One thread per (row, head, rotary pair). Pairs (i, i + offset) (offset = half, or RopeParams::pair_offset)
+// or (2i, 2i + 1).
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t rows, int64_t heads, int head_dim, int half,
-                            const RopeTable t, bool neox) {
+                            int offset, const RopeTable t, bool neox) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t total = rows * heads * half;
   if (idx >= total) return;
@@ -151,7 +131,7 @@ __global__ void rope_kernel(float* x, const int32_t* pos, int64_t rows, int64_t 
   sn *= t.attn_factor;
   float* v = x + r * heads * head_dim + h * head_dim;
   const int a = neox ? i : 2 * i;
-  const int b = neox ? i + half : 2 * i + 1;
+  const int b = neox ? i + offset : 2 * i + 1;
   const float x0 = v[a], x1 = v[b];
   v[a] = x0 * cs - x1 * sn;
   v[b] = x1 * cs + x0 * sn;
@@ -274,18 +254,17 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, cudaStream_
   if (group >= 1024 && group % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && out_aligned) {
     rmsnorm_row_kernel<<<static_cast<unsigned>(n_groups), kRowThreads, 0, s>>>(
         x.as<const float>(), w.data, dtype_code(w.dtype), group, eps, y.data, y.dtype == DType::BF16);
-  } else {
-    rmsnorm_kernel<<<static_cast<unsigned>(ceil_div(n_groups, 8)), 256, 0, s>>>(
-        x.as<const float>(), w.data, dtype_code(w.dtype), n_groups, group, eps, y.data,
-        y.dtype == DType::BF16);
+    check_launch("rmsnorm");
+  } else {  // a warp per group (qk-norm's heads), or a block per unaligned wide row: rmsnorm_ex's kernels
+    rmsnorm_ex(x, &w, group, eps, false, y, s);
   }
-  check_launch("rmsnorm");
 }
 
 void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, cudaStream_t s) {
-  check_rope(x, positions, head_dim, p, Device::CUDA);
+  check_rope(x, positions, head_dim, p);
   const int64_t rows = x.rows(), heads = x.cols() / head_dim;
   const int half = p.rotary_dim / 2;
+  const int offset = p.pair_offset > 0 ? p.pair_offset : half;  // proportional RoPE: (i, i + head_dim / 2)
   TESSERA_CHECK(half <= 256, "rope: at most 512 rotated dims per head on CUDA");
   const int64_t total = rows * heads * half;
   if (total == 0) return;
@@ -298,10 +277,10 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p,
   // thread-per-pair kernel for the rest (a handful of rows fills no more of the GPU either way).
   if (rows >= 64 && (p.neox || (head_dim % 2 == 0 && reinterpret_cast<uintptr_t>(x.data) % 8 == 0))) {
     rope_row_kernel<<<static_cast<unsigned>(rows), 256, static_cast<size_t>(2 * half) * sizeof(float), s>>>(
-        x.as<float>(), positions.as<const int32_t>(), heads, head_dim, half, t, p.neox);
+        x.as<float>(), positions.as<const int32_t>(), heads, head_dim, half, offset, t, p.neox);
   } else {
     rope_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0, s>>>(
-        x.as<float>(), positions.as<const int32_t>(), rows, heads, head_dim, half, t, p.neox);
+        x.as<float>(), positions.as<const int32_t>(), rows, heads, head_dim, half, offset, t, p.neox);
     if (t.pos_beta > 0.0f)
       rope_scale_kernel<<<static_cast<unsigned>(ceil_div(rows * x.cols(), 256)), 256, 0, s>>>(
           x.as<float>(), positions.as<const int32_t>(), rows, x.cols(), t);

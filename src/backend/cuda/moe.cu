@@ -141,7 +141,9 @@ __global__ void route_kernel(const RouteArgs a) {
       float w = wk[j];
       if (a.p.norm_topk) w = w / (wsum + 1e-20f);
       a.ids[r * a.k + j] = ek[j];
-      a.w[r * a.k + j] = w * a.p.scale;
+      w *= a.p.scale;
+      if (a.p.expert_scale != nullptr) w *= a.p.expert_scale[ek[j]];  // Gemma 4's per-expert scales
+      a.w[r * a.k + j] = w;
     }
   }
 }
@@ -287,9 +289,9 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t P, int k, int E, cons
   pair_token[pos] = static_cast<int32_t>(i / k);
   pair_pos[i] = pos;
 }
-// out[m, c] += sum_j w[m, j] * y[pair_pos[m, j], c], j in order.
+// out[m, c] (+)= sum_j w[m, j] * y[pair_pos[m, j], c], j in order (overwrite: = instead of +=).
 __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const float* w, int64_t M, int k,
-                               int64_t D, float* out) {
+                               int64_t D, float* out, bool overwrite) {
   const int64_t m = blockIdx.x;
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     float acc = 0.0f;
@@ -297,7 +299,10 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
       const int32_t pos = pair_pos[m * k + j];
       if (pos >= 0) acc = fmaf(w[m * k + j], y[static_cast<int64_t>(pos) * D + c], acc);
     }
-    out[m * D + c] += acc;
+    if (overwrite)
+      out[m * D + c] = acc;
+    else
+      out[m * D + c] += acc;
   }
 }
 
@@ -306,7 +311,6 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s) {
   // One warp per row: 32 lanes of kMaxPerLane experts, top_k of at most 32, at most 64 groups.
   check_moe_route(logits, p, ids, weights, MoeRouteLimits{32 * kMaxPerLane, 32, 64});
-  TESSERA_CHECK(p.expert_scale == nullptr, "moe_route (cuda): per-expert scales run on the CPU backend only");
   const int64_t M = logits.rows();
   const int E = static_cast<int>(logits.cols());
   if (M == 0) return;
@@ -339,7 +343,6 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s) {
   check_moe_ffn(x, ids, weights, e, scratch, out);
-  TESSERA_CHECK(!e.gelu, "moe_ffn (cuda): gelu experts run on the CPU backend only");
   const int64_t M = x.rows();
   if (M == 0) return;
   const int k = static_cast<int>(ids.numel() / M);
@@ -376,7 +379,10 @@ void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Mo
   mma_gemm(u, s);
   Tensor gt(l.gate, e.dtype, {P, e.inter}, Device::CUDA);
   Tensor ut(l.up, e.dtype, {P, e.inter}, Device::CUDA);
-  swiglu(gt, ut, gt, s);
+  if (e.gelu)
+    geglu(gt, ut, gt, s);
+  else
+    swiglu(gt, ut, gt, s);
   MmaProblem d;
   d.a = l.gate;
   d.a_dtype = e.dtype;
@@ -393,7 +399,7 @@ void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Mo
   d.k = e.inter;
   mma_gemm(d, s);
   combine_kernel<<<static_cast<unsigned>(M), 256, 0, s>>>(l.y, l.pair_pos, weights.as<const float>(), M, k,
-                                                          e.hidden, out.as<float>());
+                                                          e.hidden, out.as<float>(), e.overwrite);
   check_launch("moe_ffn: combine");
 }
 
