@@ -4,10 +4,12 @@
 // Every --compare SPEC is a comma-separated list of key=value engine options (steps, block-length,
 // threshold, alg, temperature, cache, sparse, sparse-block, sparse-rho, sparse-skip, des, des-k, des-beta,
 // des-scope, window, window-ex, window-in, window-refresh, window-early-stop, mid-block-stop, suffix,
-// logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, precision, dequantize, device, k-ffn,
-// k-logits, memory-budget) measured against the exact path; every spec is checked before anything is
-// measured. On a terminal a progress line shows on stderr; each table row is printed (and flushed) as
-// soon as it is measured.
+// logprobs, edit-mode, edit-threshold, max-post-steps, edit-penalty, t-min, t-max, entropy-bound, stability,
+// confidence, precision, dequantize, device, k-ffn, k-logits, memory-budget) measured against the exact path;
+// every spec is checked before anything is measured. A uniform-noise model (DiffusionGemma) has no
+// infilling table: its exact path is its own sampler and NLL(exact) its encoder's causal NLL. On a
+// terminal a progress line shows on stderr; each table row is printed (and flushed) as soon as it is
+// measured.
 #include <omp.h>
 
 #include <chrono>
@@ -114,13 +116,9 @@ int run_eval(const EvalArgs& a) {
   eng.device = a.device;
   eng.precision = parse_precision(a.precision);
   auto exact = Engine::load(dir, eng);
-  if (exact->config().is_uniform())
-    fail(
-        "tessera eval measures masked infilling and the masked models' approximations against their exact "
-        "path; " +
-        dir +
-        " is a uniform-noise model (DiffusionGemma: no mask token, one decoding): use "
-        "tessera generate / bench, or eval-task's tasks with a masked model");
+  // A uniform-noise model (DiffusionGemma) has no mask token: no infilling; its generations are scored by its
+  // encoder's causal NLL, and the comparisons are its sampler's settings (t-min, entropy-bound, ...).
+  const bool uniform = exact->config().is_uniform();
   const Tokenizer tok = load_model_tokenizer(dir);
   const auto seqs = eval::load_heldout(heldout, tok, a.seq_len, a.seqs);
   const int32_t uni = eval::unigram_token(seqs);
@@ -137,7 +135,11 @@ int run_eval(const EvalArgs& a) {
       {"model", dir},   {"heldout", heldout.string()}, {"sequences", seqs.size()}, {"seq_len", a.seq_len},
       {"seed", a.seed}, {"unigram_token", uni}};
 
-  if (!a.json) {
+  if (!a.json && uniform) {
+    std::printf(
+        "infilling: none (a uniform-noise model has no mask token; NLL(exact) below is its encoder's "
+        "causal NLL)\n");
+  } else if (!a.json) {
     std::printf("infilling: %zu held-out sequences of %lld tokens (%s), one forward per batch\n", seqs.size(),
                 static_cast<long long>(a.seq_len), heldout.filename().string().c_str());
     std::printf("%8s %8s %10s %8s %12s\n", "mask", "masked", "accuracy", "NLL", "unigram acc");
@@ -145,7 +147,7 @@ int run_eval(const EvalArgs& a) {
   }
   json inf = json::array();
   std::vector<eval::InfillResult> infills;
-  for (size_t i = 0; i < a.ratios.size(); ++i) {
+  for (size_t i = 0; i < (uniform ? 0 : a.ratios.size()); ++i) {
     const double r = a.ratios[i];
     progress.show("infilling: mask ratio " + svg::fixed(r, 2) + " (" + std::to_string(i + 1) + "/" +
                   std::to_string(a.ratios.size()) + ")");
@@ -166,7 +168,7 @@ int run_eval(const EvalArgs& a) {
                    {"unigram_accuracy", x.unigram_accuracy},
                    {"seconds", sec}});
   }
-  if (!a.json) {
+  if (!a.json && !uniform) {
     for (const char* l : kInfillLegend) std::printf("  %s\n", l);
     std::fflush(stdout);
   }
@@ -181,13 +183,19 @@ int run_eval(const EvalArgs& a) {
     std::vector<uint64_t> seeds;
     for (int s = 0; s < a.n_seeds; ++s) seeds.push_back(a.seed + static_cast<uint64_t>(s));
     char buf[512];
+    const UniformSampling& u = base.uniform;
+    const std::string path =
+        uniform ? "the model's sampler (t " + svg::fixed(u.t_max, 2) + " to " + svg::fixed(u.t_min, 2) +
+                      ", entropy bound " + svg::fixed(u.entropy_bound, 3) + ", stability " +
+                      std::to_string(u.stability) + ", confidence " + svg::fixed(u.confidence, 4) + ")"
+                : std::string(name(base.alg));
     std::snprintf(
         buf, sizeof buf,
-        "%zu prompts of %lld tokens x %zu seeds, %d tokens each%s; exact path: %s, %d steps, block %d, %s",
+        "%zu prompts of %lld tokens x %zu seeds, %d tokens each%s; exact path: %s, %d steps, %s %d, %s",
         cases.size(), static_cast<long long>(a.prompt_len), seeds.size(), base.gen_length,
         a.suffix_len > 0 ? (", infilling before " + std::to_string(a.suffix_len) + " suffix tokens").c_str()
                          : "",
-        std::string(name(base.alg)).c_str(), base.steps, base.block_length, a.precision.c_str());
+        path.c_str(), base.steps, uniform ? "canvas" : "block", base.block_length, a.precision.c_str());
     setup = buf;
     const bool moe = exact->supports_expert_sharing();
     if (!a.json) {

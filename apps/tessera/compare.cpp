@@ -13,17 +13,18 @@
 #include "apps/tessera/cli_parse.h"
 #include "core/error.h"
 #include "memory/chunk_optimizer.h"
+#include "runtime/session.h"
 
 namespace tessera::cli {
 namespace {
 
 // clang-format off
-constexpr std::array<std::string_view, 36> kKeys = {
+constexpr std::array<std::string_view, 41> kKeys = {
     "steps", "block-length", "threshold", "alg", "cfg", "temperature", "cache", "mode", "spec-sampling", "draft-threshold", "sparse", "sparse-block",
     "sparse-rho", "sparse-skip", "des", "des-k", "des-beta", "des-scope", "window", "window-ex", "window-in",
     "window-refresh", "window-early-stop", "mid-block-stop", "suffix", "logprobs", "edit-mode",
-    "edit-threshold", "max-post-steps", "edit-penalty", "precision", "dequantize", "device", "k-ffn",
-    "k-logits", "memory-budget"};
+    "edit-threshold", "max-post-steps", "edit-penalty", "t-min", "t-max", "entropy-bound", "stability",
+    "confidence", "precision", "dequantize", "device", "k-ffn", "k-logits", "memory-budget"};
 // clang-format on
 
 }  // namespace
@@ -143,6 +144,16 @@ Candidate parse_spec(const std::string& spec, const GenerateOptions& base, const
         edit.max_post = integer();
       } else if (k == "edit-penalty") {
         edit.penalty = real();
+      } else if (k == "t-min") {
+        c.gen.uniform.t_min = real();
+      } else if (k == "t-max") {
+        c.gen.uniform.t_max = real();
+      } else if (k == "entropy-bound") {
+        c.gen.uniform.entropy_bound = real();
+      } else if (k == "stability") {
+        c.gen.uniform.stability = integer();
+      } else if (k == "confidence") {
+        c.gen.uniform.confidence = real();
       } else if (k == "precision") {
         c.eng.precision = parse_precision(v);
         c.own_engine = true;
@@ -200,6 +211,12 @@ std::vector<Candidate> check_specs(const std::vector<std::string>& specs, const 
 // ---- Progress --------------------------------------------------------------------------------------------
 
 GenerateOptions exact_path(const ModelConfig& mc, int gen_length, int steps, int block_length, Unmask alg) {
+  if (mc.is_uniform()) {  // the model's own sampler (DiffusionGemma has one decoding)
+    GenerateOptions g = uniform_defaults(mc, gen_length);
+    if (steps > 0) g.steps = steps;
+    if (block_length > 0) g.block_length = block_length;
+    return g;
+  }
   GenerateOptions g;
   g.gen_length = gen_length;
   g.steps = steps > 0 ? steps : gen_length;

@@ -172,7 +172,8 @@ typedef enum tessera_des_scope { TESSERA_DES_SCOPE_BLOCK = 0, TESSERA_DES_SCOPE_
 typedef enum tessera_mode {
   TESSERA_MODE_DIFFUSION = 0, /* unmasking (a tri-mode model's: seeded and committed by causal passes) */
   TESSERA_MODE_AR = 1,        /* one token per causal forward */
-  TESSERA_MODE_SPEC = 2       /* linear self-speculation (greedy: the same text as AR) */
+  TESSERA_MODE_SPEC = 2,      /* linear self-speculation (greedy: the same text as AR) */
+  TESSERA_MODE_UNIFORM = 3    /* uniform-noise canvases (DiffusionGemma: its only mode) */
 } tessera_mode;
 
 /* Every decoding option of `tessera generate` (the flag of each in its comment). Start from
@@ -218,6 +219,12 @@ typedef struct tessera_generate_options {
   int32_t mode;          /* --mode: a tessera_mode */
   int32_t spec_sampling; /* --spec-sampling: 0 match, 1 rejection (mode SPEC at temperature > 0) */
   float draft_threshold; /* --draft-threshold (mode SPEC; 0: one draft pass) */
+  /* The entropy-bound sampler of mode UNIFORM (defaults: the model's generation_config.json) */
+  double t_min;         /* --t-min */
+  double t_max;         /* --t-max */
+  double entropy_bound; /* --entropy-bound */
+  int32_t stability;    /* --stability */
+  double confidence;    /* --confidence */
 } tessera_generate_options;
 
 /* The model's defaults. An editing preset: tessera_generate_options_edit_preset. */

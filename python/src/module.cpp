@@ -129,6 +129,11 @@ std::unique_ptr<Options> c_options(tessera_model* m, const py::dict& d) {
     TESSERA_FIELD(mode, int32_t)
     TESSERA_FIELD(spec_sampling, int32_t)
     TESSERA_FIELD(draft_threshold, float)
+    TESSERA_FIELD(t_min, double)
+    TESSERA_FIELD(t_max, double)
+    TESSERA_FIELD(entropy_bound, double)
+    TESSERA_FIELD(stability, int32_t)
+    TESSERA_FIELD(confidence, double)
 #undef TESSERA_FIELD
     if (key == "edit_mode") {
       check(tessera_generate_options_edit_preset(&c, get<std::string>(v, key).c_str()));

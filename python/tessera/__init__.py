@@ -26,7 +26,7 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CanvasEvent", "Stream", "T
 
 _ALGS = {"low_confidence": 0, "random": 1, "origin": 2, "maskgit_plus": 3, "topk_margin": 4, "entropy": 5}
 _CACHES = {"none": 0, "prefix": 1, "dual": 2}
-_MODES = {"diffusion": 0, "ar": 1, "spec": 2}
+_MODES = {"diffusion": 0, "ar": 1, "spec": 2, "uniform": 3}
 _SPEC_SAMPLING = {"match": 0, "rejection": 1}
 _DES = {"off": 0, "seq": 1, "vote": 2}
 _DES_SCOPES = {"block": 0, "all": 1}
@@ -82,9 +82,15 @@ class SamplingParams:
     suffix: Optional[str] = None
     logprobs: Optional[int] = None
     stop_at_eos: bool = True
-    mode: str = "diffusion"  # ar / spec: tri-mode models (Nemotron-Labs-Diffusion)
+    mode: Optional[str] = None  # the model's own; ar / spec: tri-mode models (Nemotron-Labs-Diffusion)
     spec_sampling: str = "match"  # spec at temperature > 0: match | rejection
     draft_threshold: float = 0.0  # spec's drafts: 0 one pass
+    # uniform-noise models (DiffusionGemma): the entropy-bound sampler (None: generation_config.json's)
+    t_min: Optional[float] = None
+    t_max: Optional[float] = None
+    entropy_bound: Optional[float] = None
+    stability: Optional[int] = None
+    confidence: Optional[float] = None
 
     def _options(self) -> dict:
         """The C API's fields (tessera_generate_options), as the CLI derives them from its flags."""
@@ -92,7 +98,6 @@ class SamplingParams:
             "gen_length": self.gen_length, "steps": self.steps, "block_length": self.block_length,
             "temperature": self.temperature, "cfg_scale": self.cfg, "top_k": self.top_k, "top_p": self.top_p,
             "alg_temp": self.alg_temp, "seed": self.seed, "cache": _choice(_CACHES, self.cache, "cache"),
-            "mode": _choice(_MODES, self.mode, "mode"),
             "spec_sampling": _choice(_SPEC_SAMPLING, self.spec_sampling, "spec_sampling"),
             "draft_threshold": self.draft_threshold,
             "des_scope": _choice(_DES_SCOPES, self.des_scope, "des_scope"),
@@ -101,6 +106,10 @@ class SamplingParams:
         }
         if self.alg is not None:
             o["alg"] = _choice(_ALGS, self.alg, "alg")
+        if self.mode is not None:
+            o["mode"] = _choice(_MODES, self.mode, "mode")
+        o.update(t_min=self.t_min, t_max=self.t_max, entropy_bound=self.entropy_bound, stability=self.stability,
+                 confidence=self.confidence)
         # Each family of options is on when asked for or when one of its values is given (as the flags).
         o["sparse"] = int(self.sparse or any(v is not None for v in
                                              (self.sparse_block, self.sparse_rho, self.sparse_skip)))

@@ -187,6 +187,11 @@ tessera_generate_options default_options(const Session& s) {
   o.mode = static_cast<int32_t>(g.mode);
   o.spec_sampling = static_cast<int32_t>(g.spec_sampling);
   o.draft_threshold = g.draft_threshold;
+  o.t_min = g.uniform.t_min;
+  o.t_max = g.uniform.t_max;
+  o.entropy_bound = g.uniform.entropy_bound;
+  o.stability = g.uniform.stability;
+  o.confidence = g.uniform.confidence;
   return o;
 }
 
@@ -246,9 +251,14 @@ GenerateOptions to_options(const Session& s, const tessera_generate_options* giv
   g.logprobs = o.logprobs >= 0;
   *logprobs_top = std::max(o.logprobs, 0);
   g.stop_at_eos = o.stop_at_eos != 0;
-  g.mode = enum_in<tessera::DecodeMode>(o.mode, TESSERA_MODE_SPEC, "mode");
+  g.mode = enum_in<tessera::DecodeMode>(o.mode, TESSERA_MODE_UNIFORM, "mode");
   g.spec_sampling = enum_in<tessera::SpecSampling>(o.spec_sampling, 1, "spec_sampling");
   g.draft_threshold = o.draft_threshold;
+  g.uniform.t_min = o.t_min;
+  g.uniform.t_max = o.t_max;
+  g.uniform.entropy_bound = o.entropy_bound;
+  g.uniform.stability = o.stability;
+  g.uniform.confidence = o.confidence;
   // The model's default unmasking (left as initialised) gives way where the options need a
   // probability-like confidence, as in `tessera generate`.
   if (g.alg == s.default_alg()) tessera::fit_default_alg(g);

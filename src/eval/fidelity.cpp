@@ -164,6 +164,31 @@ double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups, int64_t t
   return total / static_cast<double>(n);
 }
 
+double causal_nll(Engine& e, const Seq& seq, int64_t from, int64_t to) {
+  TESSERA_CHECK(from >= 1 && to <= static_cast<int64_t>(seq.size()),
+                "causal_nll: positions outside the text");
+  if (to <= from) return 0.0;
+  Seq pos, tg;  // a causal forward's position i is predicted by row i - 1 (Engine::logit_row)
+  for (int64_t i = from; i < to; ++i) {
+    pos.push_back(static_cast<int32_t>(i));
+    tg.push_back(seq[static_cast<size_t>(i)]);
+  }
+  const Seq prefix(seq.begin(), seq.begin() + to);
+  std::vector<float> lp(pos.size());
+  const SeqInput in{prefix, pos, tg};
+  e.set_causal(true);
+  try {
+    e.forward_logprob(std::span<const SeqInput>(&in, 1), lp);
+  } catch (...) {
+    e.set_causal(false);
+    throw;
+  }
+  e.set_causal(false);
+  double total = 0;
+  for (float v : lp) total -= v;
+  return total / static_cast<double>(lp.size());
+}
+
 Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vector<GenCase>& cases,
                          const std::vector<uint64_t>& seeds, bool use_suffix) {
   TESSERA_CHECK(!seeds.empty() && !cases.empty(), "eval: no generation cases or seeds");
@@ -219,7 +244,9 @@ GenSide score(Engine& exact, const Generations& out, const Generations& exact_ou
       full.insert(full.end(), t.begin(), t.end());
       full.insert(full.end(), c.suffix.begin(), c.suffix.end());
       const auto from = static_cast<int64_t>(c.prompt.size());
-      nll += pseudo_nll(exact, full, from, nll_groups, from + static_cast<int64_t>(t.size())) *
+      const int64_t to = from + static_cast<int64_t>(t.size());
+      nll += (exact.config().is_uniform() ? causal_nll(exact, full, from, to)
+                                          : pseudo_nll(exact, full, from, nll_groups, to)) *
              static_cast<double>(t.size());
       nll_n += static_cast<int64_t>(t.size());
     }

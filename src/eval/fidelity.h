@@ -72,7 +72,8 @@ Generations generate_all(Engine& e, const GenerateOptions& opt, const std::vecto
                          const std::vector<uint64_t>& seeds, bool use_suffix = true);
 
 // Scores `out` against the exact path's generations (agreement), the exact model (pseudo-NLL, between the
-// prompt and the case's suffix when it has one, whether or not `out` saw it) and the held-out
+// prompt and the case's suffix when it has one, whether or not `out` saw it; a uniform-noise model: the
+// causal NLL of its encoder, causal_nll) and the held-out
 // continuations. Positions are compared over gen_length: a shorter output (stopped at EOS) counts its
 // missing positions as disagreements.
 GenSide score(Engine& exact, const Generations& out, const Generations& exact_out,
@@ -81,5 +82,9 @@ GenSide score(Engine& exact, const Generations& out, const Generations& exact_ou
 // Pseudo-NLL (mean over positions [from, to), to < 0: the end) of `seq` under engine `e`; the positions
 // after `to` stay as context.
 double pseudo_nll(Engine& e, const Seq& seq, int64_t from, int groups, int64_t to = -1);
+
+// A uniform-noise model's (DiffusionGemma's) NLL: mean -log p(seq[i] | seq[0..i)) over i in [from, to)
+// (from >= 1) from one causal pass of its encoder (trained with an AR loss beside the denoising one).
+double causal_nll(Engine& e, const Seq& seq, int64_t from, int64_t to);
 
 }  // namespace tessera::eval

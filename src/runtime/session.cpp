@@ -233,6 +233,19 @@ void Session::measure_runtime() {
       agreed_bytes(engine_->options().comm.get(), after > anon + ws ? after - anon - ws : 0));
 }
 
+GenerateOptions uniform_defaults(const ModelConfig& mc, int gen_length) {
+  const ModelConfig::Uniform& u = mc.uniform;
+  GenerateOptions g;
+  g.mode = DecodeMode::Uniform;
+  g.gen_length = gen_length;
+  g.block_length = static_cast<int>(u.canvas);
+  g.steps = u.steps;
+  g.uniform = UniformSampling{u.t_min,     u.t_max,      u.entropy_bound,
+                              u.stability, u.confidence, mc.pad_id >= 0 ? mc.pad_id : 0};
+  g.eos_ids = u.eos_ids;
+  return g;
+}
+
 GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<int> block_length,
                                   std::optional<int> steps, std::vector<std::string>* notes) const {
   GenerateOptions g;
@@ -243,14 +256,9 @@ GenerateOptions Session::defaults(std::optional<int> gen_length, std::optional<i
   // per block = block_length, threshold 0.9, the causal context.
   const ModelConfig& mc = engine_->config();
   if (mc.is_uniform()) {  // DiffusionGemma: generation_config.json's sampler, canvas after canvas
-    const ModelConfig::Uniform& u = mc.uniform;
-    g.mode = DecodeMode::Uniform;
-    g.gen_length = gen_length.value_or(static_cast<int>(u.max_new_tokens));
-    g.block_length = block_length.value_or(static_cast<int>(u.canvas));
-    g.steps = steps.value_or(u.steps);
-    g.uniform = UniformSampling{u.t_min,     u.t_max,      u.entropy_bound,
-                                u.stability, u.confidence, mc.pad_id >= 0 ? mc.pad_id : 0};
-    g.eos_ids = u.eos_ids;
+    g = uniform_defaults(mc, gen_length.value_or(static_cast<int>(mc.uniform.max_new_tokens)));
+    g.block_length = block_length.value_or(g.block_length);
+    g.steps = steps.value_or(g.steps);
     return g;
   }
   const int tri_block = mc.tri_mode ? static_cast<int>(std::max<int64_t>(mc.diffusion_block, 1)) : 0;

@@ -180,6 +180,10 @@ class Session {
   std::optional<std::string> gc_alg_;
 };
 
+// A uniform-noise model's (DiffusionGemma's) own decoding: mode uniform, canvases of its canvas_length,
+// generation_config.json's steps, sampler and EOS ids, for `gen_length` tokens.
+GenerateOptions uniform_defaults(const ModelConfig& mc, int gen_length);
+
 // Token ids of raw text (no chat template), `bos` first when it is >= 0.
 std::vector<int32_t> encode_raw(const Tokenizer& t, const std::string& text, int64_t bos);
 

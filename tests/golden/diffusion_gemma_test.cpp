@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "decode/generate.h"
 #include "engine/engine.h"
+#include "eval/fidelity.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "test_util.h"
@@ -28,26 +29,9 @@ std::string ref_script() {
   return test::python() + " " + (test::source_dir() / "tests/reference/ref_diffusion_gemma.py").string();
 }
 
-std::vector<float> read_floats(const std::filesystem::path& p, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream f(p, std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
-  EXPECT_EQ(static_cast<size_t>(f.gcount()), n * 4);
-  std::filesystem::remove(p);
-  return v;
-}
-
 // ref_diffusion_gemma.py logits with `args` ([rows, V] f32).
 std::vector<float> ref_logits(const std::filesystem::path& dir, const std::string& args, size_t n) {
-  const auto out = dir / ("dgref_" + std::to_string(::getpid()) + ".bin");
-  const std::string cmd =
-      ref_script() + " logits --model " + dir.string() + " " + args + " --out " + out.string();
-  std::string log;
-  if (test::run_command(cmd, &log) != 0) {
-    ADD_FAILURE() << cmd << "\n" << log;
-    return {};
-  }
-  return read_floats(out, n);
+  return test::diffusion_gemma_reference_logits(dir, args, n);
 }
 
 json ref_generate(const std::filesystem::path& dir, const std::string& args) {
@@ -130,6 +114,19 @@ TEST(DiffusionGemma, EncoderLogitsMatchReference) {
   const auto want = ref_logits(
       dir, "--mode enc --tokens " + test::join_ids(tokens) + " --rows " + test::join_ids(rows), got.size());
   EXPECT_LT(rel_err(got, want), 1e-3);
+  e->kv_cache_end();
+  e->set_causal(false);
+  // eval's NLL(exact) of a uniform-noise model: the encoder's causal NLL of tokens [5, n), row i - 1
+  // predicting token i, from the reference's logits.
+  double nll = 0.0;
+  for (int64_t i = 5; i < n; ++i) {
+    const float* l = want.data() + (i - 1) * V;
+    double mx = -1e300, z = 0.0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(l[v]));
+    for (int64_t v = 0; v < V; ++v) z += std::exp(l[v] - mx);
+    nll -= l[tokens[static_cast<size_t>(i)]] - mx - std::log(z);
+  }
+  EXPECT_NEAR(eval::causal_nll(*e, tokens, 5, n), nll / static_cast<double>(n - 5), 1e-4);
 }
 
 TEST(DiffusionGemma, DecoderLogitsMatchReferenceOverTheCache) {
@@ -296,7 +293,6 @@ TEST(DiffusionGemma, CliGeneratesUnderABudgetAndRefusesWhatDoesNotCombine) {
        std::vector<std::pair<std::string, std::string>>{{"--cache dual", "use cache none"},
                                                         {"--threshold 0.5", "set threshold 0"},
                                                         {"--t-min 0.9", "t-min and t-max must satisfy"},
-                                                        {"--device cuda", "CPU backend only"},
                                                         {"--think", "does not apply to --raw"}}) {
     EXPECT_NE(test::run_command(gen + " " + flags + " 2>&1", &out), 0) << flags;
     EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
@@ -307,6 +303,43 @@ TEST(DiffusionGemma, CliGeneratesUnderABudgetAndRefusesWhatDoesNotCombine) {
                               &out),
             0)
       << out;
+}
+
+// eval on a uniform-noise model: no infilling table; the exact path is the model's own sampler, the
+// comparisons its settings, NLL(exact) the encoder's causal NLL (checked in EncoderLogitsMatchReference).
+TEST(DiffusionGemma, EvalComparesTheSamplersSettings) {
+  TESSERA_TINY_OR_SKIP(dir, "diffusion_gemma", kArgs);
+  const auto held = test::temp_dir("dg_eval") / "heldout.txt";
+  {
+    std::ofstream f(held);
+    for (int d = 0; d < 4; ++d)
+      f << "document " << d << ": the quick brown fox jumps over the lazy dog, then rests in the sun.\n\n";
+  }
+  const std::string cmd =
+      std::string(TESSERA_BINARY) + " eval -m " + dir.string() + " --heldout " + held.string() +
+      " --seqs 4 --seq-len 40 --prompts 2 --prompt-len 8 --gen-length 12 --seeds 1 --json "
+      "--compare entropy-bound=0.5 --compare steps=1 --compare t-min=0.2,t-max=0.3";
+  std::string out;
+  ASSERT_EQ(test::run_command(cmd + " 2>/dev/null", &out), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_TRUE(j["infilling"].empty());
+  const auto& ex = j["exact"];
+  EXPECT_DOUBLE_EQ(ex["agreement"].get<double>(), 1.0);
+  EXPECT_GT(ex["nll"].get<double>(), 0.0);
+  EXPECT_GT(ex["tokens"].get<int64_t>(), 0);  // 2 x 12 unless an EOS ends one
+  EXPECT_LE(ex["tokens"].get<int64_t>(), 24);
+  const auto& cmp = j["generation"]["comparisons"];
+  ASSERT_EQ(cmp.size(), 3u);
+  for (const auto& c : cmp) {
+    EXPECT_FALSE(c.contains("error")) << c.dump();
+    EXPECT_LE(c["agreement"].get<double>(), 1.0);
+  }
+  // steps=1: one forward per canvas (at most two canvases of 8 for 12 tokens, per prompt).
+  EXPECT_GE(cmp[1]["forwards"].get<int64_t>(), 2);
+  EXPECT_LE(cmp[1]["forwards"].get<int64_t>(), 2 * 2);
+  EXPECT_LE(cmp[1]["forwards"].get<int64_t>(), ex["forwards"].get<int64_t>());
+  EXPECT_NE(test::run_command(cmd + " --compare stability=x 2>&1", &out), 0);
+  EXPECT_NE(out.find("not a number for stability"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -215,3 +215,24 @@ def test_the_modes_of_a_tri_mode_model(tmp_path, llm):
         tessera.SamplingParams(mode="fastest")._options()
     with pytest.raises(tessera.InvalidArgumentError, match="tri-mode"):
         llm.generate("Once", tessera.SamplingParams(gen_length=8, mode="ar"))
+
+
+def test_a_uniform_noise_model_takes_its_sampler(tmp_path):
+    """A tiny random DiffusionGemma checkpoint: its own mode (uniform) by default, and its sampler's settings
+    as SamplingParams fields give the CLI's tokens with the same flags."""
+    import sys
+    pytest.importorskip("numpy")
+    model = str(tmp_path / "diffusion_gemma")
+    subprocess.run([sys.executable, os.path.join(SOURCE, "tools", "make_tiny_checkpoint.py"), "--family",
+                    "diffusion_gemma", "--out", model], check=True, capture_output=True)
+    dg = tessera.LLM(model)
+    for flags, params in ((["--gen-length", "16", "--seed", "5"], dict(gen_length=16, seed=5)),
+                          (["--gen-length", "16", "--seed", "5", "--t-min", "0.2", "--t-max", "0.5",
+                            "--entropy-bound", "0.3", "--stability", "2", "--confidence", "0.01"],
+                           dict(gen_length=16, seed=5, t_min=0.2, t_max=0.5, entropy_bound=0.3, stability=2,
+                                confidence=0.01))):
+        want = cli_tokens("hello", *flags, model=model)
+        got = dg.generate("hello", tessera.SamplingParams(**params))[0]
+        assert got.token_ids == want["tokens"], flags
+    with pytest.raises(tessera.InvalidArgumentError, match="stability"):
+        dg.generate("hello", tessera.SamplingParams(gen_length=8, stability=99))

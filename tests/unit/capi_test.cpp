@@ -12,6 +12,7 @@
 
 #include "runtime/session.h"
 #include "tessera/tessera.h"
+#include "tiny_models.h"
 
 namespace {
 
@@ -395,6 +396,47 @@ TEST(CApi, PlanGivesTheLargestStepAndRefusesAnImpossibleBudget) {
   EXPECT_EQ(tessera_generate(small, prompt.data(), prompt.size(), &o, nullptr, nullptr, &r),
             TESSERA_ERROR_MEMORY_BUDGET);
   tessera_model_close(small);
+}
+
+// A uniform-noise model (DiffusionGemma): the defaults are its mode and generation_config.json's sampler, the
+// sampler's fields reach the engine (the Session's tokens with the same values), and a bad one is refused.
+TEST(CApi, UniformModelsTakeTheirSamplerFields) {
+  TESSERA_TINY_OR_SKIP(dir, "diffusion_gemma", "--dtype f32 --seed 2");
+  tessera_model* m = nullptr;
+  ASSERT_EQ(tessera_model_open(dir.c_str(), nullptr, &m), TESSERA_OK) << tessera_last_error();
+  tessera_generate_options o;
+  ASSERT_EQ(tessera_generate_options_init(m, &o), TESSERA_OK);
+  EXPECT_EQ(o.mode, TESSERA_MODE_UNIFORM);
+  EXPECT_DOUBLE_EQ(o.t_min, 0.4);  // the tiny checkpoint's generation_config.json
+  EXPECT_DOUBLE_EQ(o.entropy_bound, 0.1);
+  EXPECT_DOUBLE_EQ(o.confidence, 0.005);
+  o.gen_length = 16;
+  o.seed = 4;
+  o.t_min = 0.2;
+  o.t_max = 0.5;
+  o.entropy_bound = 0.3;
+  o.stability = 2;
+  const std::vector<int32_t> prompt = {5, 9, 3, 10};
+  tessera_result* r = nullptr;
+  ASSERT_EQ(tessera_generate(m, prompt.data(), prompt.size(), &o, nullptr, nullptr, &r), TESSERA_OK)
+      << tessera_last_error();
+  tessera::LoadOptions lo;
+  lo.model = dir.string();
+  tessera::Session s(lo);
+  tessera::GenerateOptions g = s.defaults(16, std::nullopt, std::nullopt);
+  g.seed = 4;
+  g.uniform.t_min = 0.2;
+  g.uniform.t_max = 0.5;
+  g.uniform.entropy_bound = 0.3;
+  g.uniform.stability = 2;
+  EXPECT_EQ(tokens_of(r), s.run(prompt, g, {}).result.tokens);
+  tessera_result_free(r);
+  o.stability = 99;
+  EXPECT_EQ(tessera_generate(m, prompt.data(), prompt.size(), &o, nullptr, nullptr, &r),
+            TESSERA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tessera_last_error()).find("stability must be in [0, 64]"), std::string::npos)
+      << tessera_last_error();
+  tessera_model_close(m);
 }
 
 }  // namespace
