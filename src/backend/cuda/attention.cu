@@ -44,7 +44,7 @@ struct AttnArgs {
   int64_t n_qb, n_kb;
   const __nv_bfloat16* k16;  // bf16 copies of k and v (tensor-core kernel)
   const __nv_bfloat16* v16;
-  int window;  // AttnParams::window (SIMT kernel only)
+  int window;  // AttnParams::window (the SIMT and tiled kernels)
 };
 
 __device__ __forceinline__ bool visible(MaskKind mask, int block, int32_t qp, int32_t kp) {
