@@ -12,6 +12,9 @@
 #     shared/models/stories260K into
 #     build-cuda/gpu_pack/tessera-gpu.tar.xz (about 10 MB), checking that the pack and the working tree
 #     together stay under the device's 64 MiB transfer.
+# The bundled models' weights (models/*/*.safetensors, about 62 MB) would take the transfer over its 64 MiB:
+#   bash bench/gpu_session.sh stash-models     # moves them into build-cuda/models-stash (ignored: not sent)
+#   bash bench/gpu_session.sh restore-models   # puts them back (do it before any test here needs them)
 # There, through the device tool's run, with carry ["build-cuda/gpu_pack"], one stage per call:
 #   bash bench/gpu_session.sh all           # tests, then lmax: timeouts 200 + 370 s (the default)
 #   bash bench/gpu_session.sh tests         # ./build-cuda/tests/cuda_tests: $OUT/cuda_tests.json, .log
@@ -101,7 +104,7 @@ pack() {
   tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}' || true)  # a deleted file is not sent
   pack_bytes=$(stat -c %s "$PACK")
   echo "pack: $PACK $((pack_bytes >> 20)) MiB; working tree $((tree >> 20)) MiB; limit 64 MiB"
-  [ $((tree + pack_bytes)) -lt $LIMIT ] || die "the working tree and the pack exceed the device's 64 MiB"
+  [ $((tree + pack_bytes)) -lt $LIMIT ] || die "the working tree and the pack exceed the device's 64 MiB (stash-models leaves the bundled weights behind)"
   echo 'next, on the GPU: run(command="bash bench/gpu_session.sh all", carry=["build-cuda/gpu_pack"], timeout_s=600)'
 }
 
@@ -356,6 +359,23 @@ run_final() {  # at most 8 files come back: env.txt, fwd.json / .log, torch.json
 stage=${1:-all}
 case $stage in
   pack) pack ;;
+  stash-models)  # here, before the device calls: the weights stay behind in an ignored folder
+    for f in models/*/*.safetensors; do
+      [ -e "$f" ] || continue
+      mkdir -p "build-cuda/models-stash/$(dirname "$f")"
+      mv "$f" "build-cuda/models-stash/$f"
+    done
+    echo "stashed: $(find build-cuda/models-stash -name '*.safetensors' 2>/dev/null | wc -l) files; run restore-models after"
+    ;;
+  restore-models)
+    [ -d build-cuda/models-stash ] || die "nothing stashed (build-cuda/models-stash is absent)"
+    (cd build-cuda/models-stash && find models -name '*.safetensors') | while read -r f; do
+      mv "build-cuda/models-stash/$f" "$f"
+    done
+    rm -rf build-cuda/models-stash
+    git status --short -- models | grep . && die "models/ differs from the commit after the restore" || true
+    echo "restored"
+    ;;
   tests)
     prepare
     run_tests "${TESTS_TIMEOUT:-560}"
@@ -464,5 +484,5 @@ print("step graphs: replays", r.get("step_graph_replays"), "nodes per replayed f
     done
     exit "$rc"
     ;;
-  *) die "usage: bash bench/gpu_session.sh pack | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final | uniform" ;;
+  *) die "usage: bash bench/gpu_session.sh pack | stash-models | restore-models | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final | uniform" ;;
 esac
