@@ -62,7 +62,8 @@ void top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen, Ten
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights, cudaStream_t s);
 void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e, Tensor& scratch,
              Tensor& out, cudaStream_t s);
-// Uniform-noise diffusion (uniform.cu): the Backend ops of the same names.
+// Uniform-noise diffusion: the Backend ops of the same names (uniform.cu; canvas_sample and softmax_rows are
+// sample.cu's, beside the other per-row sampling kernels).
 void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y,
                 cudaStream_t s);
 void geglu(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t s);

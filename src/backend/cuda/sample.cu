@@ -90,6 +90,16 @@ __device__ double block_sum(SampleSmem& sm, double v, double* bc) {
   __syncthreads();
   return r;
 }
+// Block-wide best (value, index) by ArgMaxDOp (larger value, ties to the lower index; i < 0: none),
+// broadcast to every thread.
+__device__ ArgMaxD block_argmax(SampleSmem& sm, ArgMaxD v, ArgMaxD* bc) {
+  const ArgMaxD b = cub::BlockReduce<ArgMaxD, kT>(sm.ra).Reduce(v, ArgMaxDOp());
+  if (threadIdx.x == 0) *bc = b;
+  __syncthreads();
+  const ArgMaxD r = *bc;
+  __syncthreads();
+  return r;
+}
 __device__ int64_t block_count(SampleSmem& sm, int64_t v, int64_t* bc) {
   const int64_t s = cub::BlockReduce<int64_t, kT>(sm.ri).Sum(v);
   if (threadIdx.x == 0) *bc = s;
@@ -344,7 +354,99 @@ __global__ void __launch_bounds__(kT)
   }
 }
 
+// Uniform-noise diffusion's sampler statistics (Backend::canvas_sample), one block per row: the argmax; the
+// Gumbel-max sample at T drawn only where a token can still win (L_v + 37.5 T below the argmax's own
+// perturbed value: -log(-log U) <= 37.43 for every U of the RNG, so the skip is exact, as on the CPU, whose
+// counter RNG in f64 this draws: both backends sample the same tokens); the entropy of softmax(L / T) in f64.
+__global__ void __launch_bounds__(kT)
+    canvas_sample_kernel(const float* logits, int64_t V, const int32_t* keys, double T, uint64_t seed,
+                         int32_t* token, int32_t* argmax, float* entropy) {
+  __shared__ SampleSmem sm;
+  __shared__ double bc_d;
+  __shared__ ArgMaxD bc_a;
+  const int64_t r = blockIdx.x;
+  const float* L = logits + r * V;
+  const auto key = static_cast<uint64_t>(static_cast<uint32_t>(keys[r]));
+  ArgMaxD best{-INFINITY, -1};  // each thread's first index wins its ties; a row of -inf takes index 0
+  for (int64_t v = threadIdx.x; v < V; v += kT)
+    if (L[v] > best.v || best.i < 0) best = ArgMaxD{L[v], v};
+  best = block_argmax(sm, best, &bc_a);
+  const int64_t best_i = best.i >= 0 ? best.i : 0;
+  auto gumbel = [&](int64_t v) {
+    return static_cast<double>(L[v]) - T * log(-log(rng_uniform_dev(seed, key, static_cast<uint64_t>(v))));
+  };
+  const double bar = gumbel(best_i), reach = 37.5 * T;
+  ArgMaxD g{-INFINITY, -1};
+  for (int64_t v = threadIdx.x; v < V; v += kT) {
+    if (static_cast<double>(L[v]) + reach < bar) continue;
+    const double gv = gumbel(v);
+    if (gv > g.v || g.i < 0) g = ArgMaxD{gv, v};
+  }
+  g = block_argmax(sm, g, &bc_a);
+  const double mx = L[best_i];
+  double z = 0.0, pz = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += kT) {
+    const double zi = (static_cast<double>(L[v]) - mx) / T;
+    const double e = exp(zi);
+    z += e;
+    pz += e * zi;
+  }
+  z = block_sum(sm, z, &bc_d);
+  pz = block_sum(sm, pz, &bc_d);
+  if (threadIdx.x == 0) {
+    token[r] = static_cast<int32_t>(g.i >= 0 ? g.i : best_i);
+    argmax[r] = static_cast<int32_t>(best_i);
+    entropy[r] = static_cast<float>(log(z) - pz / z);
+  }
+}
+
+// soft_embed's first half, one block per row: probs[r, :] = softmax(L / T) (max in f32, the sum in f64, each
+// value in f32) in the table's dtype, as the CPU kernel.
+__global__ void __launch_bounds__(kT)
+    softmax_rows_kernel(const float* logits, int64_t V, float inv_t, void* probs, bool bf16) {
+  __shared__ SampleSmem sm;
+  __shared__ double bc_d;
+  __shared__ ArgMaxD bc_a;
+  const int64_t r = blockIdx.x;
+  const float* L = logits + r * V;
+  ArgMaxD m{-INFINITY, -1};
+  for (int64_t v = threadIdx.x; v < V; v += kT)
+    if (L[v] * inv_t > m.v || m.i < 0) m = ArgMaxD{L[v] * inv_t, v};
+  const auto mx = static_cast<float>(block_argmax(sm, m, &bc_a).v);
+  double sum = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += kT) sum += exp(static_cast<double>(L[v] * inv_t - mx));
+  sum = block_sum(sm, sum, &bc_d);
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t v = threadIdx.x; v < V; v += kT) {
+    const float pv = expf(L[v] * inv_t - mx) * inv;
+    if (bf16)
+      static_cast<__nv_bfloat16*>(probs)[r * V + v] = float_to_bf16(pv);
+    else
+      static_cast<float*>(probs)[r * V + v] = pv;
+  }
+}
+
 }  // namespace
+
+void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
+                   Tensor& argmax, Tensor& entropy, cudaStream_t s) {
+  check_canvas_sample(logits, row_keys, p, token, argmax, entropy);
+  const int64_t R = logits.rows();
+  if (R == 0) return;
+  canvas_sample_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(
+      logits.as<const float>(), logits.cols(), row_keys.as<const int32_t>(),
+      static_cast<double>(p.temperature), p.seed, token.as<int32_t>(), argmax.as<int32_t>(),
+      entropy.as<float>());
+  check_launch("canvas_sample");
+}
+
+void softmax_rows(const Tensor& logits, float temperature, Tensor& probs, cudaStream_t s) {
+  const int64_t R = logits.rows();
+  if (R == 0) return;
+  softmax_rows_kernel<<<static_cast<unsigned>(R), kT, 0, s>>>(
+      logits.as<const float>(), logits.cols(), 1.0f / temperature, probs.data, probs.dtype == DType::BF16);
+  check_launch("soft_embed (softmax)");
+}
 
 void sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                  Tensor& conf, cudaStream_t s) {

@@ -1,10 +1,6 @@
-// The CUDA kernels of uniform-noise diffusion (DiffusionGemma: Backend::rmsnorm_ex, geglu, scale, softcap,
-// canvas_sample and the softmax of soft_embed, whose GEMM is cuBLASLt's in cuda_backend.cpp). Semantics
-// are the CPU kernels' (backend/cpu/elementwise.cpp and uniform_ops.cpp): the sampler's Gumbel noise is
-// the same counter RNG in f64, so both backends draw the same tokens from the same logits.
-#include <cfloat>
-#include <climits>
-
+// The elementwise CUDA kernels of uniform-noise diffusion (DiffusionGemma: Backend::rmsnorm_ex, geglu, scale,
+// softcap; the per-row sampling kernels, canvas_sample and soft_embed's softmax, are sample.cu's). Semantics
+// are the CPU kernels' (backend/cpu/elementwise.cpp).
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/op_checks.h"
@@ -91,132 +87,6 @@ __global__ void scale_kernel(float* x, int64_t n, float f, bool cap) {
   if (i < n) x[i] = cap ? f * tanhf(x[i] / f) : x[i] * f;
 }
 
-constexpr int kRowThreads = 1024;  // one block per logits row
-constexpr int kWarps = kRowThreads / 32;
-
-// The block's best (value, index): larger value, ties to the lower index. Every thread gets the result.
-template <typename T>
-__device__ void block_argmax(T& v, int64_t& idx, T* sv, int64_t* si) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const T ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ov > v || (ov == v && oi < idx)) {
-      v = ov;
-      idx = oi;
-    }
-  }
-  const int w = threadIdx.x >> 5;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) {
-    sv[w] = v;
-    si[w] = idx;
-  }
-  __syncthreads();
-  v = sv[0];
-  idx = si[0];
-  for (int k = 1; k < kWarps; ++k) {
-    if (sv[k] > v || (sv[k] == v && si[k] < idx)) {
-      v = sv[k];
-      idx = si[k];
-    }
-  }
-}
-
-// The block's sum of v (a fixed order: deterministic). Every thread gets the result.
-__device__ double block_sum(double v, double* sd) {
-  v = warp_sum(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sd[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double s = 0.0;
-  for (int k = 0; k < kWarps; ++k) s += sd[k];
-  return s;
-}
-
-// One block per row: the argmax; the Gumbel-max sample at T drawn only where a token can still win
-// (L_v + 37.5 T below the argmax's own perturbed value: -log(-log U) <= 37.43 for every U of the RNG, so
-// the skip is exact, as on the CPU); the entropy of softmax(L / T) in f64.
-__global__ void __launch_bounds__(kRowThreads)
-    canvas_sample_kernel(const float* logits, int64_t V, const int32_t* keys, double T, uint64_t seed,
-                         int32_t* token, int32_t* argmax, float* entropy) {
-  __shared__ float sf[kWarps];
-  __shared__ double sd[kWarps];
-  __shared__ int64_t si[kWarps];
-  const int64_t r = blockIdx.x;
-  const float* L = logits + r * V;
-  const auto key = static_cast<uint64_t>(static_cast<uint32_t>(keys[r]));
-  float best = -INFINITY;
-  int64_t best_i = V;  // past every index (a row with nothing above -inf takes index 0, as on the CPU)
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-    if (L[v] > best || (L[v] == best && v < best_i)) {
-      best = L[v];
-      best_i = v;
-    }
-  }
-  block_argmax(best, best_i, sf, si);
-  if (best_i >= V) best_i = 0;
-  auto gumbel = [&](int64_t v) {
-    return static_cast<double>(L[v]) - T * log(-log(rng_uniform_dev(seed, key, static_cast<uint64_t>(v))));
-  };
-  const double bar = gumbel(best_i);
-  const double reach = 37.5 * T;
-  double g_best = -INFINITY;
-  int64_t g_i = V;
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-    if (static_cast<double>(L[v]) + reach < bar) continue;
-    const double g = gumbel(v);
-    if (g > g_best || (g == g_best && v < g_i)) {
-      g_best = g;
-      g_i = v;
-    }
-  }
-  block_argmax(g_best, g_i, sd, si);
-  if (g_i >= V) g_i = best_i;
-  const double mx = best;
-  double z = 0.0, pz = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-    const double zi = (static_cast<double>(L[v]) - mx) / T;
-    const double e = exp(zi);
-    z += e;
-    pz += e * zi;
-  }
-  z = block_sum(z, sd);
-  pz = block_sum(pz, sd);
-  if (threadIdx.x == 0) {
-    token[r] = static_cast<int32_t>(g_i);
-    argmax[r] = static_cast<int32_t>(best_i);
-    entropy[r] = static_cast<float>(log(z) - pz / z);
-  }
-}
-
-// One block per row: probs[r, :] = softmax(L / T) (max in f32, the sum in f64, each value in f32) in the
-// table's dtype, as the CPU kernel.
-__global__ void __launch_bounds__(kRowThreads)
-    softmax_rows_kernel(const float* logits, int64_t V, float inv_t, void* probs, bool bf16) {
-  __shared__ float sf[kWarps];
-  __shared__ double sd[kWarps];
-  const int64_t r = blockIdx.x;
-  const float* L = logits + r * V;
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) mx = fmaxf(mx, L[v] * inv_t);
-  mx = warp_max(mx);
-  if ((threadIdx.x & 31) == 0) sf[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mx = sf[0];
-  for (int k = 1; k < kWarps; ++k) mx = fmaxf(mx, sf[k]);
-  double sum = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) sum += exp(static_cast<double>(L[v] * inv_t - mx));
-  sum = block_sum(sum, sd);
-  const auto inv = static_cast<float>(1.0 / sum);
-  for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
-    const float pv = expf(L[v] * inv_t - mx) * inv;
-    if (bf16)
-      static_cast<__nv_bfloat16*>(probs)[r * V + v] = float_to_bf16(pv);
-    else
-      static_cast<float*>(probs)[r * V + v] = pv;
-  }
-}
-
 unsigned blocks(int64_t n, int threads = 256) {
   return static_cast<unsigned>(ceil_div(n, threads));
 }
@@ -256,26 +126,6 @@ void scale(Tensor& x, float f, bool cap, cudaStream_t s) {
   if (n == 0) return;
   scale_kernel<<<blocks(n), 256, 0, s>>>(x.as<float>(), n, f, cap);
   check_launch(op);
-}
-
-void canvas_sample(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
-                   Tensor& argmax, Tensor& entropy, cudaStream_t s) {
-  check_canvas_sample(logits, row_keys, p, token, argmax, entropy);
-  const int64_t R = logits.rows();
-  if (R == 0) return;
-  canvas_sample_kernel<<<static_cast<unsigned>(R), kRowThreads, 0, s>>>(
-      logits.as<const float>(), logits.cols(), row_keys.as<const int32_t>(),
-      static_cast<double>(p.temperature), p.seed, token.as<int32_t>(), argmax.as<int32_t>(),
-      entropy.as<float>());
-  check_launch("canvas_sample");
-}
-
-void softmax_rows(const Tensor& logits, float temperature, Tensor& probs, cudaStream_t s) {
-  const int64_t R = logits.rows();
-  if (R == 0) return;
-  softmax_rows_kernel<<<static_cast<unsigned>(R), kRowThreads, 0, s>>>(
-      logits.as<const float>(), logits.cols(), 1.0f / temperature, probs.data, probs.dtype == DType::BF16);
-  check_launch("soft_embed (softmax)");
 }
 
 }  // namespace tessera::cuda
