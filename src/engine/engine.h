@@ -74,6 +74,10 @@ struct ProcessMemory {
 };
 ProcessMemory process_memory();
 void reset_peak_rss();
+// The resident pages of this process's file mappings outside model_path (a checkpoint's directory or its
+// .gguf file): the binary's and the libraries' code, which a first forward touches. From /proc/self/smaps;
+// the runtime's share that RssAnon misses, while the mapped weights are planned as weights.
+size_t mapped_code_resident(const std::string& model_path);
 
 // One sequence of a packed step: its canvas (absolute positions 0..n-1) and the positions whose
 // prediction is wanted. targets (LogProb only) gives the token scored at each position.

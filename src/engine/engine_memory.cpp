@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -98,6 +101,37 @@ ProcessMemory process_memory() {
     if (line.rfind("RssAnon:", 0) == 0) m.anon = std::stoul(line.substr(8)) * 1024;
   }
   return m;
+}
+
+size_t mapped_code_resident(const std::string& model_path) {
+  // The checkpoint's files as the kernel names them: resolved, since a hub cache's files are links.
+  namespace fs = std::filesystem;
+  std::set<std::string> model_files;
+  std::error_code ec;
+  const auto add = [&](const fs::path& p) {
+    const fs::path c = fs::canonical(p, ec);
+    if (!ec) model_files.insert(c.string());
+  };
+  if (fs::is_directory(model_path, ec)) {
+    for (const auto& e : fs::directory_iterator(model_path, ec)) add(e.path());
+  } else {
+    add(model_path);
+  }
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool counted = false;
+  size_t bytes = 0;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    if (std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < line.find(' ')) {
+      // A mapping's header: "start-end perms offset dev inode [path]"; a file's path starts with '/'.
+      const size_t slash = line.find(" /");
+      counted = slash != std::string::npos && !model_files.contains(line.substr(slash + 1));
+    } else if (counted && line.rfind("Rss:", 0) == 0) {
+      bytes += std::stoul(line.substr(4)) * 1024;
+    }
+  }
+  return bytes;
 }
 
 void reset_peak_rss() {

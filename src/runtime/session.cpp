@@ -224,10 +224,13 @@ void Session::measure_runtime() {
     w.uniform = gen_.uniform;
   }
   const std::vector<int32_t> prompt = encode_raw(*tok_, "tessera", add_bos_ ? engine_->config().bos_id : -1);
-  const size_t anon = process_memory().anon, budget = engine_->options().memory_budget;
+  // The heap's growth and the code the forward touches for the first time (the mapped weights are planned
+  // as weights, the workspace as activations).
+  const auto resident = [&] { return process_memory().anon + mapped_code_resident(dir_); };
+  const size_t anon = resident(), budget = engine_->options().memory_budget;
   engine_->set_memory_budget(0);  // measured whatever the budget; a budget too small is the request's error
   generate(*engine_, prompt, w);
-  const size_t after = process_memory().anon, ws = engine_->workspace_resident();
+  const size_t after = resident(), ws = engine_->workspace_resident();
   engine_->set_memory_budget(budget);
   engine_->add_runtime_bytes(
       agreed_bytes(engine_->options().comm.get(), after > anon + ws ? after - anon - ws : 0));

@@ -247,12 +247,12 @@ TEST(CliConventions, AnUnreadableTokenizerSaysWhy) {
 }
 
 TEST(CliConventions, AMemoryBudgetBoundsTheWholeProcess) {
-  // The runtime's own memory (libraries, threads, tokenizer, what a first small forward leaves) is measured
-  // at start-up and planned in: the activations are chunked to make room for it, and the process's peak
-  // stays near the budget the user typed. What is left over (~2 MiB here, the same at any length: a
-  // transient high-water mark the start-up measurement does not see; ~2.2 MiB since Open MPI's libraries are
-  // linked for --tp) is in docs/PERF.md. 32 MiB: the weights (11.5 MiB) and the runtime (~14.5 MiB, of which
-  // ~1.3 MiB are Open MPI's libraries) leave ~6 MiB, less than the step's unchunked activations (7.7 MiB).
+  // The runtime's own memory (libraries, threads, tokenizer, the heap and the code pages a first small
+  // forward leaves resident) is measured at start-up and planned in: the activations are chunked to make
+  // room for it, and the process's peak stays near the budget the user typed. What is left over (0.5-0.8
+  // MiB here: heap and code the longer request touches beyond the first forward) is in docs/PERF.md. 32 MiB:
+  // the weights (11.5 MiB) and the runtime (~17 MiB, of which ~2.3 MiB are code pages and ~1.3 MiB Open
+  // MPI's libraries) leave ~3.5 MiB, less than the step's unchunked activations (7.7 MiB).
   std::string out;
   const size_t budget = size_t{32} << 20;
   ASSERT_EQ(
@@ -263,7 +263,7 @@ TEST(CliConventions, AMemoryBudgetBoundsTheWholeProcess) {
   EXPECT_EQ(j["memory_budget_bytes"].get<size_t>(), budget);
   const size_t runtime = j["runtime_bytes"].get<size_t>();
   EXPECT_GT(runtime, size_t{4} << 20) << out;  // libraries and a tokenizer are never free
-  EXPECT_LE(j["peak_rss_bytes"].get<size_t>(), budget + budget / 12) << out;
+  EXPECT_LE(j["peak_rss_bytes"].get<size_t>(), budget + budget / 16) << out;
   const size_t chunked = j["activation_peak_bytes"].get<size_t>();
   // The same without the budget plans the activations unchunked: more than the room the runtime left.
   ASSERT_EQ(tessera("generate" + tiny_greedy() + " -p hi -n 480 --steps 8 --json", &out), 0) << out;
