@@ -466,7 +466,7 @@ int run_plan(const PlanArgs& a) {
       fail("plan: --tp " + std::to_string(a.tp) + " --ep " + std::to_string(a.ep) +
            ": each must be 1 or the number of ranks (they share the ranks)");
     if (c.is_uniform()) fail("plan: DiffusionGemma has no tensor or expert parallelism yet");
-    rank_params = parallel_rank_params(c, a.tp, a.ep);
+    rank_params = parallel_rank_params(c, a.tp, a.ep, a.device != "cuda");  // the CPU splits the LM head
     c = tensor_parallel_rank_config(c, a.tp, a.ep);
   }
   // CUDA plans the bf16 K / V staging of its flash attention and keeps the GGUF tensors of the
@@ -487,6 +487,7 @@ int run_plan(const PlanArgs& a) {
   GraphOptions go = graph_options(c, act, cuda ? Device::CUDA : Device::CPU);
   go.tp_size = a.tp;  // the all-reduces (in place: no memory of their own)
   go.ep_size = a.ep;
+  if (a.tp > 1 && !cuda) go.vocab_split = vocab_share(c.vocab, a.tp, 0);  // the largest share's logits
   const graph::GraphTemplate g = build_model_graph(c, shape_only_weights(c, act), go, OutputMode::Sample);
   const size_t budget = a.budget.empty() ? 0 : memory::parse_size(a.budget);
   const bool cache = a.cache != "none";

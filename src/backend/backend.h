@@ -219,6 +219,16 @@ struct SampleParams {
 };
 constexpr int64_t kTopLogprobs = 20;  // most likely tokens returned per prediction (OpenAI's limit)
 
+// A rank's rows [lo, lo + n) of a vocabulary of `vocab` tokens split over `ranks` (the LM head under tensor
+// parallelism: rank r holds [r V / N, (r + 1) V / N)).
+struct VocabShare {
+  int64_t lo = 0, n = 0, vocab = 0;
+};
+inline VocabShare vocab_share(int64_t vocab, int ranks, int rank) {
+  const int64_t lo = vocab * rank / ranks, hi = vocab * (rank + 1) / ranks;
+  return {lo, hi - lo, vocab};
+}
+
 // Counter-based RNG shared by every backend so that CPU and CUDA draw identical noise:
 // splitmix64 of (seed, a, b) -> uniform double in (0, 1).
 inline uint64_t rng_mix(uint64_t x) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/vocab_parallel.h"
 
 namespace tessera {
 
@@ -169,9 +170,19 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
     }
     case OpKind::SampleRows: {
       Tensor logits = in(0), keys = in(1), tok = out(0), conf = out(1);
+      const VocabShare& vs = op.p.vocab_split;
+      TESSERA_CHECK(vs.n == 0 || c.comm != nullptr, "execute: a split LM head runs without its communicator");
+      const auto sample = [&](const Tensor& l, const Tensor& k, const SampleParams& sp, Tensor& t,
+                              Tensor& f) {
+        if (vs.n > 0) {
+          split_sample_rows(l, k, sp, vs, *c.comm, t, f);
+        } else {
+          b.sample_rows(l, k, sp, t, f);
+        }
+      };
       if (c.sample_seqs.empty()) {
         TESSERA_CHECK(c.sample != nullptr, "execute: sample_rows needs SampleParams");
-        b.sample_rows(logits, keys, *c.sample, tok, conf);
+        sample(logits, keys, *c.sample, tok, conf);
         break;
       }
       TESSERA_CHECK(c.sample_rows.size() == c.sample_seqs.size() + 1,
@@ -185,18 +196,34 @@ void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, cons
         if (lo >= hi) continue;
         Tensor l = logits.row_view(lo, hi - lo), k = keys.row_view(lo, hi - lo),
                t = tok.row_view(lo, hi - lo), f = conf.row_view(lo, hi - lo);
-        b.sample_rows(l, k, c.sample_seqs[s], t, f);
+        sample(l, k, c.sample_seqs[s], t, f);
       }
       break;
     }
     case OpKind::TokenLogprob: {
       Tensor o = out(0);
-      b.token_logprob(in(0), in(1), o);
+      if (op.p.vocab_split.n > 0) {
+        TESSERA_CHECK(c.comm != nullptr, "execute: a split LM head runs without its communicator");
+        split_token_logprob(in(0), in(1), op.p.vocab_split, *c.comm, o);
+      } else {
+        b.token_logprob(in(0), in(1), o);
+      }
       break;
     }
     case OpKind::TopLogprobs: {
       Tensor chosen = out(0), ids = out(1), lp = out(2);
-      b.top_logprobs(in(0), in(1), chosen, ids, lp);
+      if (op.p.vocab_split.n > 0) {
+        TESSERA_CHECK(c.comm != nullptr, "execute: a split LM head runs without its communicator");
+        split_top_logprobs(in(0), in(1), op.p.vocab_split, *c.comm, chosen, ids, lp);
+      } else {
+        b.top_logprobs(in(0), in(1), chosen, ids, lp);
+      }
+      break;
+    }
+    case OpKind::GatherVocab: {
+      Tensor o = out(0);
+      TESSERA_CHECK(c.comm != nullptr, "execute: a split LM head runs without its communicator");
+      gather_vocab(in(0), op.p.vocab_split, *c.comm, o);
       break;
     }
     case OpKind::MoeRoute: {

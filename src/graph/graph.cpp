@@ -62,6 +62,8 @@ const char* op_name(OpKind k) {
       return "top_logprobs";
     case OpKind::AllReduce:
       return "all_reduce";
+    case OpKind::GatherVocab:
+      return "gather_vocab";
     case OpKind::Geglu:
       return "geglu";
     case OpKind::Scale:

@@ -69,6 +69,7 @@ enum class OpKind : uint8_t {
   TopLogprobs,  // in: logits, tokens; out: the tokens' log-probabilities, and ids and log-probabilities
                 // [rows, K] of the K most likely tokens
   AllReduce,    // in / out: an f32 tensor summed in place over the tensor-parallel ranks (ExecContext::comm)
+  GatherVocab,  // in: this rank's logits [rows, share]; out: the whole rows [rows, vocab] (p.vocab_split)
   // Uniform-noise diffusion (DiffusionGemma's Gemma 4 blocks):
   Geglu,         // in: gate, up; out: gelu_tanh(gate) * up
   Scale,         // in / out: x *= p.scale (f32, in place)
@@ -99,6 +100,9 @@ struct OpParams {
   // without scale) and, with accumulate, y += the normalised x.
   int64_t group = 0;
   int window = 0;  // Attention: AttnParams::window
+  // SampleRows, TokenLogprob, TopLogprobs, GatherVocab over an LM head split by vocabulary (n > 0): the
+  // logits are this rank's columns, combined over ExecContext::comm (engine/vocab_parallel.h).
+  VocabShare vocab_split;
 };
 
 struct OpDecl {

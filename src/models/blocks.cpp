@@ -214,13 +214,25 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
   g.add_op(OpKind::RmsNorm, "output_norm", -1, {{x}, {wf}}, {{hn}}, norm);
   const int lm = g.add_weight("output.weight", -1, w.lm_head);
 
-  // Mask-only logits: gather-GEMM over the selected rows, chunked over them (K_logits).
+  // Mask-only logits: gather-GEMM over the selected rows, chunked over them (K_logits). An LM head split
+  // by vocabulary computes this rank's columns; the ops after it combine the ranks' summaries, and logits
+  // asked for whole are gathered (GatherVocab).
+  const bool split = o.vocab_split.n > 0;
+  OpParams vp;
+  vp.vocab_split = o.vocab_split;
+  const int64_t vocab_cols = split ? o.vocab_split.n : o.vocab;
   if (mode == OutputMode::Logits) {
     const int logits = g.add_output("logits", DType::F32, Sym::NLogits, o.vocab);
     g.begin_loop(Sym::NLogits, Sym::LogitRows);
     g.add_barrier(hn);
     g.add_barrier(logit_rows);
-    g.add_op(OpKind::GatherGemm, "logits", -1, {{hn}, {logit_rows, true}, {lm}}, {{logits, true}});
+    if (split) {
+      const int mine = g.add_tensor("logits_share", -1, DType::F32, Sym::LogitRows, vocab_cols);
+      g.add_op(OpKind::GatherGemm, "logits", -1, {{hn}, {logit_rows, true}, {lm}}, {{mine}});
+      g.add_op(OpKind::GatherVocab, "gather_vocab", -1, {{mine}}, {{logits, true}}, vp);
+    } else {
+      g.add_op(OpKind::GatherGemm, "logits", -1, {{hn}, {logit_rows, true}, {lm}}, {{logits, true}});
+    }
     g.end_loop();
     return g;
   }
@@ -237,16 +249,17 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
   g.add_barrier(hn);
   g.add_barrier(logit_rows);
   g.add_barrier(sample ? row_keys : target);
-  const int logits = g.add_tensor("logits", -1, DType::F32, Sym::LogitRows, o.vocab);
+  const int logits = g.add_tensor("logits", -1, DType::F32, Sym::LogitRows, vocab_cols);
   g.add_op(OpKind::GatherGemm, "logits", -1, {{hn}, {logit_rows, true}, {lm}}, {{logits}});
   if (sample) {
-    g.add_op(OpKind::SampleRows, "sample", -1, {{logits}, {row_keys, true}}, {{out_a, true}, {out_b, true}});
+    g.add_op(OpKind::SampleRows, "sample", -1, {{logits}, {row_keys, true}}, {{out_a, true}, {out_b, true}},
+             vp);
   } else {
-    g.add_op(OpKind::TokenLogprob, "logprob", -1, {{logits}, {target, true}}, {{out_a, true}});
+    g.add_op(OpKind::TokenLogprob, "logprob", -1, {{logits}, {target, true}}, {{out_a, true}}, vp);
   }
   if (with_lp) {  // the chosen tokens' log-probabilities and the most likely tokens'
     g.add_op(OpKind::TopLogprobs, "top_logprobs", -1, {{logits}, {out_a, true}},
-             {{lp, true}, {top_ids, true}, {top_lp, true}});
+             {{lp, true}, {top_ids, true}, {top_lp, true}}, vp);
   }
   g.end_loop();
   return g;

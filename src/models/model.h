@@ -87,6 +87,9 @@ struct GraphOptions {
   // the partial outputs of o_proj and of each split FFN over the ranks (OpKind::AllReduce; rank 0's
   // partial sum is added to the residual, the others' written over it).
   int tp_rank = 0, tp_size = 1, ep_size = 1;
+  // The LM head split by vocabulary (tp_size > 1 on the CPU): this rank's rows of it; the ops that read
+  // logits combine the ranks' per-row summaries (engine/vocab_parallel.h). n == 0: the head is whole.
+  VocabShare vocab_split;
 };
 
 // Throws a one-line error when config c cannot be split over `size` tensor-parallel ranks (heads, key /
@@ -97,8 +100,9 @@ void check_tensor_parallel(const ModelConfig& c, int size, int ep = 1);
 // dense FFN (and, with expert parallelism, its share of the shared expert); head_dim, hidden, vocab and
 // the routed experts as they are. kv_cache_bytes_per_token is the rank's share of the cache.
 ModelConfig tensor_parallel_rank_config(const ModelConfig& c, int tp, int ep = 1);
-// The parameters one rank holds under --tp tp --ep ep (its experts only; the router whole).
-int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep);
+// The parameters one rank holds under --tp tp --ep ep (its experts only; the router whole; with split_vocab,
+// the CPU's layout, its share of an untied LM head).
+int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep, bool split_vocab = false);
 
 // Precision::Auto's compute dtype: the dtype most weight bytes are stored in (as loaded: GGUF's
 // quantized tensors count as the bf16 they become).

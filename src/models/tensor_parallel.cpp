@@ -4,7 +4,9 @@
 // down: columns). Expert parallelism: rank r of N computes experts [r E / N, (r + 1) E / N) of every MoE
 // layer (all ranks route every row: the router is whole), and the shared expert's share under tensor
 // parallelism. The graph (blocks.cpp) sums the partial outputs of o_proj and of each split FFN over the
-// ranks with one all-reduce each. Embedding, norms and the LM head stay whole on every rank.
+// ranks with one all-reduce each. On the CPU the LM head splits by vocabulary (rank r: rows
+// [r V / N, (r + 1) V / N)), its logits never gathered for sampling (engine/vocab_parallel.h). Embedding
+// and norms stay whole on every rank.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -59,12 +61,16 @@ ModelConfig tensor_parallel_rank_config(const ModelConfig& c, int tp, int ep) {
   return r;
 }
 
-int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep) {
+int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep, bool split_vocab) {
   const ModelConfig r = tensor_parallel_rank_config(c, tp, ep);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) moe_layers += c.is_moe_layer(l) ? 1 : 0;
   const int64_t other_experts = ep > 1 ? c.moe.n_experts - c.moe.n_experts / ep : 0;
-  return r.param_count() - moe_layers * other_experts * 3 * c.hidden * c.moe.expert_inter;
+  // An untied LM head split by vocabulary: rank 0's share (the largest is one row more at most).
+  const int64_t other_vocab =
+      split_vocab && tp > 1 && !c.tie_embeddings ? c.vocab - vocab_share(c.vocab, tp, 0).n : 0;
+  return r.param_count() - moe_layers * other_experts * 3 * c.hidden * c.moe.expert_inter -
+         other_vocab * c.hidden;
 }
 
 namespace {
@@ -195,6 +201,14 @@ void Model::shard_parallel(int rank, int tp, int ep) {
                                table.size() * sizeof(void*));
       if (tp > 1 && L.w_gate.ndim > 0) split_ffn(L, "shared expert down");
     }
+  }
+  // The LM head by vocabulary (the CPU's samplers combine the ranks' summaries; elsewhere it stays whole).
+  // Tied to the embedding, whose lookups need every row: a view of the rank's rows, nothing freed.
+  if (tp > 1 && backend_->device() == Device::CPU) {
+    const VocabShare share = vocab_share(cfg_.vocab, tp, rank);
+    w_.lm_head = w_.lm_head.data == w_.embed.data ? w_.lm_head.row_view(share.lo, share.n)
+                                                  : rows(w_.lm_head, share.lo, share.n);
+    opts_.vocab_split = share;
   }
   opts_.n_heads = q_heads;
   opts_.n_kv_heads = kv_heads;

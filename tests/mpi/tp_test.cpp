@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
+#include "backend/cpu/cpu_ops.h"
 #include "decode/generate.h"
 #include "dist/communicator.h"
 #include "engine/engine.h"
+#include "engine/vocab_parallel.h"
 #include "io/config.h"
 #include "models/model.h"
 #include "test_util.h"
@@ -94,6 +98,17 @@ TEST_P(TensorParallel, LogitsEqualOneProcess) {
     ++ran;
     const std::string at = std::string(f.name) + " (" + layout.name() + ")";
     EXPECT_LT(e.split->model().weight_bytes(), e.whole->model().weight_bytes()) << at;
+    // Under tensor parallelism the LM head holds this rank's rows of the vocabulary (logits whole below come
+    // through GatherVocab; samplers combine the ranks' summaries).
+    const VocabShare vs = e.split->model().options().vocab_split;
+    if (layout.tp) {
+      const int n = world()->size(), r = world()->rank();
+      EXPECT_EQ(vs.lo, vocab_share(c.vocab, n, r).lo) << at;
+      EXPECT_EQ(vs.n, vocab_share(c.vocab, n, r).n) << at;
+      EXPECT_EQ(e.split->model().weights().lm_head.rows(), vs.n) << at;
+    } else {
+      EXPECT_EQ(vs.n, 0) << at;
+    }
     const int64_t V = e.whole->config().vocab;
     for (int64_t n : {1, 33, 130}) {
       const auto canvas = test::random_canvas(n, V, 7 + static_cast<uint64_t>(n), e.whole->mask_token(), 0.4);
@@ -158,10 +173,36 @@ TEST_P(TensorParallel, GenerationDecidesTheSameTokensAtTheSameSteps) {
     o.des = DesMode::Seq;
     cases.push_back({"des", o});
   }
+  // Sampled (the LM head split by vocabulary: Gumbel-max and Dream's filtered draw over the ranks' slices),
+  // with the tokens' log-probabilities.
+  o = base;
+  o.temperature = 0.7f;
+  o.seed = 11;
+  o.logprobs = true;
+  cases.push_back({"gumbel 0.7, logprobs", o});
+  if (!tri) {
+    o = base;
+    o.alg = Unmask::Entropy;
+    o.temperature = 0.5f;
+    o.top_p = 0.9f;
+    o.top_k = 30;
+    o.seed = 5;
+    cases.push_back({"entropy, top_p, top_k", o});
+  }
   for (const auto& [what, opt] : cases) {
     const GenerateResult want = generate(*e.whole, prompt, opt), got = generate(*e.split, prompt, opt);
     EXPECT_EQ(got.tokens, want.tokens) << f.name << ", " << what;
     EXPECT_EQ(got.order, want.order) << f.name << ", " << what;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << f.name << ", " << what;
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+      const TokenLogprob &a = got.logprobs[i], &b = want.logprobs[i];
+      EXPECT_NEAR(a.logprob, b.logprob, 1e-4) << f.name << ", " << what << ", token " << i;
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t j = 0; j < b.top.size(); ++j) {
+        EXPECT_EQ(a.top[j].first, b.top[j].first) << f.name << ", " << what << ", token " << i;
+        EXPECT_NEAR(a.top[j].second, b.top[j].second, 1e-4) << f.name << ", " << what << ", token " << i;
+      }
+    }
   }
 }
 
@@ -190,6 +231,143 @@ TEST(TensorParallelLayout, LayoutsTheModelCannotTakeAreRefusedAtLoad) {
   if (8 % n != 0) expect_refused(moe, 1, n, "--ep " + std::to_string(n) + ": the model's experts (8)");
   expect_refused(dense, 1, n, "--ep " + std::to_string(n) + ": this model has no experts");
   expect_refused(dense, 1, 1, "--tp 1 --ep 1 needs 1 rank; the communicator has " + std::to_string(n));
+}
+
+// Rows of logits every rank builds alike: peaked, flat, tied, with a column of -inf and an all -inf row.
+std::vector<float> test_logits(int64_t R, int64_t V) {
+  std::vector<float> L(static_cast<size_t>(R * V));
+  uint64_t s = 12345;
+  const auto uni = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>((s >> 40) & 0xffffff) / 16777216.0f;
+  };
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = L.data() + r * V;
+    const float spread = r % 4 == 0 ? 0.05f : r % 4 == 1 ? 1.0f : r % 4 == 2 ? 4.0f : 12.0f;
+    for (int64_t v = 0; v < V; ++v) row[v] = spread * (uni() - 0.5f);
+    if (r % 5 == 1) row[(r * 37) % V] += 9.0f;  // a peak
+    if (r % 7 == 3) {                           // a tie for the max across the slices
+      row[3] = 30.0f;
+      row[V - 2] = 30.0f;
+    }
+    if (r % 6 == 5) row[(r * 11) % V] = -std::numeric_limits<float>::infinity();
+    if (r == R - 1)
+      for (int64_t v = 0; v < V; ++v) row[v] = -std::numeric_limits<float>::infinity();
+  }
+  return L;
+}
+
+// The LM head split by vocabulary: each rank holds its columns of the same logits, and the combined
+// summaries give what the CPU sampler gives on the whole rows: the same tokens, the confidences and
+// log-probabilities within f64-summation rounding, the same top ids.
+TEST(VocabParallel, SplitSamplingEqualsTheWholeRow) {
+  auto w = world();
+  const int64_t R = 43, V = 1001;  // not divisible by 2, 3 or 4
+  const VocabShare share = vocab_share(V, w->size(), w->rank());
+  std::vector<float> whole = test_logits(R, V), mine(static_cast<size_t>(R * share.n));
+  for (int64_t r = 0; r < R; ++r)
+    std::copy_n(whole.begin() + r * V + share.lo, share.n, mine.begin() + r * share.n);
+  std::vector<int32_t> keys(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) keys[static_cast<size_t>(r)] = static_cast<int32_t>(100 + 3 * r);
+  const Tensor all_t(whole.data(), DType::F32, {R, V}), mine_t(mine.data(), DType::F32, {R, share.n}),
+      keys_t(keys.data(), DType::I32, {R});
+  struct Case {
+    const char* what;
+    SampleParams p;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](const char* what, auto set) {
+    SampleParams p;
+    p.seed = 7;
+    set(p);
+    cases.push_back({what, p});
+  };
+  add("greedy, prob", [](SampleParams&) {});
+  add("greedy, margin", [](SampleParams& p) { p.conf = ConfKind::Margin; });
+  add("greedy, entropy", [](SampleParams& p) { p.conf = ConfKind::NegEntropy; });
+  add("random confidence", [](SampleParams& p) { p.conf = ConfKind::Random; });
+  add("gumbel 0.7", [](SampleParams& p) {
+    p.gumbel = true;
+    p.temperature = 0.7f;
+  });
+  add("gumbel 1.3, suppressed", [](SampleParams& p) {
+    p.gumbel = true;
+    p.temperature = 1.3f;
+    p.suppress_token = 3;
+  });
+  add("dream 0.5", [](SampleParams& p) { p.temperature = 0.5f; });
+  add("dream 1, top_p 0.9, entropy", [](SampleParams& p) {
+    p.temperature = 1.0f;
+    p.top_p = 0.9f;
+    p.conf = ConfKind::NegEntropy;
+  });
+  add("dream greedy, top_p 0.95, margin", [](SampleParams& p) {
+    p.top_p = 0.95f;
+    p.conf = ConfKind::Margin;
+  });
+  add("dream 0.8, top_k 20", [](SampleParams& p) {
+    p.temperature = 0.8f;
+    p.top_k = 20;
+  });
+  add("dream 1.1, top_p 0.7, top_k 50", [](SampleParams& p) {
+    p.temperature = 1.1f;
+    p.top_p = 0.7f;
+    p.top_k = 50;
+  });
+  add("dream 0.9, top_k 1, suppressed", [](SampleParams& p) {
+    p.temperature = 0.9f;
+    p.top_k = 1;
+    p.suppress_token = V - 2;
+  });
+  for (const Case& c : cases) {
+    std::vector<int32_t> want_t(static_cast<size_t>(R)), got_t(want_t.size());
+    std::vector<float> want_c(want_t.size()), got_c(want_t.size());
+    Tensor wt(want_t.data(), DType::I32, {R}), gt(got_t.data(), DType::I32, {R}),
+        wc(want_c.data(), DType::F32, {R}), gc(got_c.data(), DType::F32, {R});
+    cpu_sample_rows(all_t, keys_t, c.p, wt, wc);
+    split_sample_rows(mine_t, keys_t, c.p, share, *w, gt, gc);
+    EXPECT_EQ(got_t, want_t) << c.what;
+    for (int64_t r = 0; r < R; ++r)
+      EXPECT_NEAR(got_c[static_cast<size_t>(r)], want_c[static_cast<size_t>(r)],
+                  1e-5 * std::max(1.0f, std::fabs(want_c[static_cast<size_t>(r)])))
+          << c.what << ", row " << r;
+  }
+  // Log-probabilities: of a target (one out of range), and the top 20 with the chosen token's.
+  std::vector<int32_t> target(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) target[static_cast<size_t>(r)] = static_cast<int32_t>((r * 97) % V);
+  target[5] = static_cast<int32_t>(V);
+  const Tensor target_t(target.data(), DType::I32, {R});
+  std::vector<float> want_lp(static_cast<size_t>(R)), got_lp(want_lp.size());
+  Tensor wl(want_lp.data(), DType::F32, {R}), gl(got_lp.data(), DType::F32, {R});
+  cpu_token_logprob(all_t, target_t, wl);
+  split_token_logprob(mine_t, target_t, share, *w, gl);
+  const int64_t K = 20;
+  std::vector<float> wch(static_cast<size_t>(R)), gch(wch.size()), wv(static_cast<size_t>(R * K)),
+      gv(wv.size());
+  std::vector<int32_t> wi(wv.size()), gi(wv.size());
+  Tensor wch_t(wch.data(), DType::F32, {R}), gch_t(gch.data(), DType::F32, {R}),
+      wi_t(wi.data(), DType::I32, {R, K}), gi_t(gi.data(), DType::I32, {R, K}),
+      wv_t(wv.data(), DType::F32, {R, K}), gv_t(gv.data(), DType::F32, {R, K});
+  cpu_top_logprobs(all_t, target_t, wch_t, wi_t, wv_t);
+  split_top_logprobs(mine_t, target_t, share, *w, gch_t, gi_t, gv_t);
+  EXPECT_EQ(gi, wi);
+  const auto near = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::isnan(want[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << what << " " << i;
+      } else {
+        EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0f, std::fabs(want[i]))) << what << " " << i;
+      }
+    }
+  };
+  near(got_lp, want_lp, "token_logprob");
+  near(gch, wch, "top_logprobs' chosen");
+  near(gv, wv, "top_logprobs");
+  // Logits asked for whole come back whole.
+  std::vector<float> back(whole.size(), 0.0f);
+  Tensor back_t(back.data(), DType::F32, {R, V});
+  gather_vocab(mine_t, share, *w, back_t);
+  EXPECT_EQ(std::memcmp(back.data(), whole.data(), whole.size() * sizeof(float)), 0);
 }
 
 TEST(Communicator, CollectivesGiveEveryRankTheSameValues) {

@@ -19,6 +19,11 @@ TEST(ParallelLayout, OneRanksParametersAreTheWholeMinusTheOtherRanksShares) {
   const int64_t split_per_layer = 4 * 4096LL * 4096 + 3 * 4096LL * 12288;
   EXPECT_EQ(parallel_rank_params(c, 2, 1), c.param_count() - 32 * split_per_layer / 2);
   EXPECT_EQ(parallel_rank_params(c, 2, 1), 4525920256LL);
+  // On the CPU the untied LM head (126464 x 4096) splits by vocabulary too: 63232 rows each.
+  ASSERT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(parallel_rank_params(c, 2, 1, true), 4525920256LL - 63232LL * 4096);
+  EXPECT_EQ(vocab_share(c.vocab, 2, 1).lo, 63232);
+  EXPECT_EQ(vocab_share(126465, 2, 1).n, 63233);  // an odd vocabulary: the last rank's one row more
   const ModelConfig r = tensor_parallel_rank_config(c, 2);
   EXPECT_EQ(r.n_heads, 16);
   EXPECT_EQ(r.n_kv_heads, 16);
@@ -84,6 +89,36 @@ TEST(ParallelLayout, TheGraphSumsEverySplitSubLayer) {
       }
     }
     EXPECT_EQ(reduces, 2 * 4) << "rank " << rank;  // attention and FFN of each of the 4 layers
+  }
+}
+
+// An LM head split by vocabulary: the logits are the rank's columns, the sampler combines the ranks'
+// summaries (never the logits), and logits asked for whole are gathered after the GEMM.
+TEST(ParallelLayout, TheSplitLmHeadSamplesItsColumnsAndGathersOnlyWholeLogits) {
+  const ModelConfig c = named_geometry("llada-8b");
+  const ModelConfig r = tensor_parallel_rank_config(c, 4);
+  GraphOptions o = graph_options(r, DType::BF16);
+  o.tp_rank = 1;
+  o.tp_size = 4;
+  o.vocab_split = vocab_share(c.vocab, 4, 1);
+  for (OutputMode mode :
+       {OutputMode::Sample, OutputMode::Logits, OutputMode::LogProb, OutputMode::SampleLogprobs}) {
+    const graph::GraphTemplate g = build_dense_graph(shape_only_weights(r, DType::BF16), o, mode);
+    int gathers = 0, split_ops = 0;
+    for (const graph::OpDecl& op : g.ops()) {
+      gathers += op.kind == graph::OpKind::GatherVocab ? 1 : 0;
+      if (op.kind == graph::OpKind::GatherGemm) {
+        EXPECT_EQ(g.tensors()[static_cast<size_t>(op.out[0].id)].cols, 126464 / 4);
+      }
+      if (op.kind == graph::OpKind::SampleRows || op.kind == graph::OpKind::TokenLogprob ||
+          op.kind == graph::OpKind::TopLogprobs || op.kind == graph::OpKind::GatherVocab) {
+        EXPECT_EQ(op.p.vocab_split.lo, 126464 / 4);
+        EXPECT_EQ(op.p.vocab_split.vocab, 126464);
+        ++split_ops;
+      }
+    }
+    EXPECT_EQ(gathers, mode == OutputMode::Logits ? 1 : 0);
+    EXPECT_EQ(split_ops, mode == OutputMode::SampleLogprobs ? 2 : 1);
   }
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/sample_row.h"
 #include "backend/cpu/simd.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
@@ -30,25 +31,14 @@
 namespace tessera {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
 struct RowResult {
   int32_t token = 0;
   float conf = 0.0f;
 };
 
-// Reads logit v after temperature scaling and suppression.
-struct RowView {
-  const float* L;
-  int64_t V;
-  int64_t suppress;  // -1 = none
-  float t;           // temperature divisor (Dream: logits / T), used when scale
-  bool scale;
-  float operator()(int64_t v) const {
-    if (v == suppress) return kNegInf;
-    return scale ? L[v] / t : L[v];
-  }
-};
+using cpu::kNegInf;
+using cpu::RowView;
+using Stats = cpu::RowStats;
 
 // Cut value of Dream's top_p filter over the row. The nucleus is found among candidates with
 // x >= max - gap: when their mass exceeds top_p, the sorted prefix that crosses top_p lies inside
@@ -93,14 +83,6 @@ float top_k_cut(const RowView& x, int64_t k) {
   return buf[static_cast<size_t>(k - 1)];
 }
 
-// Softmax statistics over the kept tokens (x >= cut, finite): max, argmax (lowest index on ties),
-// runner-up value and the normaliser sum exp(x - max).
-struct Stats {
-  float m1 = kNegInf, m2 = kNegInf;
-  int64_t arg = -1;
-  double z = 0.0;
-};
-
 // sum over the kept tokens (x >= cut, finite) of e^(x - m), m the row's max kept value. Whole vectors
 // of kW logits: e^ in f32 (simd::exp, within 2 ulp) summed per lane over blocks of 64 vectors, each
 // block's sum added in f64; the vector holding the suppressed token and the tail: f64 per element.
@@ -137,11 +119,13 @@ double exp_sum(const RowView& x, float cut, float m) {
   return z + scalar(whole, x.V);
 }
 
+}  // namespace
+
 // Max, argmax and runner-up of the kept tokens: per lane over whole vectors of kW logits (each lane
 // keeps its first index of its max, its own runner-up), then the lanes merged; the tail element by
 // element. Equal to the scalar scan: the runner-up of the multiset is the larger of the lanes'
 // runners-up and the other lanes' maxima; NaN logits compare false, so they are never the max.
-Stats row_stats(const RowView& x, float cut) {
+cpu::RowStats cpu::row_stats(const RowView& x, float cut) {
   using namespace cpu::simd;
   Stats s;
   const int64_t whole = x.V <= std::numeric_limits<int32_t>::max() ? x.V / kW * kW : 0;
@@ -187,6 +171,8 @@ Stats row_stats(const RowView& x, float cut) {
   s.z = exp_sum(x, cut, s.m1);
   return s;
 }
+
+namespace {
 
 float confidence(const RowView& x, float cut, const Stats& s, int64_t x0, const SampleParams& p,
                  uint64_t key) {
