@@ -28,14 +28,15 @@ inline std::vector<std::string> events(const std::string& body) {
 }
 
 // `tessera serve --port 0 ARGS`, logging to DIR/serve.log; port() once it listens (up to 20 s; ready()
-// without a port for a Unix socket).
+// without a port for a Unix socket). launcher: a command before it (mpirun ...), which pid() is then.
 class ServerProcess {
  public:
-  ServerProcess(const std::string& args, const std::filesystem::path& dir) {
-    const auto log = dir / "serve.log";
+  ServerProcess(const std::string& args, const std::filesystem::path& dir, const std::string& launcher = "")
+      : log_(dir / "serve.log") {
+    const auto& log = log_;
     std::string out;
-    EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " serve --port 0 " + args + " >" + log.string() +
-                              " 2>&1 & echo $!",
+    EXPECT_EQ(run_command(launcher + std::string(TESSERA_BINARY) + " serve --port 0 " + args + " >" +
+                              log.string() + " 2>&1 & echo $!",
                           &out),
               0);
     pid_ = std::stoi(out);
@@ -55,6 +56,10 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
   int port() const { return port_; }
+  std::string log() const {
+    std::ifstream f(log_);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
   int pid() const { return pid_; }
   bool ready() const { return ready_; }
   // Whether the process still runs (not a zombie: it is not this process's child, a shell started it).
@@ -66,6 +71,7 @@ class ServerProcess {
   }
 
  private:
+  std::filesystem::path log_;
   int pid_ = 0, port_ = 0;
   bool ready_ = false;
 };

@@ -277,6 +277,9 @@ int run_plan_modes(const PlanArgs& a, const ModelConfig& c, DType act, size_t we
   if (!a.svg.empty()) fail("--svg draws one bidirectional step; it does not draw --mode's forwards yet");
   GraphOptions go = graph_options(c, act, dev);
   go.kv_cache = true;
+  go.tp_size = a.tp;  // c is one rank's share under --tp / --ep (its all-reduces need no memory)
+  go.ep_size = a.ep;
+  if (a.tp > 1 && dev == Device::CPU) go.vocab_split = vocab_share(c.vocab, a.tp, 0);  // the largest share
   const auto w = shape_only_weights(c, act);
   GraphOptions enc = go;
   enc.mask = MaskKind::Causal;  // a uniform-noise model's encoder (its graph's other mode)
@@ -460,8 +463,6 @@ int run_plan(const PlanArgs& a) {
   const bool parallel = a.tp > 1 || a.ep > 1;
   int64_t rank_params = whole_params;
   if (parallel) {
-    if (!a.mode.empty())
-      fail("plan: --tp / --ep with --mode is not planned yet; plan the bidirectional step");
     if (a.tp > 1 && a.ep > 1 && a.tp != a.ep)
       fail("plan: --tp " + std::to_string(a.tp) + " --ep " + std::to_string(a.ep) +
            ": each must be 1 or the number of ranks (they share the ranks)");

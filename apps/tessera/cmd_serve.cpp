@@ -167,6 +167,8 @@ ServeApp::ServeApp(const ServeArgs& a)
     if (k.empty()) fail("an API key must not be empty");
     key_digests_.push_back(sha256(k));
   }
+  if (auto comm = session_.engine().options().comm; comm && comm->size() > 1)
+    ranks_ = std::make_unique<RankLink>(comm, a.session.dist_timeout);
   if (args_.limits.max_tokens > 0 && session_.options().gen_length > args_.limits.max_tokens)
     fail("--max-tokens " + std::to_string(args_.limits.max_tokens) +
          " is below the model's default generation length " + std::to_string(session_.options().gen_length) +
@@ -586,13 +588,8 @@ void add_serve(CLI::App& app, Registry& reg) {
       "Examples:\n  tessera serve --port 8080                  # then open http://127.0.0.1:8080/\n"
       "  tessera serve -m /models/LLaDA-8B-Instruct --host 0.0.0.0 --api-key-file keys.txt --batch 8");
   reg.handlers.emplace_back(sub, [a] {
-    if (a->session.tp > 1 || a->session.ep > 1)
-      fail(
-          "serve with --tp / --ep: ranks following rank 0's requests are not implemented yet (generate, eval "
-          "and "
-          "bench run over ranks)");
     ServeApp s(*a);
-    return s.run();
+    return s.rank() == 0 ? s.run() : s.follow();
   });
 }
 

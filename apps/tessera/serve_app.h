@@ -17,6 +17,7 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/http_server.h"
 #include "apps/tessera/serve_http.h"
+#include "apps/tessera/serve_ranks.h"
 #include "apps/tessera/serve_request.h"
 #include "engine/batcher.h"
 
@@ -48,7 +49,11 @@ struct ServeArgs {
 class ServeApp {
  public:
   explicit ServeApp(const ServeArgs& a);
+  // Rank 0 (or one process): serves HTTP until stopped. Over ranks (--tp / --ep), the other ranks call
+  // follow() instead: they run rank 0's generations (serve_ranks.h) until it ends.
   int run();
+  int follow();
+  int rank() const { return ranks_ ? ranks_->rank() : 0; }
 
  private:
   using json = nlohmann::json;
@@ -130,14 +135,18 @@ class ServeApp {
                     Held& held, Clock::time_point deadline);
   void answer_stream(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens, Slot& slot,
                      Held& held, Clock::time_point deadline);
+  // Choice c of request r (body: its POST body, for the other ranks), through the batcher or, over ranks,
+  // on every rank at once.
+  Session::Output generate(const ParsedRequest& r, const std::string& body, bool chat, int c,
+                           const std::function<void(const StepEvent&)>& on_step);
   // The step check of a generation: throws Ended when it must stop.
   void check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const;
   json envelope(const Tag& t, bool chat, bool chunk) const;
   json logprobs_json(bool chat, std::span<const int32_t> tokens, std::span<const TokenLogprob> lps, size_t a,
                      size_t b, int top) const;
   template <typename Send, typename Delta>
-  size_t stream_choice(int c, const ParsedRequest& r, const std::string& tag, size_t hold, bool chat,
-                       const Send& send, const Delta& delta_event,
+  size_t stream_choice(int c, const ParsedRequest& r, const std::string& body, const std::string& tag,
+                       size_t hold, bool chat, const Send& send, const Delta& delta_event,
                        const std::function<void(int, json)>& send_canvas, const std::function<void()>& step);
   std::string finish_reason(const Session::Output& out, const GenerateOptions& o) const;
   void count_done(size_t prompt_tokens, size_t completion_tokens, Clock::time_point t0);
@@ -158,8 +167,9 @@ class ServeApp {
   std::map<std::string, std::shared_ptr<Slot>> slots_;
   std::mutex log_m_;
   std::FILE* log_ = nullptr;
-  http::Server* http_ = nullptr;  // while run() serves
-  Batcher batcher_;               // last member: its engine thread stops first
+  http::Server* http_ = nullptr;     // while run() serves
+  std::unique_ptr<RankLink> ranks_;  // over ranks: rank 0's link to the others
+  Batcher batcher_;                  // last member: its engine thread stops first
 };
 
 }  // namespace tessera::cli

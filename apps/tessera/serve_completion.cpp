@@ -166,6 +166,23 @@ void ServeApp::completion(http::Exchange& ex, bool chat) {
     answer_whole(ex, chat, r, prompt_tokens, *slot, held, deadline);
 }
 
+Session::Output ServeApp::generate(const ParsedRequest& r, const std::string& body, bool chat, int c,
+                                   const std::function<void(const StepEvent&)>& on_step) {
+  const GenerateOptions o = choice(r.options, c % r.n);
+  if (ranks_) return ranks_->run(session_, body, chat, c, prompt_of(r, c), o, on_step);
+  return session_.run(batcher_, prompt_of(r, c), o, on_step);
+}
+
+int ServeApp::follow() {
+  std::fprintf(stderr, "tessera serve: rank %d follows rank 0\n", rank());
+  return ranks_->follow(session_, [this](const std::string& body, bool chat, int c,
+                                         std::vector<int32_t>& prompt, GenerateOptions& o) {
+    const ParsedRequest r = parse_request(body, chat, session_, model_id_, args_.limits);
+    prompt = prompt_of(r, c);
+    o = choice(r.options, c % r.n);
+  });
+}
+
 void ServeApp::check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const {
   ++slot.steps;
   if (stopping_)
@@ -188,8 +205,8 @@ void ServeApp::answer_whole(http::Exchange& ex, bool chat, const ParsedRequest& 
   const auto t0 = Clock::now();
   try {
     run_choices(total, [&](int i) {
-      outs[static_cast<size_t>(i)] = session_.run(batcher_, prompt_of(r, i), choice(o, i % n),
-                                                  [&](const StepEvent&) { check_step(ex, slot, deadline); });
+      outs[static_cast<size_t>(i)] =
+          generate(r, ex.request().body, chat, i, [&](const StepEvent&) { check_step(ex, slot, deadline); });
     });
   } catch (const Ended& e) {
     ++(e.status == 499 ? abandoned_ : e.status == 504 ? timed_out_ : failed_);
@@ -292,8 +309,8 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
     };
     const std::function<void()> step = [&] { check_step(ex, slot, deadline); };
     run_choices(total, [&](int c) {
-      completion[static_cast<size_t>(c)] =
-          stream_choice(c, r, tag.id, hold, chat, send, delta_event, r.canvas ? send_canvas : nullptr, step);
+      completion[static_cast<size_t>(c)] = stream_choice(c, r, ex.request().body, tag.id, hold, chat, send,
+                                                         delta_event, r.canvas ? send_canvas : nullptr, step);
     });
     for (size_t t : completion) sum += t;
     if (r.include_usage) {  // as OpenAI: one more chunk, no choices, the usage of the whole request
@@ -324,8 +341,8 @@ void ServeApp::answer_stream(http::Exchange& ex, bool chat, const ParsedRequest&
 // through a ReplyStream: its text with special tokens (tool-call markers often are), split into content,
 // reasoning and whole tool calls as it grows.
 template <typename Send, typename Delta>
-size_t ServeApp::stream_choice(int c, const ParsedRequest& r, const std::string& tag, size_t hold, bool chat,
-                               const Send& send, const Delta& delta_event,
+size_t ServeApp::stream_choice(int c, const ParsedRequest& r, const std::string& body, const std::string& tag,
+                               size_t hold, bool chat, const Send& send, const Delta& delta_event,
                                const std::function<void(int, json)>& send_canvas,
                                const std::function<void()>& step) {
   const GenerateOptions o = choice(r.options, c % r.n);
@@ -357,7 +374,7 @@ size_t ServeApp::stream_choice(int c, const ParsedRequest& r, const std::string&
   std::vector<int32_t> prefix;
   const int32_t mask = session_.engine().mask_token();
   const Tokenizer& tk = session_.tokenizer();
-  const Session::Output out = session_.run(batcher_, ids, o, [&](const StepEvent& ev) {
+  const Session::Output out = generate(r, body, chat, c, [&](const StepEvent& ev) {
     step();
     if (send_canvas) send_canvas(c, canvas_event_json(ev, tk, P, mask, o.eos_ids));
     prefix.clear();  // the generation's committed prefix, up to the first mask or EOS

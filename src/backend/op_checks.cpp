@@ -142,9 +142,9 @@ void check_token_logprob(const Tensor& logits, const Tensor& target, const Tenso
 }
 
 int64_t check_top_logprobs(const Tensor& logits, const Tensor& token, const Tensor& chosen, const Tensor& ids,
-                           const Tensor& lp) {
+                           const Tensor& lp, int64_t vocab) {
   TESSERA_CHECK(logits.dtype == DType::F32, "top_logprobs: logits must be f32");
-  const int64_t R = logits.rows(), V = logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
+  const int64_t R = logits.rows(), V = vocab > 0 ? vocab : logits.cols(), K = ids.ndim == 2 ? ids.cols() : 0;
   TESSERA_CHECK(
       token.numel() == R && token.dtype == DType::I32 && chosen.numel() == R && chosen.dtype == DType::F32,
       "top_logprobs: one i32 token and one f32 output per logits row expected");

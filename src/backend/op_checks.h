@@ -23,9 +23,9 @@ void check_sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv
 void check_swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void check_sample_rows(const Tensor& logits, const Tensor& row_keys, const Tensor& token, const Tensor& conf);
 void check_token_logprob(const Tensor& logits, const Tensor& target, const Tensor& logprob);
-// Returns K (the columns of ids).
+// Returns K (the columns of ids). vocab: the whole vocabulary when logits are a rank's share of it.
 int64_t check_top_logprobs(const Tensor& logits, const Tensor& token, const Tensor& chosen, const Tensor& ids,
-                           const Tensor& lp);
+                           const Tensor& lp, int64_t vocab = 0);
 
 // What a backend's moe_route supports: experts per router, top_k, expert groups.
 struct MoeRouteLimits {

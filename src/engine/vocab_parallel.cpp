@@ -453,7 +453,7 @@ void split_token_logprob(const Tensor& logits, const Tensor& target, const Vocab
 
 void split_top_logprobs(const Tensor& logits, const Tensor& token, const VocabShare& s,
                         dist::Communicator& comm, Tensor& chosen, Tensor& ids, Tensor& lp) {
-  const int64_t K = check_top_logprobs(logits, token, chosen, ids, lp);
+  const int64_t K = check_top_logprobs(logits, token, chosen, ids, lp, s.vocab);  // K of the whole vocabulary
   TESSERA_CHECK(logits.cols() == s.n, "split log-probabilities: the logits are not this rank's share");
   const int64_t R = logits.rows(), ranks = comm.size();
   const float* L = logits.as<const float>();

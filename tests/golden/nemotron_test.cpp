@@ -641,6 +641,16 @@ TEST(Nemotron, PlanCoversEveryForwardOfAMode) {
   EXPECT_EQ(
       test::run_command(bin + "--mode spec --budget 12GiB --context " + std::to_string(l_max + 1), &out), 3)
       << out;
+  // One rank's share under --tp 2 (its 4 of 8 key / value heads: half the cache; the LM head's half of the
+  // vocabulary: a smaller step) plans the same forwards.
+  const json one = plan("--context 8192 --mode spec"), half = plan("--context 8192 --mode spec --tp 2");
+  if (!one.is_discarded() && !half.is_discarded()) {
+    EXPECT_EQ(half["kv_cache_bytes"].get<int64_t>(), per_token * 8192 / 2);
+    ASSERT_EQ(half["forwards"].size(), one["forwards"].size());
+    EXPECT_LT(half["forwards"][1]["unchunked"]["peak_bytes"].get<int64_t>(),
+              one["forwards"][1]["unchunked"]["peak_bytes"].get<int64_t>());
+    EXPECT_LT(half["weight_bytes"].get<int64_t>(), one["weight_bytes"].get<int64_t>() * 6 / 10);
+  }
   test::expect_command_error(std::string(TESSERA_BINARY) + " plan --geometry llada-8b --context 64 --mode ar",
                              "has one mode");
   test::expect_command_error(bin + "--context 64 --mode ar --cache prefix",

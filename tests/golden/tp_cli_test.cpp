@@ -2,11 +2,15 @@
 // two ranks print is the single process's, and a layout the launch or the model cannot take is a
 // one-line error.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
+#include "serve_process.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -72,6 +76,69 @@ TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
   EXPECT_NE(out.find("this process is one of 2 started by the launcher, but --tp is 1"), std::string::npos)
       << out;
 }
+// `mpirun -np 2 tessera serve --tp 2`: rank 0 answers HTTP, rank 1 follows its generations. Completions
+// (sampled, with log-probabilities) and a streamed chat answer as one process does (f32); an idle server
+// outlives --dist-timeout (rank 0's heartbeats); SIGTERM drains rank 0, which then ends rank 1.
+TEST(TensorParallelCli, ServeOverTwoRanksAnswersAsOneProcess) {
+  const std::string args = "-m " + tiny_model() + " --precision f32 --threads 1";
+  test::ServerProcess two(args + " --tp 2 --dist-timeout 4", test::temp_dir("tp_serve_two"), mpirun(2));
+  test::ServerProcess one(args, test::temp_dir("tp_serve_one"));
+  ASSERT_TRUE(two.ready() && one.ready()) << two.log();
+  const auto ask = [](const test::ServerProcess& s, const std::string& path, const std::string& body) {
+    httplib::Client c("127.0.0.1", s.port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post(path, body, "application/json");
+    return r ? std::to_string(r->status) + " " + r->body : std::string("no response");
+  };
+  const auto choices = [](const std::string& answer) {
+    const auto j = nlohmann::json::parse(answer.substr(answer.find(' ') + 1), nullptr, false);
+    return j.is_object() && j.contains("choices") ? j["choices"] : nlohmann::json::array();
+  };
+  const std::string completion =
+      R"({"prompt":"The old man walked","max_tokens":24,"temperature":0.8,"seed":5,"logprobs":3,"n":2})";
+  const std::string a = ask(two, "/v1/completions", completion);
+  EXPECT_EQ(a.substr(0, 4), "200 ") << a;
+  // The same texts and tokens, the same most likely tokens, the log-probabilities within f32 rounding.
+  const nlohmann::json got = choices(a), want = choices(ask(one, "/v1/completions", completion));
+  ASSERT_EQ(got.size(), 2u) << a;
+  ASSERT_EQ(want.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i]["text"], want[i]["text"]);
+    const nlohmann::json &g = got[i]["logprobs"], &w = want[i]["logprobs"];
+    EXPECT_EQ(g["tokens"], w["tokens"]);
+    ASSERT_EQ(g["token_logprobs"].size(), w["token_logprobs"].size());
+    for (size_t t = 0; t < w["token_logprobs"].size(); ++t) {
+      EXPECT_NEAR(g["token_logprobs"][t].get<double>(), w["token_logprobs"][t].get<double>(), 1e-4);
+      for (const auto& [tok, lp] : w["top_logprobs"][t].items()) {
+        ASSERT_TRUE(g["top_logprobs"][t].contains(tok)) << tok;
+        EXPECT_NEAR(g["top_logprobs"][t][tok].get<double>(), lp.get<double>(), 1e-4);
+      }
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(6));  // idle past --dist-timeout 4
+  const std::string chat = R"({"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":16,)"
+                           R"("temperature":0,"stream":true})";
+  const std::string s2 = ask(two, "/v1/chat/completions", chat), s1 = ask(one, "/v1/chat/completions", chat);
+  EXPECT_NE(s2.find("data: [DONE]"), std::string::npos) << s2;
+  const auto deltas = [](const std::string& sse) {  // the streamed content, without ids and times
+    std::string text;
+    for (const std::string& e : test::events(sse)) {
+      const auto j = nlohmann::json::parse(e, nullptr, false);
+      if (j.is_object() && j.contains("choices") && !j["choices"].empty())
+        text += j["choices"][0].value("delta", nlohmann::json::object()).value("content", "");
+    }
+    return text;
+  };
+  EXPECT_EQ(deltas(s2), deltas(s1));
+  EXPECT_FALSE(deltas(s1).empty()) << s1;
+  // SIGTERM (mpirun passes it to both ranks): rank 0 drains and stops, then tells rank 1 to exit.
+  kill(two.pid(), SIGTERM);
+  for (int i = 0; i < 200 && two.alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(two.alive()) << two.log();
+  EXPECT_NE(two.log().find("tessera serve: stopped"), std::string::npos) << two.log();
+  EXPECT_EQ(two.log().find("did not complete within"), std::string::npos) << two.log();
+}
+
 // A rank that dies (here: its model path does not exist) ends the job with its error; one that stops
 // taking part (here: it runs fewer steps, then waits to finish) makes the others' next collective time
 // out, and the job ends with a line naming it. Never a hang.
