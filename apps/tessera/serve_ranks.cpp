@@ -50,8 +50,8 @@ void RankLink::heartbeat() {
 }
 
 tessera::Session::Output RankLink::run(tessera::Session& s, const std::string& body, bool chat, int choice,
-                              const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                              const std::function<void(const StepEvent&)>& on_step) {
+                                       const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                       const std::function<void(const StepEvent&)>& on_step) {
   std::lock_guard<std::mutex> l(m_);
   send(Header{kRun, chat ? 1 : 0, choice}, body);
   return s.run(prompt, o, [&](const StepEvent& ev) {

@@ -29,8 +29,8 @@ class RankLink {
 
   // Rank 0: choice `choice` of the request `body` (chat or completions), over every rank.
   tessera::Session::Output run(tessera::Session& s, const std::string& body, bool chat, int choice,
-                      const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                      const std::function<void(const StepEvent&)>& on_step);
+                               const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                               const std::function<void(const StepEvent&)>& on_step);
 
   // A follower's view of a request: its prompt and options for a choice (parse_request's, as rank 0's).
   using Parse = std::function<void(const std::string& body, bool chat, int choice,
