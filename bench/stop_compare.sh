@@ -1,14 +1,12 @@
-#!/ usr / bin / env bash
-#Ending at an EOS or a stop sequence inside a block(the default, mid_block_stop) against ending only at
-#block ends(--compare mid - block - stop = off), side by side in one `tessera bench` run per prompt; the
-#answers are identical(agreement 1).Prompts : the first words of held - out texts(BOS first, as
-#tessera generate-- raw).Totals per setting : steps, seconds, and the speed - up of the sums.
-#bash bench / stop_compare.sh[N_PROMPTS]
-#Env : MODEL(models / tessera - tiny), GEN(128), STOP("."), TEMP(0.8), THREADS(2).
-set - euo pipefail N = ${1 : -16};
-MODEL = ${MODEL : -models / tessera - tiny};
-GEN = ${GEN : -128};
-STOP = ${STOP : -.}; TEMP=${TEMP:-0.8}
+#!/usr/bin/env bash
+# Ending at an EOS or a stop sequence inside a block (the default, mid_block_stop) against ending only at
+# block ends (--compare mid-block-stop=off), side by side in one `tessera bench` run per prompt; the
+# answers are identical (agreement 1). Prompts: the first words of held-out texts (BOS first, as
+# tessera generate --raw). Totals per setting: steps, seconds, and the speed-up of the sums.
+#   bash bench/stop_compare.sh [N_PROMPTS]
+# Env: MODEL (models/tessera-tiny), GEN (128), STOP ("."), TEMP (0.8), THREADS (2).
+set -euo pipefail
+N=${1:-16}; MODEL=${MODEL:-models/tessera-tiny}; GEN=${GEN:-128}; STOP=${STOP:-.}; TEMP=${TEMP:-0.8}
 THREADS=${THREADS:-2}
 cd "$(dirname "$0")/.."
 mapfile -t prompts < <(python3 -c '
@@ -28,7 +26,7 @@ for s in "${settings[@]}"; do
   name=${s%%|*}; args=${s#*|}
   i=0
   for p in "${prompts[@]}"; do
-#shellcheck disable = SC2086
+    # shellcheck disable=SC2086
     OMP_NUM_THREADS=$THREADS ./build/tessera bench -m "$MODEL" -p "$p" --gen-length "$GEN" $args \
       --temperature "$TEMP" --seed "$i" --eos --stop "$STOP" --compare mid-block-stop=off \
       --json "$out/$i.json" > /dev/null
