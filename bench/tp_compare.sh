@@ -12,7 +12,7 @@ py=/usr/bin/python3
 summary='import json,sys
 j = json.load(sys.stdin); r = j["rows"][0]
 print("  %.3f s, collectives %.2f MiB in %d calls, weights %s B, activation peak %d B" % (r["seconds"],
-      r["comm_bytes"] / 2**20, r["comm_calls"], j.get("weight_bytes"), r["activation_peak_bytes"]))'
+      r["comm_bytes"] / 2**20, r["comm_calls"], r.get("weight_bytes", j.get("weight_bytes")), r["activation_peak_bytes"]))'
 for model in "-m models/tessera-tiny --prompt-len 448" "--geometry llada-mid --prompt-len 480"; do
   args="bench $model --gen-length 32 --steps 32 --block-length 32 --reps 3 --json"
   echo "### $model"
