@@ -4,11 +4,14 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "apps/tessera/chat_input.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/generate_output.h"
+#include "apps/tessera/serve_ranks.h"
 
 namespace tessera::cli {
 
@@ -20,7 +23,11 @@ namespace {
 // the model's context, its oldest exchanges are dropped (the system message stays); a turn that fails
 // (too long alone, say) or that the user stops (Ctrl-C on a terminal) leaves the conversation as it was,
 // and the chat goes on.
-int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
+// Over ranks (link): rank 0 reads the lines and broadcasts each (kLine; kQuit at the end), holding the link
+// until the line's answer is done; every rank runs the same turn on it, and after each step rank 0 says
+// whether the answer goes on (Ctrl-C). The other ranks print nothing (their output goes to /dev/null).
+int run_chat(Session& s, const SessionArgs& a, std::istream& in, RankLink* link) {
+  const bool follower = link != nullptr && link->rank() != 0;
   const bool templ = s.has_chat_template();
   if (!templ)
     std::fprintf(stderr, "note: %s has no chat template; turns are concatenated\n", s.model_dir().c_str());
@@ -28,10 +35,38 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
     std::fprintf(stderr, "note: %s ships no chat template; using %s\n", s.model_dir().c_str(),
                  s.chat_template().origin().c_str());
   std::vector<ChatMessage> history;  // a system message first, if set
-  ChatInput input(in);
+  std::optional<ChatInput> input;
+  if (!follower) input.emplace(in);
+  std::unique_lock<std::mutex> held;  // rank 0 over ranks: from a line's broadcast through its answer
+  const auto next_line = [&]() -> std::optional<std::string> {
+    if (held.owns_lock()) held.unlock();
+    if (follower) {
+      RankLink::Message m = link->receive();
+      if (m.kind != RankLink::kLine) return std::nullopt;
+      return std::move(m.body);
+    }
+    std::optional<std::string> line = input->next();
+    if (link != nullptr) {
+      held = link->hold();
+      link->send(held, line ? RankLink::kLine : RankLink::kQuit, 0, 0, line.value_or(""));
+    }
+    return line;
+  };
+  const auto after_step = [&] {
+    bool stop = false;
+    if (!follower) {
+      try {
+        input->check_stop();
+      } catch (const AnswerStopped&) {
+        stop = true;
+      }
+    }
+    if (link != nullptr) stop = link->stop_here(stop);
+    if (stop) throw AnswerStopped{};
+  };
   const auto first_turn = [&] { return !history.empty() && history[0].role == "system" ? size_t{1} : 0; };
   while (true) {
-    const std::optional<std::string> next = input.next();
+    const std::optional<std::string> next = next_line();
     if (!next) break;
     std::string line = *next;
     if (line[0] == '/' && line.rfind("//", 0) != 0) {
@@ -45,7 +80,7 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
                      "/system TEXT  set the system message (/system alone removes it)\n"
                      "/quit         end (also /exit, /bye, Ctrl-D or the end of the input)\n"
                      "//text        send a message that starts with '/'\n");
-        if (input.interactive()) {
+        if (input && input->interactive()) {
           const std::string h = ChatInput::history_path();
           std::fprintf(stderr,
                        "Ctrl-C        stop the answer being written; at the prompt, clear the line\n"
@@ -94,8 +129,8 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
                      dropped, static_cast<long long>(s.config().max_positions));
       }
       FILE* tty = (!a.no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
-      input.begin_answer();
-      o = s.run(ids, tty, [&] { input.check_stop(); });
+      if (input) input->begin_answer();
+      o = s.run(ids, tty, after_step);
     } catch (const AnswerStopped&) {
       std::fprintf(stderr, "(answer stopped)\n");
       history = before;
@@ -117,6 +152,7 @@ int run_chat(Session& s, const SessionArgs& a, std::istream& in) {
     std::fflush(stdout);
     history.push_back({"assistant", o.text});
   }
+  if (held.owns_lock()) link->followers_left(held);  // they ended on the same line (/quit, or the end)
   return 0;
 }
 
@@ -133,12 +169,18 @@ void add_chat(CLI::App& app, Registry& reg) {
       "Examples:\n  tessera chat\n  tessera chat -m /models/LLaDA-8B-Instruct -n 128 --temperature 0.7\n"
       "  printf 'Hello\\nTell me more\\n' | tessera chat --json");
   reg.handlers.emplace_back(chat, [c] {
-    // Only rank 0 reads standard input; the others would have no turns to follow.
-    if (c->tp > 1 || c->ep > 1)
-      fail("chat with --tp / --ep: ranks following rank 0's turns are not implemented yet");
     Session s(*c);
+    // Over ranks rank 0 reads standard input and the others follow its turns.
+    std::unique_ptr<RankLink> link;
+    if (auto comm = s.engine().options().comm; comm && comm->size() > 1) {
+      link = std::make_unique<RankLink>(comm, c->dist_timeout);
+      if (link->rank() != 0) {
+        [[maybe_unused]] FILE* out = std::freopen("/dev/null", "w", stdout);
+        [[maybe_unused]] FILE* err = std::freopen("/dev/null", "w", stderr);
+      }
+    }
     if (!c->json) s.print_notes();
-    return run_chat(s, *c, std::cin);
+    return run_chat(s, *c, std::cin, link.get());
   });
 }
 

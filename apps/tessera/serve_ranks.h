@@ -1,12 +1,12 @@
-// tessera serve over tensor / expert-parallel ranks (mpirun -np N tessera serve --tp N): rank 0 answers
-// HTTP; every generation runs on all ranks at once. Before one starts, rank 0 broadcasts the request (its
-// body, chat or not, which choice) and the other ranks parse it as rank 0 did (same code, same session
-// defaults: the same prompt and options) and run the same generation; after every step rank 0 broadcasts
-// whether it goes on (a client gone, --timeout or the drain end a request on rank 0 only), so every rank
-// stops at the same step. Generations run one at a time (the batcher's packing depends on arrival times,
-// which the ranks do not share). While idle, rank 0 broadcasts a heartbeat every --dist-timeout / 4 s, so
-// a follower waits without its collective deadline firing and still notices a rank 0 that died; when the
-// server ends, rank 0 tells the followers to exit.
+// tessera serve and chat over tensor / expert-parallel ranks (mpirun -np N tessera serve --tp N): rank 0
+// talks to the user; every generation runs on all ranks at once. Rank 0 broadcasts what starts one (serve:
+// the request's body, chat or not, which choice; chat: the line typed), and the other ranks turn it into
+// the same prompt and options with the same code and run the same generation; after every step rank 0
+// broadcasts whether it goes on (a client gone, --timeout, the drain, Ctrl-C end a generation on rank 0
+// only), so every rank stops at the same step. Generations run one at a time (the batcher's packing
+// depends on arrival times, which the ranks do not share). While idle, rank 0 broadcasts a heartbeat every
+// --dist-timeout / 4 s, so a follower waits without its collective deadline firing and still notices a
+// rank 0 that died; when rank 0 ends, it tells the followers to exit.
 #pragma once
 #include <condition_variable>
 #include <functional>
@@ -23,37 +23,56 @@ namespace tessera::cli {
 
 class RankLink {
  public:
+  static constexpr int32_t kNoop = 0, kRun = 1, kQuit = 2, kLine = 3, kEnd = 4;
+  struct Message {
+    int32_t kind = kNoop, a = 0, b = 0;
+    std::string body;
+  };
+
   RankLink(std::shared_ptr<dist::Communicator> comm, double dist_timeout_s);
   ~RankLink();  // rank 0: stops the heartbeat and tells the followers to exit
   int rank() const { return comm_->rank(); }
 
-  // Rank 0: choice `choice` of the request `body` (chat or completions), over every rank.
+  // Rank 0: the link held from a message through the generation it starts (no heartbeat in between).
+  std::unique_lock<std::mutex> hold() { return std::unique_lock<std::mutex>(m_); }
+  // (kQuit ends the followers: nothing is sent after it.)
+  void send(const std::unique_lock<std::mutex>& held, int32_t kind, int32_t a, int32_t b,
+            const std::string& body);
+  // Rank 0: the followers left by themselves (they ran the same line that ends a chat): nothing more to send.
+  void followers_left(const std::unique_lock<std::mutex>& held);
+  // Ranks > 0: the next message that is not a heartbeat. Ignores SIGTERM / SIGINT from the first call
+  // (mpirun passes them to every rank: rank 0 ends, then tells this rank to).
+  Message receive();
+  // After every step of a generation: rank 0 (holding the link) says whether it stops; every rank gets it.
+  bool stop_here(bool stop);
+
+  // serve, rank 0: choice `choice` of the request `body` (chat or completions), over every rank.
   tessera::Session::Output run(tessera::Session& s, const std::string& body, bool chat, int choice,
                                const std::vector<int32_t>& prompt, const GenerateOptions& o,
                                const std::function<void(const StepEvent&)>& on_step);
-
-  // A follower's view of a request: its prompt and options for a choice (parse_request's, as rank 0's).
+  // serve, ranks > 0: a request's prompt and options for a choice (parse_request's, as rank 0's).
   using Parse = std::function<void(const std::string& body, bool chat, int choice,
                                    std::vector<int32_t>& prompt, GenerateOptions& o)>;
-  // Ranks > 0: runs rank 0's generations until rank 0 ends; returns the exit code.
+  // Runs rank 0's generations until rank 0 ends; returns the exit code.
   int follow(tessera::Session& s, const Parse& parse);
 
  private:
   struct Header {
-    int32_t kind = 0;  // kNoop, kRun, kQuit
-    int32_t chat = 0, choice = 0, pad = 0;
+    int32_t kind = kNoop, a = 0, b = 0, pad = 0;
     int64_t body_bytes = 0;
   };
-  static constexpr int32_t kNoop = 0, kRun = 1, kQuit = 2;
-  void send(const Header& h, const std::string& body);  // rank 0, holding m_
+  void broadcast(Header h, const std::string& body);
   void heartbeat();
 
   std::shared_ptr<dist::Communicator> comm_;
   double beat_s_;
-  std::mutex m_;  // one broadcast or generation at a time (MPI's serialized threads)
+  std::mutex m_;  // one message or generation at a time (MPI's serialized threads)
   std::condition_variable cv_;
-  bool stop_ = false;
+  bool stop_ = false, signals_ignored_ = false, quit_sent_ = false;  // kQuit sent: the followers are gone
   std::thread beat_;
 };
+
+// Thrown on a follower when rank 0 stopped the generation.
+struct StoppedByRankZero {};
 
 }  // namespace tessera::cli

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -137,6 +138,36 @@ TEST(TensorParallelCli, ServeOverTwoRanksAnswersAsOneProcess) {
   EXPECT_FALSE(two.alive()) << two.log();
   EXPECT_NE(two.log().find("tessera serve: stopped"), std::string::npos) << two.log();
   EXPECT_EQ(two.log().find("did not complete within"), std::string::npos) << two.log();
+}
+
+// `mpirun -np 2 tessera chat --tp 2`: rank 0 reads the lines, rank 1 follows its turns (commands included:
+// /system, /undo); the answers are one process's, an idle pause longer than --dist-timeout is survived, and
+// /quit ends both ranks (the line after it is never read).
+TEST(TensorParallelCli, ChatOverTwoRanksAnswersAsOneProcess) {
+  const std::string chat =
+      " chat -m " + tiny_model() + " --precision f32 --threads 1 --temperature 0.7 --seed 4 -n 16 --json";
+  const std::string lines = "printf 'Hello\\n/system be brief\\nTell me more\\n/undo\\nAgain\\n'";
+  const std::string rest = "printf 'Once more\\n/quit\\nNever\\n'";
+  std::string one, two;
+  ASSERT_EQ(test::run_command("(" + lines + "; " + rest + ") | " + TESSERA_BINARY + chat, &one), 0) << one;
+  ASSERT_EQ(test::run_command("(" + lines + "; sleep 5; " + rest + ") | " + mpirun(2) + TESSERA_BINARY +
+                                  chat + " --tp 2 --dist-timeout 3",
+                              &two),
+            0)
+      << two;
+  const auto answers = [](const std::string& out) {
+    std::vector<std::string> v;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] != '{') continue;  // notes and command replies (stderr)
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      v.push_back(j.is_object() ? j["tokens"].dump() + " " + j["text"].dump()
+                                : "(not a result: " + line + ")");
+    }
+    return v;
+  };
+  EXPECT_EQ(answers(one).size(), 4u) << one;  // Hello, Tell me more (undone), Again, Once more
+  EXPECT_EQ(answers(two), answers(one));
 }
 
 // A rank that dies (here: its model path does not exist) ends the job with its error; one that stops
