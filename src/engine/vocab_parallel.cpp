@@ -55,14 +55,17 @@ struct Views {
 // The largest finite value c of each whole (split) row such that pred(row, sum over the ranks of the
 // weights of the row's values >= c) holds, or -inf where pred fails at the row's smallest finite value (or
 // the row has none). weight(row, a) > 0 is a finite value's share (its mass, or 1 to count); pred is
-// monotone (true below the answer, false above). Bisection over the values' f32 keys: at most 32 rounds,
-// each an all-gather of one double per row. Each rank keeps the values still inside the interval with their
-// weights (the ones above it summed once), so a round costs what is left, not the slice; rows go in groups
-// of kGroup to bound that memory.
+// monotone (true below the answer, false above). The first round probes the row's max minus kGap (as
+// top_p_cut's first gap): a peaked row's answer lies above it, and only the values above it are ever
+// weighed; otherwise the values below it are collected and the row's smallest value is checked. Then
+// bisection over the values' f32 keys: at most 32 rounds, each an all-gather of one double per row. Each
+// rank keeps the values still inside the interval with their weights (the ones above it summed once), so a
+// round costs what is left, not the slice; rows go in groups of kGroup to bound that memory.
 template <class W, class P>
 std::vector<float> largest_value_where(const Views& view, int64_t R, dist::Communicator& comm, W weight,
                                        P pred) {
   constexpr int64_t kGroup = 64;
+  constexpr float kGap = 8.0f;  // the first probe: the row's max minus this (top_p_cut's first gap)
   const int ranks = comm.size();
   std::vector<float> out(static_cast<size_t>(R), kNegInf);
   for (int64_t g0 = 0; g0 < R; g0 += kGroup) {
@@ -74,13 +77,10 @@ std::vector<float> largest_value_where(const Views& view, int64_t R, dist::Commu
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const RowView x = view(g0 + i);
-      auto& c = cand[static_cast<size_t>(i)];
-      c.clear();
       float lo = std::numeric_limits<float>::infinity(), hi = kNegInf;
       for (int64_t v = 0; v < x.V; ++v) {
         const float a = x(v);
         if (!finite_kept(a)) continue;
-        c.emplace_back(a, weight(g0 + i, a));
         lo = std::min(lo, a);
         hi = std::max(hi, a);
       }
@@ -90,7 +90,7 @@ std::vector<float> largest_value_where(const Views& view, int64_t R, dist::Commu
     const std::vector<float> all = gather_all(comm, mm);
     std::vector<uint32_t> lo(un), hi(un);
     std::vector<char> active(un, 0);
-    std::vector<float> probe(un);
+    std::vector<float> probe(un), smallest(un);
     for (size_t i = 0; i < un; ++i) {
       float a = std::numeric_limits<float>::infinity(), b = kNegInf;
       for (int k = 0; k < ranks; ++k) {
@@ -100,9 +100,24 @@ std::vector<float> largest_value_where(const Views& view, int64_t R, dist::Commu
       if (b == kNegInf) continue;  // no finite value: -inf (keep everything)
       lo[i] = key_of(a);
       hi[i] = key_of(b) + 1;
-      probe[i] = a;
-      active[i] = 2;  // 2: the first round checks the smallest value
+      smallest[i] = a;
+      probe[i] = std::max(a, b - kGap);
+      active[i] = 3;  // 3: the first round probes max - gap; 2: the smallest value; 1: bisection
     }
+    // The values a round can still count: at or above the first probe (most of a peaked row is below it).
+    const auto collect = [&](int64_t i, float from, float below) {
+      const RowView x = view(g0 + i);
+      auto& c = cand[static_cast<size_t>(i)];
+      c.clear();
+      for (int64_t v = 0; v < x.V; ++v) {
+        const float a = x(v);
+        if (finite_kept(a) && a >= from && a < below) c.emplace_back(a, weight(g0 + i, a));
+      }
+    };
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      if (active[static_cast<size_t>(i)] != 0)
+        collect(i, probe[static_cast<size_t>(i)], std::numeric_limits<float>::infinity());
     for (;;) {
       bool any = false;
       for (char a : active) any = any || a != 0;
@@ -125,9 +140,20 @@ std::vector<float> largest_value_where(const Views& view, int64_t R, dist::Commu
         const bool ok = pred(g0 + i, total);
         auto& c = cand[u];
         const float at = probe[u];
-        if (active[u] == 2) {  // the smallest value: below it, everything is kept
+        if (active[u] == 3 && !ok && at > smallest[u]) {
+          // The answer lies below the first probe: every value at or above it counts from now on, and the
+          // values below it are collected (a second pass over this row); then the smallest value is checked.
+          for (const auto& e : c) above[u] += e.second;
+          hi[u] = key_of(at);
+          collect(i, smallest[u], at);
+          probe[u] = smallest[u];
+          active[u] = 2;
+          continue;
+        }
+        if (active[u] >= 2) {  // at the smallest value (or the first probe): below it, everything is kept
           active[u] = ok ? 1 : 0;
           if (!ok) continue;
+          lo[u] = key_of(at);
         } else if (ok) {  // the answer is at or above the probe: the values below it no longer count
           lo[u] = key_of(at);
           c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& e) { return e.first < at; }), c.end());

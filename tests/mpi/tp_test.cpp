@@ -250,6 +250,10 @@ std::vector<float> test_logits(int64_t R, int64_t V) {
       row[3] = 30.0f;
       row[V - 2] = 30.0f;
     }
+    if (r % 9 == 4) {  // one token 9 above a flat tail: the top-p / top-k cuts fall below max - 8
+      for (int64_t v = 0; v < V; ++v) row[v] = 0.5f * (uni() - 0.5f);
+      row[(r * 13) % V] = 9.0f;
+    }
     if (r % 6 == 5) row[(r * 11) % V] = -std::numeric_limits<float>::infinity();
     if (r == R - 1)
       for (int64_t v = 0; v < V; ++v) row[v] = -std::numeric_limits<float>::infinity();
