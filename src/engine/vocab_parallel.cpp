@@ -492,22 +492,7 @@ void split_top_logprobs(const Tensor& logits, const Tensor& token, const VocabSh
   for (int64_t r = 0; r < R; ++r) {
     const float* row = L + r * s.n;
     norms[static_cast<size_t>(r)] = row_norm(row, s.n, s.lo, tok[r]);
-    float* ro = vals.data() + r * K;
-    int32_t* ri = vids.data() + r * K;
-    int64_t n = 0;
-    for (int64_t v = 0; v < s.n; ++v) {
-      const float x = row[v];
-      if (std::isnan(x) || (n == K && !(x > ro[K - 1]))) continue;
-      int64_t pos = std::min(n, K - 1);
-      while (pos > 0 && x > ro[pos - 1]) {
-        ro[pos] = ro[pos - 1];
-        ri[pos] = ri[pos - 1];
-        --pos;
-      }
-      ro[pos] = x;
-      ri[pos] = static_cast<int32_t>(s.lo + v);
-      n = std::min(n + 1, K);
-    }
+    cpu::row_top_k(row, s.n, s.lo, K, vals.data() + r * K, vids.data() + r * K);
   }
   const std::vector<Norm> all = gather_all(comm, norms);
   const std::vector<float> all_vals = gather_all(comm, vals);

@@ -251,6 +251,26 @@ RowResult sample_row(const float* L, int64_t V, uint64_t key, const SampleParams
 
 }  // namespace
 
+int64_t cpu::row_top_k(const float* row, int64_t V, int64_t id0, int64_t K, float* vals, int32_t* ids) {
+  // A sorted list of the best n so far (value descending; ascending ids enter after equal values, so ties
+  // keep the lower id).
+  int64_t n = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const float x = row[v];
+    if (std::isnan(x) || (n == K && !(x > vals[K - 1]))) continue;
+    int64_t at = std::min(n, K - 1);
+    while (at > 0 && x > vals[at - 1]) {
+      vals[at] = vals[at - 1];
+      ids[at] = ids[at - 1];
+      --at;
+    }
+    vals[at] = x;
+    ids[at] = static_cast<int32_t>(id0 + v);
+    n = std::min(n + 1, K);
+  }
+  return n;
+}
+
 void cpu_sample_rows(const Tensor& logits, const Tensor& row_keys, const SampleParams& p, Tensor& token,
                      Tensor& conf) {
   check_sample_rows(logits, row_keys, token, conf);
@@ -302,24 +322,9 @@ void cpu_top_logprobs(const Tensor& logits, const Tensor& token, Tensor& chosen,
     const float* row = L + r * V;
     int32_t* ri = id + r * K;
     float* ro = out + r * K;
-    // A sorted list of the best n so far (value descending; ascending ids enter after equal values,
-    // so ties keep the lower id).
-    int64_t n = 0;
+    const int64_t n = cpu::row_top_k(row, V, 0, K, ro, ri);
     float m = kNegInf;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = row[v];
-      m = std::max(m, x);
-      if (std::isnan(x) || (n == K && !(x > ro[K - 1]))) continue;
-      int64_t at = std::min(n, K - 1);
-      while (at > 0 && x > ro[at - 1]) {
-        ro[at] = ro[at - 1];
-        ri[at] = ri[at - 1];
-        --at;
-      }
-      ro[at] = x;
-      ri[at] = static_cast<int32_t>(v);
-      n = std::min(n + 1, K);
-    }
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, row[v]);
     double z = 0.0;
     for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]) - m);
     const double log_z = std::log(z);

@@ -31,4 +31,8 @@ struct RowStats {
 };
 RowStats row_stats(const RowView& x, float cut);
 
+// The K most likely of row[0, V): values descending, the lower id first on ties, NaN never; ids are id0 + v.
+// Fills vals[0, n) and ids[0, n) and returns n = min(K, the row's non-NaN values).
+int64_t row_top_k(const float* row, int64_t V, int64_t id0, int64_t K, float* vals, int32_t* ids);
+
 }  // namespace tessera::cpu
