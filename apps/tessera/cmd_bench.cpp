@@ -78,7 +78,11 @@ struct Row {
   // a replayed forward launches at once.
   int64_t graph_replays = 0, graph_nodes = 0, graph_captures = 0, attention_plans = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
+  std::array<double, graph::kOpKinds> op_flops{};    // --profile: their GEMM and attention FLOPs
   uint64_t comm_bytes = 0, comm_calls = 0;           // --tp / --ep: this rank's collectives, last repetition
+  // GEMM primitives made (Backend::gemm_primitives_created) in each repetition's first step and in its
+  // later steps: the first repetition makes its shapes, later ones (new requests) find them cached.
+  std::vector<std::pair<int64_t, int64_t>> primitives;
   std::vector<int32_t> tokens;
 };
 
@@ -117,17 +121,23 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     const std::string rep_text =
         reps > 1 ? " (rep " + std::to_string(rep + 1) + "/" + std::to_string(reps) + ")" : std::string();
     progress("step 0/" + std::to_string(o.steps) + rep_text);
+    const int64_t made0 = e.backend().gemm_primitives_created();
+    int64_t made1 = -1;
     GenerateResult res = generate(e, prompt, o, [&](const StepEvent& ev) {
+      if (made1 < 0) made1 = e.backend().gemm_primitives_created();
       progress("step " + std::to_string(ev.step + 1) + "/" + std::to_string(o.steps) + rep_text);
       rows += static_cast<double>(e.last_step().shape.n_query);
       keys += static_cast<double>(e.last_step().shape.n_kv);
       peak = std::max(peak, e.last_step().planned_peak);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t made = e.backend().gemm_primitives_created();
+    r.primitives.emplace_back(made1 < 0 ? made - made0 : made1 - made0, made1 < 0 ? 0 : made - made1);
     if (rep == 0 || s < r.seconds) {
       r.seconds = s;
       const auto& ops = e.op_seconds();
       r.op_seconds = ops;
+      r.op_flops = e.op_flops();
       r.moe_seconds =
           ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
       r.graph_replays = e.step_graphs().replays() - replays0;
@@ -212,7 +222,37 @@ double forwards_per_token(const Row& r) {
   return r.tokens.empty() ? 0.0 : static_cast<double>(r.forwards) / static_cast<double>(r.tokens.size());
 }
 
-void print_row(const Row& r, const Row& r0, bool moe, bool profile) {
+// FLOPs of the GEMMs, gather-GEMMs and (dense-counted) attention per second of the whole generation.
+double counted_rate(const Row& r) {
+  double f = 0;
+  for (double x : r.op_flops) f += x;
+  return r.seconds > 0 ? f / r.seconds : 0.0;
+}
+
+// --profile on the CPU: the backend's bf16 GEMM rate now (FLOP/s, best of 3 at M = N = K = 2048, as
+// gemm_bench's peak), so that a row's rate is compared with the machine's in the same run; 0 elsewhere.
+double machine_gemm_rate(Backend& b) {
+  if (b.device() != Device::CPU) return 0.0;
+  constexpr int64_t n = 2048;
+  std::vector<uint16_t> a(static_cast<size_t>(n * n)), w(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {  // values in [-1, 1): no denormals, no constant data
+    a[i] = f32_to_bf16(static_cast<float>(2.0 * rng_uniform(1, i, 0) - 1.0));
+    w[i] = f32_to_bf16(static_cast<float>(2.0 * rng_uniform(2, i, 0) - 1.0));
+  }
+  std::vector<float> c(a.size());
+  Tensor ta(a.data(), DType::BF16, {n, n}), tw(w.data(), DType::BF16, {n, n}),
+      tc(c.data(), DType::F32, {n, n});
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {  // the first creates the primitive
+    const auto t0 = std::chrono::steady_clock::now();
+    b.gemm(ta, tw, nullptr, tc, false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
+void print_row(const Row& r, const Row& r0, bool moe, bool profile, double gemm_rate) {
   std::printf("%-28s %9.3f %9.1f %7.2fx %6d %8.3f %11.0f %11.0f %10s %11s %10s %9.4f", r.label.c_str(),
               r.seconds, tokens_per_second(r), r0.seconds / r.seconds, r.steps, forwards_per_token(r),
               r.query_rows, r.key_rows, human_bytes(static_cast<double>(r.weights)).c_str(),
@@ -222,7 +262,21 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile) {
   if (profile)
     std::printf(" %9.3f %7.2fx", r.moe_seconds, r.moe_seconds > 0 ? r0.moe_seconds / r.moe_seconds : 0.0);
   std::printf("\n");
-  if (profile) std::printf("    ops: %s\n", format_op_seconds(r.op_seconds).c_str());
+  if (profile) {
+    std::printf("    ops: %s\n", format_op_seconds(r.op_seconds, 1.0, &r.op_flops).c_str());
+    const double rate = counted_rate(r);
+    if (gemm_rate > 0)
+      std::printf(
+          "    whole generation: %.0f GFLOP/s (GEMMs and attention over its seconds) = %.0f%% of the bf16 "
+          "GEMM rate measured in this run, %.0f GFLOP/s\n",
+          rate / 1e9, 100.0 * rate / gemm_rate, gemm_rate / 1e9);
+    if (!r.primitives.empty() && gemm_rate > 0) {
+      std::string reps;
+      for (const auto& [first, later] : r.primitives)
+        reps += (reps.empty() ? "" : ", ") + std::to_string(first) + " + " + std::to_string(later);
+      std::printf("    GEMM primitives made, first step + later steps, per repetition: %s\n", reps.c_str());
+    }
+  }
   if (r.comm_calls > 0 && r.forwards > 0) {
     const double f = static_cast<double>(r.forwards);
     std::printf("    collectives: %.1f KiB in %.0f all-reduces per forward (this rank's payload)\n",
@@ -232,10 +286,11 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile) {
 }
 
 json row_json(const Row& r, const Row& r0) {
-  json op_json = json::object();
+  json op_json = json::object(), flop_json = json::object();
   for (int k = 0; k < graph::kOpKinds; ++k) {
-    if (r.op_seconds[static_cast<size_t>(k)] > 0)
-      op_json[graph::op_name(static_cast<graph::OpKind>(k))] = r.op_seconds[static_cast<size_t>(k)];
+    const char* op = graph::op_name(static_cast<graph::OpKind>(k));
+    if (r.op_seconds[static_cast<size_t>(k)] > 0) op_json[op] = r.op_seconds[static_cast<size_t>(k)];
+    if (r.op_flops[static_cast<size_t>(k)] > 0) flop_json[op] = r.op_flops[static_cast<size_t>(k)];
   }
   return {{"option", r.label},
           {"seconds", r.seconds},
@@ -259,7 +314,10 @@ json row_json(const Row& r, const Row& r0) {
           {"step_graph_nodes", r.graph_nodes},
           {"step_graph_captures", r.graph_captures},
           {"attention_library_plans", r.attention_plans},
-          {"op_seconds", std::move(op_json)}};
+          {"op_seconds", std::move(op_json)},
+          {"op_flops", std::move(flop_json)},
+          {"gemm_primitives_made", r.primitives},
+          {"counted_flops_per_second", counted_rate(r)}};
 }
 
 // --svg: tokens/s, time per step, speed-up and agreement per option.
@@ -506,7 +564,8 @@ int run_bench(const BenchArgs& a) {
   b.weights = base_engine->model().weight_bytes();
   rows.push_back(std::move(b));
   progress.clear();
-  if (!a.json) print_row(rows.front(), rows.front(), moe, a.profile);
+  const double gemm_rate = a.profile ? machine_gemm_rate(base_engine->backend()) : 0.0;
+  if (!a.json) print_row(rows.front(), rows.front(), moe, a.profile, gemm_rate);
   int failures = 0;
   json comparisons = json::array({row_json(rows.front(), rows.front())});
   failures = run_comparisons(
@@ -525,7 +584,7 @@ int run_bench(const BenchArgs& a) {
         r.agreement = base_n > 0 ? static_cast<double>(same) / static_cast<double>(base_n)
                                  : (r.tokens.empty() ? 1.0 : 0.0);
         progress.clear();
-        if (!a.json) print_row(r, rows.front(), moe, a.profile);
+        if (!a.json) print_row(r, rows.front(), moe, a.profile, gemm_rate);
         comparisons.push_back(row_json(r, rows.front()));
         rows.push_back(std::move(r));
       },
@@ -582,6 +641,7 @@ int run_bench(const BenchArgs& a) {
                     {"cache", name(base.cache)},
                     {"mode", name(base.mode)},
                     {"reps", a.reps},
+                    {"gemm_rate_flops_per_second", gemm_rate},
                     {"rows", comparisons},
                     {"batch", batch_json}};
   if (a.json) std::printf("%s\n", out.dump(1).c_str());

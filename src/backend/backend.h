@@ -444,6 +444,8 @@ class Backend {
   virtual int64_t attention_library_calls() const { return 0; }
   // Plans (cuDNN graphs) the attention library built: one per new shape; a build costs host time.
   virtual int64_t attention_library_plans() const { return 0; }
+  // GEMM primitives (the CPU's oneDNN matmuls) made so far: one per new shape; a make costs host time.
+  virtual int64_t gemm_primitives_created() const { return 0; }
   // Step graphs (CUDA graphs): between capture_begin() and capture_end() the ops issued are recorded,
   // not run; capture_end() returns a handle (>= 0) of the recorded sequence, or -1 when the capture
   // failed (an op that cannot be recorded: nothing ran, run the ops again without capture). replay(h)

@@ -196,7 +196,10 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
     ctx.sample_rows = seq_rows_;
   }
   ctx.dump_dir = opt_.dump_dir;
-  if (opt_.profile_ops) ctx.op_seconds = op_seconds_.data();
+  if (opt_.profile_ops) {
+    ctx.op_seconds = op_seconds_.data();
+    ctx.op_flops = op_flops_.data();
+  }
   ctx.comm = opt_.comm.get();
   if (kv_cache) {  // State tensors: their slices of the pool, kv_->rows() rows each
     const auto pool_rows = static_cast<size_t>(kv_->rows());
@@ -630,7 +633,8 @@ void Engine::set_attention_block(int block) {
   // (a KV cache slot's rows computed under the old mask are dropped at its next step: cached_rows)
 }
 
-std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per) {
+std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per,
+                              const std::array<double, graph::kOpKinds>* flops) {
   std::vector<int> kinds;
   double total = 0;
   for (int k = 0; k < graph::kOpKinds; ++k) {
@@ -644,8 +648,14 @@ std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds
   char buf[96];
   for (int k : kinds) {
     const double sec = seconds[static_cast<size_t>(k)];
-    std::snprintf(buf, sizeof buf, "%s%s %.3f s (%.0f%%)", out.empty() ? "" : ", ",
-                  graph::op_name(static_cast<graph::OpKind>(k)), sec / per, 100.0 * sec / total);
+    const double f = flops != nullptr ? (*flops)[static_cast<size_t>(k)] : 0.0;
+    if (f > 0)
+      std::snprintf(buf, sizeof buf, "%s%s %.3f s (%.0f%%, %.0f GFLOP/s)", out.empty() ? "" : ", ",
+                    graph::op_name(static_cast<graph::OpKind>(k)), sec / per, 100.0 * sec / total,
+                    f / sec / 1e9);
+    else
+      std::snprintf(buf, sizeof buf, "%s%s %.3f s (%.0f%%)", out.empty() ? "" : ", ",
+                    graph::op_name(static_cast<graph::OpKind>(k)), sec / per, 100.0 * sec / total);
     out += buf;
   }
   return out;

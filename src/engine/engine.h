@@ -231,7 +231,13 @@ class Engine final : public Denoiser, private KvPool::Budget {
   const MoeStats& moe_stats() const { return des_.stats(); }
   // With EngineOptions::profile_ops: seconds spent per op kind since the last reset (else zeros).
   const std::array<double, graph::kOpKinds>& op_seconds() const { return op_seconds_; }
-  void reset_op_seconds() { op_seconds_.fill(0.0); }
+  // And the floating-point operations of the GEMM, gather-GEMM and attention ops timed (executor.cpp
+  // op_flop_count: attention counted dense).
+  const std::array<double, graph::kOpKinds>& op_flops() const { return op_flops_; }
+  void reset_op_seconds() {
+    op_seconds_.fill(0.0);
+    op_flops_.fill(0.0);
+  }
   // Steps recorded and replayed as CUDA graphs, and the kernels and copies of the last replayed one.
   const StepGraphs& step_graphs() const { return step_graphs_; }
   int attention_block() const override;
@@ -374,12 +380,14 @@ class Engine final : public Denoiser, private KvPool::Budget {
   int stream_slot_ = -1;                       // the pool slot of KV stream 1 while a request holds one
   SparseState sparse_;
   DesState des_;
-  std::array<double, graph::kOpKinds> op_seconds_{};
+  std::array<double, graph::kOpKinds> op_seconds_{}, op_flops_{};
   StepGraphs step_graphs_{true};
 };
 
 // "attention 1.23 s (41%), gemm ..." for the op kinds that took time, largest first; seconds divided
-// by `per` (e.g. the repetitions that were summed).
-std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per = 1.0);
+// by `per` (e.g. the repetitions that were summed). With flops (Engine::op_flops()), each kind that
+// counts them also gives its rate: "gemm 0.68 s (74%, 404 GFLOP/s)".
+std::string format_op_seconds(const std::array<double, graph::kOpKinds>& seconds, double per = 1.0,
+                              const std::array<double, graph::kOpKinds>* flops = nullptr);
 
 }  // namespace tessera

@@ -64,17 +64,52 @@ enum class DesPass : uint8_t { Both, VoteOnly, ApplyOnly };
 void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
                     int64_t chunk, DesPass pass);
 
+// The multiply-adds (x 2) of a GEMM, a gather-GEMM (the selected rows) or an attention op (every query
+// row against every key row of its sequence: the dense count, which a causal or sparse mask lowers);
+// 0 for the other ops. --profile's rates (tessera bench) divide these by the ops' seconds.
+double op_flop_count(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
+                     int64_t chunk) {
+  const graph::OpDecl& op = g.ops()[static_cast<size_t>(oi)];
+  auto in = [&](size_t i) { return tensor_view(g, p, c, op.in[i].id, op.in[i].chunked, op.loop, chunk); };
+  switch (op.kind) {
+    case OpKind::Gemm: {
+      const Tensor a = in(0), w = in(1);
+      return 2.0 * static_cast<double>(a.rows()) * static_cast<double>(w.rows()) *
+             static_cast<double>(a.cols());
+    }
+    case OpKind::GatherGemm: {
+      const Tensor a = in(0), rows = in(1), w = in(2);
+      return 2.0 * static_cast<double>(rows.numel()) * static_cast<double>(w.rows()) *
+             static_cast<double>(a.cols());
+    }
+    case OpKind::Attention: {
+      const Tensor cu_q = in(3), cu_k = in(4);
+      const size_t n = static_cast<size_t>(cu_q.numel());
+      std::vector<int32_t> q(n), k(n);
+      c.backend->copy_to_host(q.data(), cu_q.data, n * 4);
+      c.backend->copy_to_host(k.data(), cu_k.data, n * 4);
+      double pairs = 0;
+      for (size_t s = 0; s + 1 < n; ++s)
+        pairs += static_cast<double>(q[s + 1] - q[s]) * static_cast<double>(k[s + 1] - k[s]);
+      return 4.0 * pairs * op.p.head_dim * op.p.n_heads;  // Q K^T and P V
+    }
+    default:
+      return 0;
+  }
+}
+
 void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
             int64_t chunk, DesPass pass = DesPass::Both) {
   if (c.op_seconds == nullptr) {
     run_op_untimed(g, p, c, oi, chunk, pass);
     return;
   }
+  const int kind = static_cast<int>(g.ops()[static_cast<size_t>(oi)].kind);
+  if (c.op_flops != nullptr) c.op_flops[kind] += op_flop_count(g, p, c, oi, chunk);
   const auto t0 = std::chrono::steady_clock::now();
   run_op_untimed(g, p, c, oi, chunk, pass);
   c.backend->synchronize();
-  c.op_seconds[static_cast<int>(g.ops()[static_cast<size_t>(oi)].kind)] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.op_seconds[kind] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,

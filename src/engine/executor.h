@@ -51,6 +51,7 @@ struct ExecContext {
   const SparseExec* sparse = nullptr;  // SparseD; null = dense attention
   const DesExec* des = nullptr;        // DES; null = every row routes on its own
   double* op_seconds = nullptr;        // [graph::kOpKinds]: each op synchronised and timed, by kind
+  double* op_flops = nullptr;          // [graph::kOpKinds], with op_seconds: op_flops()'s count, by kind
   dist::Communicator* comm = nullptr;  // tensor parallelism: the ranks AllReduce sums over
 };
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/config.h"
 #include "io/llama2c.h"
 #include "io/tokenizer.h"
 #include "test_util.h"
@@ -329,6 +330,38 @@ TEST(Cli, BenchComparesOptionsSideBySide) {
                              "--compare 'cache=lru': unknown KV cache 'lru'");
   expect_error("bench -m " + dir.string() + " --geometry llada-mid",
                "give -m DIR or --geometry NAME, not both");
+}
+
+// tessera bench --profile counts the FLOPs of the GEMMs, the masked rows' LM head and attention, by
+// hand here: every step of a cache-less generation is one forward over the whole canvas of L rows, whose
+// LM head reads the rows still masked (G, then G - G/S, ... with G/S decided per step).
+TEST(Cli, BenchProfileCountsEveryGemmsFlops) {
+  TESSERA_TINY_OR_SKIP(dir, "llada", "--seed 7");
+  const ModelConfig c = load_config(dir);
+  const int64_t P = 20, G = 24, S = 4, L = P + G;
+  std::string out;
+  ASSERT_EQ(
+      test::run_command(tessera_bin() + " bench -m " + dir.string() + " --prompt-len 20 --gen-length 24 " +
+                            "--block-length 24 --steps 4 --profile --json 2>/dev/null",
+                        &out),
+      0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  const auto& r = j["rows"][0];
+  const double H = static_cast<double>(c.hidden), hd = static_cast<double>(c.head_dim);
+  const double q = static_cast<double>(c.n_heads) * hd, kv = static_cast<double>(c.n_kv_heads) * hd;
+  const double per_row = H * (q + 2 * kv) + q * H + 3 * H * static_cast<double>(c.intermediate);
+  EXPECT_EQ(r["op_flops"]["gemm"].get<double>(), 2.0 * S * L * per_row * static_cast<double>(c.n_layers));
+  double masked = 0;
+  for (int64_t s = 0; s < S; ++s) masked += static_cast<double>(G - s * (G / S));
+  EXPECT_EQ(r["op_flops"]["gather_gemm"].get<double>(), 2.0 * masked * H * static_cast<double>(c.vocab));
+  EXPECT_EQ(r["op_flops"]["attention"].get<double>(),
+            4.0 * S * L * L * hd * static_cast<double>(c.n_heads * c.n_layers));
+  EXPECT_GT(j["gemm_rate_flops_per_second"].get<double>(), 0.0);
+  EXPECT_GT(r["counted_flops_per_second"].get<double>(), 0.0);
+  // The first repetition's steps make at most their LM head's tile each.
+  ASSERT_EQ(r["gemm_primitives_made"].size(), 1u);
+  EXPECT_LE(r["gemm_primitives_made"][0][1].get<int64_t>(), S - 1);
 }
 
 // tessera bench --eos / --stop: the answers end as tessera generate's do (the same tokens), and ending

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "decode/generate.h"
 #include "engine/engine.h"
 #include "test_util.h"
 #include "tiny_models.h"
@@ -163,6 +164,33 @@ TEST(NoAllocation, ForwardStepAfterWarmupAllocatesNothing) {
       EXPECT_EQ(g_allocs.load(), 0) << fam << (prec == Precision::BF16 ? " bf16" : " f32");
     }
   }
+}
+
+// The GEMM primitives (oneDNN matmuls) of a generation: its first forward makes them for its shapes;
+// a later step makes at most one, its LM head's last gather tile, whose row count is that step's masked
+// rows (exact shapes are faster than padded ones here: docs/PERF.md, issue #34); and a second request of
+// the same shapes, as in a server, makes none.
+TEST(NoAllocation, ASecondGenerationMakesNoGemmPrimitive) {
+  TESSERA_TINY_OR_SKIP(tiny, "llada", "--seed 8");
+  auto e = Engine::load(tiny, EngineOptions{});
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 10; ++i) prompt.push_back(i + 3);
+  GenerateOptions o;
+  o.gen_length = 64;
+  o.block_length = 64;
+  o.steps = 16;
+  std::vector<int64_t> made;  // primitives made by the end of each step
+  Backend& b = e->backend();
+  const int64_t before = b.gemm_primitives_created();
+  const GenerateResult first =
+      generate(*e, prompt, o, [&](const StepEvent&) { made.push_back(b.gemm_primitives_created()); });
+  ASSERT_EQ(made.size(), 16u);
+  EXPECT_GT(made[0], before);  // the first forward's shapes
+  for (size_t s = 1; s < made.size(); ++s) EXPECT_LE(made[s] - made[s - 1], 1) << "step " << s;
+  const int64_t after_first = b.gemm_primitives_created();
+  const GenerateResult second = generate(*e, prompt, o);
+  EXPECT_EQ(b.gemm_primitives_created(), after_first);
+  EXPECT_EQ(second.tokens, first.tokens);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "test_util.h"
@@ -287,6 +288,37 @@ TEST(CpuGemm, GatherGemmEqualsRowsOfFullGemm) {
     for (int64_t j = 0; j < n; ++j)
       ASSERT_EQ(out[r * static_cast<size_t>(n) + static_cast<size_t>(j)],
                 full[static_cast<size_t>(idx[r]) * static_cast<size_t>(n) + static_cast<size_t>(j)]);
+}
+
+// The primitive cache keeps the most recently used kMaxPrimitives shapes: a server's requests of every
+// canvas length do not grow it without end, a cached shape is never made again, and a shape it let go
+// is made again with the same results.
+TEST(CpuGemm, PrimitiveCacheIsBoundedAndReused) {
+  cpu::GemmEngine g;
+  const int64_t n = 8, k = 16, shapes = static_cast<int64_t>(cpu::GemmEngine::kMaxPrimitives) + 40;
+  auto a = random_floats(static_cast<size_t>(shapes * k), 31);
+  auto w = random_floats(static_cast<size_t>(n * k), 32);
+  std::vector<float> c(static_cast<size_t>(shapes * n), NAN), first;
+  Tensor tw(w.data(), DType::F32, {n, k});
+  auto run = [&](int64_t m) {
+    Tensor ta(a.data(), DType::F32, {m, k}), tc(c.data(), DType::F32, {m, n});
+    g.gemm(ta, tw, nullptr, tc, false);
+  };
+  run(1);
+  first.assign(c.begin(), c.begin() + n);
+  EXPECT_EQ(g.primitives_created(), 1);
+  run(1);
+  EXPECT_EQ(g.primitives_created(), 1);  // cached
+  for (int64_t m = 2; m <= shapes; ++m) run(m);
+  EXPECT_EQ(g.primitives_created(), shapes);
+  EXPECT_EQ(g.primitives_held(), cpu::GemmEngine::kMaxPrimitives);
+  run(shapes);  // the most recent: still held
+  EXPECT_EQ(g.primitives_created(), shapes);
+  std::fill(c.begin(), c.end(), NAN);
+  run(1);  // the oldest was let go: made again, same values
+  EXPECT_EQ(g.primitives_created(), shapes + 1);
+  EXPECT_EQ(g.primitives_held(), cpu::GemmEngine::kMaxPrimitives);
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(c[static_cast<size_t>(j)], first[static_cast<size_t>(j)]);
 }
 
 TEST(CpuOps, RmsNormHandComputed) {

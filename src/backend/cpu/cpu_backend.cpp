@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_on_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void synchronize() override {}
+  int64_t gemm_primitives_created() const override { return gemm_.primitives_created(); }
 
   void embed(const Tensor& tokens, const Tensor& table, Tensor& out) override {
     cpu::embed(tokens, table, out);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #include <vector>
@@ -60,7 +61,11 @@ struct Entry {
 struct GemmEngine::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
-  std::unordered_map<Key, Entry, KeyHash> cache;
+  // Least recently used first out past kMaxPrimitives: a server's requests of every canvas length make
+  // new shapes without end (each primitive holds ~80 KiB of JIT code and descriptors).
+  std::list<std::pair<Key, Entry>> lru;  // most recently used first
+  std::unordered_map<Key, std::list<std::pair<Key, Entry>>::iterator, KeyHash> cache;
+  int64_t created = 0;
   std::vector<char> scratch;  // shared by all primitives (one stream, run in order)
   std::vector<char> tile;     // gather tile
   std::vector<char> panel;    // dequantized weight panel (quantized weights)
@@ -68,7 +73,10 @@ struct GemmEngine::Impl {
 
   Entry& get(const Key& key) {
     auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
+    if (it != cache.end()) {
+      lru.splice(lru.begin(), lru, it->second);  // relinks the node: no allocation
+      return it->second->second;
+    }
     using dims = dnnl::memory::dims;
     const dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a), dims{key.lda, 1});
     const dnnl::memory::desc w_md(dims{key.k, key.n}, dnnl_type(key.w),
@@ -105,7 +113,14 @@ struct GemmEngine::Impl {
     if (need > scratch.size()) scratch.resize(need);
     e.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
     e.args.push_back({DNNL_ARG_SCRATCHPAD, e.scratch.get()});
-    return cache.emplace(key, std::move(e)).first->second;
+    ++created;
+    if (cache.size() >= kMaxPrimitives) {
+      cache.erase(lru.back().first);
+      lru.pop_back();
+    }
+    lru.emplace_front(key, std::move(e));
+    cache.emplace(key, lru.begin());
+    return lru.front().second;
   }
 
   void run(const Key& key, const void* a, const void* w, const void* bias, void* c) {
@@ -125,6 +140,13 @@ struct GemmEngine::Impl {
 
 GemmEngine::GemmEngine() : impl_(std::make_unique<Impl>()) {}
 GemmEngine::~GemmEngine() = default;
+
+int64_t GemmEngine::primitives_created() const {
+  return impl_->created;
+}
+size_t GemmEngine::primitives_held() const {
+  return impl_->cache.size();
+}
 
 void GemmEngine::gemm(const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& c, bool accumulate) {
   check_gemm(a, w, bias, c, accumulate, Device::CPU);

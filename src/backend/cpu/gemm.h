@@ -2,6 +2,8 @@
 // kernels; f32 x f32). Primitives are cached per shape and their scratchpads share one buffer, so
 // after warm-up a GEMM allocates nothing.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/tensor.h"
@@ -34,6 +36,13 @@ class GemmEngine {
   // Creates (and caches) the primitive(s) of c[m,n] = a[m,k] w[n,k]^T ahead of use, so that a later
   // gemm() of that shape allocates nothing (the MoE FFN warms every row-count bucket it may use).
   void prepare(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized = false);
+  // The cache holds at most kMaxPrimitives shapes, the least recently used going first (far more than
+  // one forward uses, MoE buckets included: a step's shapes stay cached). primitives_created() counts
+  // every primitive made (a steady generation makes none per step except its LM head's last gather
+  // tile, whose row count is the step's masked-row count: see docs/PERF.md, issue #34).
+  static constexpr size_t kMaxPrimitives = 512;
+  int64_t primitives_created() const;
+  size_t primitives_held() const;
 
  private:
   // Rows of w per dequantized panel for a GEMM of n x k weights computed in dtype a.
