@@ -79,6 +79,7 @@ struct Row {
   int64_t graph_replays = 0, graph_nodes = 0, graph_captures = 0, attention_plans = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
   std::array<double, graph::kOpKinds> op_flops{};    // --profile: their GEMM and attention FLOPs
+  MoeTraffic traffic;                                // --profile, MoE: expert parallelism's exchanges
   uint64_t comm_bytes = 0, comm_calls = 0;           // --tp / --ep: this rank's collectives, last repetition
   // GEMM primitives made (Backend::gemm_primitives_created) in each repetition's first step and in its
   // later steps: the first repetition makes its shapes, later ones (new requests) find them cached.
@@ -138,6 +139,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
       const auto& ops = e.op_seconds();
       r.op_seconds = ops;
       r.op_flops = e.op_flops();
+      r.traffic = e.moe_traffic();
       r.moe_seconds =
           ops[static_cast<int>(graph::OpKind::MoeRoute)] + ops[static_cast<int>(graph::OpKind::MoeFfn)];
       r.graph_replays = e.step_graphs().replays() - replays0;
@@ -270,6 +272,25 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile, double gemm_
           "    whole generation: %.0f GFLOP/s (GEMMs and attention over its seconds) = %.0f%% of the bf16 "
           "GEMM rate measured in this run, %.0f GFLOP/s\n",
           rate / 1e9, 100.0 * rate / gemm_rate, gemm_rate / 1e9);
+    const MoeTraffic& t = r.traffic;
+    if (t.rows > 0 && r.forwards > 0) {
+      std::string line;
+      for (size_t i = 0; i < MoeTraffic::kRanks.size(); ++i) {
+        const int n = MoeTraffic::kRanks[i];
+        if (t.touched[i] == 0) continue;
+        char buf[200];
+        std::snprintf(
+            buf, sizeof buf,
+            "%s%d ranks %.2f / %.2f MiB (%.0f%% of row-rank pairs touched, busiest rank %.2fx the mean)",
+            line.empty() ? "" : "; ", n, t.all_reduce_bytes(i) / r.forwards / 1048576.0,
+            t.sparse_bytes(i) / r.forwards / 1048576.0,
+            100.0 * static_cast<double>(t.touched[i]) / static_cast<double>(t.rows * n),
+            static_cast<double>(t.busiest[i] * n) / static_cast<double>(t.pairs));
+        line += buf;
+      }
+      std::printf("    expert parallelism per forward, all-reduce / sparse combine over all ranks: %s\n",
+                  line.c_str());
+    }
     if (!r.primitives.empty() && gemm_rate > 0) {
       std::string reps;
       for (const auto& [first, later] : r.primitives)
@@ -283,6 +304,25 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile, double gemm_
                 static_cast<double>(r.comm_bytes) / f / 1024.0, static_cast<double>(r.comm_calls) / f);
   }
   std::fflush(stdout);  // each row as soon as it is measured, also into a pipe
+}
+
+// Row::traffic per forward, one entry per rank count (MoE models under --profile; else empty).
+json traffic_json(const Row& r) {
+  json out = json::array();
+  const MoeTraffic& t = r.traffic;
+  if (t.rows == 0 || r.forwards == 0) return out;
+  const double f = static_cast<double>(r.forwards);
+  for (size_t i = 0; i < MoeTraffic::kRanks.size(); ++i) {
+    if (t.touched[i] == 0) continue;
+    out.push_back({{"ranks", MoeTraffic::kRanks[i]},
+                   {"all_reduce_bytes_per_forward", t.all_reduce_bytes(i) / f},
+                   {"sparse_combine_bytes_per_forward", t.sparse_bytes(i) / f},
+                   {"touched_share",
+                    static_cast<double>(t.touched[i]) / static_cast<double>(t.rows * MoeTraffic::kRanks[i])},
+                   {"busiest_rank_over_mean", static_cast<double>(t.busiest[i] * MoeTraffic::kRanks[i]) /
+                                                  static_cast<double>(t.pairs)}});
+  }
+  return out;
 }
 
 json row_json(const Row& r, const Row& r0) {
@@ -317,6 +357,7 @@ json row_json(const Row& r, const Row& r0) {
           {"op_seconds", std::move(op_json)},
           {"op_flops", std::move(flop_json)},
           {"gemm_primitives_made", r.primitives},
+          {"expert_parallel_traffic", traffic_json(r)},
           {"counted_flops_per_second", counted_rate(r)}};
 }
 

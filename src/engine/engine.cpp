@@ -199,6 +199,10 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
   if (opt_.profile_ops) {
     ctx.op_seconds = op_seconds_.data();
     ctx.op_flops = op_flops_.data();
+    if (config().moe.n_experts > 0) {
+      moe_traffic_.hidden = config().hidden;
+      ctx.moe_traffic = &moe_traffic_;
+    }
   }
   ctx.comm = opt_.comm.get();
   if (kv_cache) {  // State tensors: their slices of the pool, kv_->rows() rows each

@@ -234,9 +234,12 @@ class Engine final : public Denoiser, private KvPool::Budget {
   // And the floating-point operations of the GEMM, gather-GEMM and attention ops timed (executor.cpp
   // op_flop_count: attention counted dense).
   const std::array<double, graph::kOpKinds>& op_flops() const { return op_flops_; }
+  // And, on MoE models, what expert parallelism would exchange for the routing of those forwards.
+  const MoeTraffic& moe_traffic() const { return moe_traffic_; }
   void reset_op_seconds() {
     op_seconds_.fill(0.0);
     op_flops_.fill(0.0);
+    moe_traffic_ = MoeTraffic{};
   }
   // Steps recorded and replayed as CUDA graphs, and the kernels and copies of the last replayed one.
   const StepGraphs& step_graphs() const { return step_graphs_; }
@@ -381,6 +384,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   SparseState sparse_;
   DesState des_;
   std::array<double, graph::kOpKinds> op_seconds_{}, op_flops_{};
+  MoeTraffic moe_traffic_;
   StepGraphs step_graphs_{true};
 };
 

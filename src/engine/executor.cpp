@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <fstream>
 #include <vector>
@@ -47,6 +48,30 @@ Tensor tensor_view(const graph::GraphTemplate& g, const graph::Program& p, const
   return v;
 }
 
+void MoeTraffic::add(std::span<const int32_t> ids, int64_t k, int64_t n_experts, int64_t first_row) {
+  const auto m = static_cast<int64_t>(ids.size()) / k;
+  ++calls;
+  rows += m;
+  pairs += m * k;
+  for (size_t i = 0; i < kRanks.size(); ++i) {
+    const int64_t n = kRanks[i];
+    if (n_experts % n != 0) continue;
+    std::array<int64_t, 8> load{};
+    for (int64_t r = 0; r < m; ++r) {
+      uint32_t hit = 0;  // ranks holding one of the row's experts (n <= 8)
+      for (int64_t j = 0; j < k; ++j) {
+        const auto rank = static_cast<size_t>(ids[static_cast<size_t>(r * k + j)] / (n_experts / n));
+        hit |= 1u << rank;
+        ++load[rank];
+      }
+      const auto owner = static_cast<uint32_t>((first_row + r) % n);
+      touched[i] += std::popcount(hit);
+      sent_rows[i] += std::popcount(hit & ~(1u << owner));
+    }
+    busiest[i] += *std::max_element(load.begin(), load.end());
+  }
+}
+
 namespace {
 
 void dump(const graph::GraphTemplate& g, const ExecContext& c, int id, const Tensor& t, int64_t chunk) {
@@ -64,9 +89,10 @@ enum class DesPass : uint8_t { Both, VoteOnly, ApplyOnly };
 void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
                     int64_t chunk, DesPass pass);
 
-// The multiply-adds (x 2) of a GEMM, a gather-GEMM (the selected rows) or an attention op (every query
-// row against every key row of its sequence: the dense count, which a causal or sparse mask lowers);
-// 0 for the other ops. --profile's rates (tessera bench) divide these by the ops' seconds.
+// The multiply-adds (x 2) of a GEMM, a gather-GEMM (the selected rows), the routed experts (the pairs
+// on this rank's experts) or an attention op (every query row against every key row of its sequence: the
+// dense count, which a causal or sparse mask lowers); 0 for the other ops. --profile's rates (tessera bench)
+// divide these by the ops' seconds.
 double op_flop_count(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
                      int64_t chunk) {
   const graph::OpDecl& op = g.ops()[static_cast<size_t>(oi)];
@@ -93,9 +119,30 @@ double op_flop_count(const graph::GraphTemplate& g, const graph::Program& p, con
         pairs += static_cast<double>(q[s + 1] - q[s]) * static_cast<double>(k[s + 1] - k[s]);
       return 4.0 * pairs * op.p.head_dim * op.p.n_heads;  // Q K^T and P V
     }
+    case OpKind::MoeFfn: {  // the (row, slot) pairs on this rank's experts: gate, up and down
+      const Tensor ids = in(1);
+      const MoeExperts& e = op.p.experts;
+      std::vector<int32_t> id(static_cast<size_t>(ids.numel()));
+      c.backend->copy_to_host(id.data(), ids.data, id.size() * 4);
+      const auto pairs =
+          static_cast<double>(std::count_if(id.begin(), id.end(), [&](int32_t x) { return e.local(x); }));
+      return 6.0 * pairs * static_cast<double>(e.hidden) * static_cast<double>(e.inter);
+    }
     default:
       return 0;
   }
+}
+
+// MoeTraffic: the rows of this router call's final routing (ids [rows, k]).
+void count_moe_traffic(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
+                       int64_t chunk) {
+  const graph::OpDecl& op = g.ops()[static_cast<size_t>(oi)];
+  const Tensor logits = tensor_view(g, p, c, op.in[0].id, op.in[0].chunked, op.loop, chunk);
+  const Tensor ids = tensor_view(g, p, c, op.out[0].id, op.out[0].chunked, op.loop, chunk);
+  const int64_t r0 = op.loop >= 0 ? chunk * p.loops[static_cast<size_t>(op.loop)].chunk_rows : 0;
+  std::vector<int32_t> id(static_cast<size_t>(ids.numel()));
+  c.backend->copy_to_host(id.data(), ids.data, id.size() * 4);
+  c.moe_traffic->add(id, ids.cols(), logits.cols(), r0);
 }
 
 void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,
@@ -110,6 +157,8 @@ void run_op(const graph::GraphTemplate& g, const graph::Program& p, const ExecCo
   run_op_untimed(g, p, c, oi, chunk, pass);
   c.backend->synchronize();
   c.op_seconds[kind] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (c.moe_traffic != nullptr && kind == static_cast<int>(OpKind::MoeRoute) && pass != DesPass::VoteOnly)
+    count_moe_traffic(g, p, c, oi, chunk);
 }
 
 void run_op_untimed(const graph::GraphTemplate& g, const graph::Program& p, const ExecContext& c, int oi,

@@ -1,6 +1,7 @@
 // Runs an instantiated, planned program on a backend: every tensor at base + its planned offset,
 // chunk loops executed K times on consecutive row ranges.
 #pragma once
+#include <array>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,35 @@ struct DesExec {
   size_t layer_floats = 0;
 };
 
+// What expert parallelism would exchange for the routing of the forwards profiled (tessera bench
+// --profile on MoE models), for kRanks[i] ranks holding equal contiguous slices of the experts. The rows
+// are on every rank (after the attention's all-reduce); each rank owns rows r with r % N == rank, whose
+// sum it completes. tessera's combine all-reduces every row: 2 (N - 1) rows x hidden f32 over all ranks,
+// whatever the routing. A sparse combine would send a rank's partial sums only for the rows its experts
+// touched, to their owners (sent_rows), then all-gather the owned rows: (N - 1) rows x hidden. So the
+// rows' routing, which DES concentrates on a coreset, decides what the sparse combine saves.
+struct MoeTraffic {
+  static constexpr std::array<int, 3> kRanks{2, 4, 8};
+  int64_t calls = 0;                   // router calls (MoE layers x FFN chunks)
+  int64_t rows = 0;                    // the rows they routed
+  int64_t hidden = 0;                  // the residual's width
+  std::array<int64_t, 3> touched{};    // (row, rank) pairs with at least one of the row's experts on it
+  std::array<int64_t, 3> sent_rows{};  // ... whose row another rank owns (the sparse combine's sends)
+  // Load balance: the (row, slot) pairs of each call, and of each call's busiest rank (expert
+  // parallelism waits for it): busiest * N / pairs is the slowest rank's work over the mean.
+  int64_t pairs = 0;
+  std::array<int64_t, 3> busiest{};
+  // Counts one router call: ids [rows, k] of experts in [0, n_experts), its first row first_row.
+  void add(std::span<const int32_t> ids, int64_t k, int64_t n_experts, int64_t first_row);
+  double all_reduce_bytes(size_t i) const {
+    return 2.0 * (kRanks[i] - 1) * static_cast<double>(rows * hidden) * 4;
+  }
+  double sparse_bytes(size_t i) const {
+    return (static_cast<double>(sent_rows[i]) + static_cast<double>((kRanks[i] - 1) * rows)) *
+           static_cast<double>(hidden) * 4;
+  }
+};
+
 struct ExecContext {
   Backend* backend = nullptr;
   char* base = nullptr;                  // workspace base (device pointer)
@@ -52,6 +82,7 @@ struct ExecContext {
   const DesExec* des = nullptr;        // DES; null = every row routes on its own
   double* op_seconds = nullptr;        // [graph::kOpKinds]: each op synchronised and timed, by kind
   double* op_flops = nullptr;          // [graph::kOpKinds], with op_seconds: op_flops()'s count, by kind
+  MoeTraffic* moe_traffic = nullptr;   // with op_seconds: every router call's routing counted
   dist::Communicator* comm = nullptr;  // tensor parallelism: the ranks AllReduce sums over
 };
 

@@ -362,6 +362,35 @@ TEST(Cli, BenchProfileCountsEveryGemmsFlops) {
   // The first repetition's steps make at most their LM head's tile each.
   ASSERT_EQ(r["gemm_primitives_made"].size(), 1u);
   EXPECT_LE(r["gemm_primitives_made"][0][1].get<int64_t>(), S - 1);
+  EXPECT_TRUE(r["expert_parallel_traffic"].empty());  // a dense model
+
+  // An MoE model: its routed experts' FLOPs, and expert parallelism's exchanges per forward: the
+  // all-reduce's 2 (N - 1) x rows x hidden f32 over every MoE layer; the sparse combine's at most that.
+  TESSERA_TINY_OR_SKIP(moe, "llada_moe", "--seed 7");
+  const ModelConfig m = load_config(moe);
+  ASSERT_EQ(
+      test::run_command(tessera_bin() + " bench -m " + moe.string() + " --prompt-len 20 --gen-length 24 " +
+                            "--block-length 24 --steps 4 --profile --json 2>/dev/null",
+                        &out),
+      0)
+      << out;
+  const auto jm = nlohmann::json::parse(out)["rows"][0];
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < m.n_layers; ++l) moe_layers += m.is_moe_layer(l) ? 1 : 0;
+  ASSERT_GT(moe_layers, 0);
+  EXPECT_EQ(jm["op_flops"]["moe_ffn"].get<double>(), 6.0 * S * L * static_cast<double>(m.moe.top_k) *
+                                                         static_cast<double>(m.hidden * m.moe.expert_inter) *
+                                                         static_cast<double>(moe_layers));
+  const auto& tr = jm["expert_parallel_traffic"];
+  ASSERT_GE(tr.size(), 1u) << jm.dump();
+  for (const auto& x : tr) {
+    const double n = x["ranks"].get<double>();
+    const double all_reduce = 2 * (n - 1) * static_cast<double>(L * moe_layers * m.hidden) * 4;
+    EXPECT_EQ(x["all_reduce_bytes_per_forward"].get<double>(), all_reduce) << x.dump();
+    EXPECT_LE(x["sparse_combine_bytes_per_forward"].get<double>(), all_reduce) << x.dump();
+    EXPECT_GE(x["sparse_combine_bytes_per_forward"].get<double>(), all_reduce / 2) << x.dump();
+    EXPECT_GE(x["busiest_rank_over_mean"].get<double>(), 1.0) << x.dump();
+  }
 }
 
 // tessera bench --eos / --stop: the answers end as tessera generate's do (the same tokens), and ending

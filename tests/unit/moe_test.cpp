@@ -188,6 +188,43 @@ TEST(MoeShare, SeqAndVoteCoresetsHandComputed) {
   EXPECT_EQ(flags(off.state, 4, 3), (std::vector<float>{1, 1, 1, 1}));
 }
 
+// Expert parallelism's exchanges for a routing (bench --profile), by hand: 8 experts, 2 per row, rows 1-3
+// of a step. With N ranks, rank e / (8 / N) holds expert e and row r belongs to rank r % N.
+TEST(MoeTraffic, RowsRanksAndLoadsHandComputed) {
+  const std::vector<int32_t> ids{0, 7, 2, 3, 5, 4};
+  MoeTraffic t;
+  t.hidden = 10;
+  t.add(ids, 2, 8, 1);
+  EXPECT_EQ(t.calls, 1);
+  EXPECT_EQ(t.rows, 3);
+  EXPECT_EQ(t.pairs, 6);
+  // 2 ranks (experts 0-3, 4-7): row 1 touches both and is rank 1's; row 2 only rank 0 (its own); row 3
+  // only rank 1 (its own). Loads 3 and 3.
+  EXPECT_EQ(t.touched[0], 4);
+  EXPECT_EQ(t.sent_rows[0], 1);
+  EXPECT_EQ(t.busiest[0], 3);
+  // 4 ranks (pairs of experts): row 1 -> ranks 0, 3 (owner 1); row 2 -> rank 1 (owner 2); row 3 -> rank 2
+  // (owner 3). Loads 1, 2, 2, 1.
+  EXPECT_EQ(t.touched[1], 4);
+  EXPECT_EQ(t.sent_rows[1], 4);
+  EXPECT_EQ(t.busiest[1], 2);
+  // 8 ranks: row 1 -> 0, 7 (owner 1); row 2 -> 2, 3 (owner 2); row 3 -> 5, 4 (owner 3).
+  EXPECT_EQ(t.touched[2], 6);
+  EXPECT_EQ(t.sent_rows[2], 5);
+  EXPECT_EQ(t.busiest[2], 1);
+  // All-reduce: 2 (N - 1) rows x hidden f32; sparse combine: the sent rows + (N - 1) rows, x hidden f32.
+  EXPECT_EQ(t.all_reduce_bytes(0), 2.0 * 1 * 3 * 10 * 4);
+  EXPECT_EQ(t.sparse_bytes(0), (1 + 3) * 10 * 4.0);
+  EXPECT_EQ(t.all_reduce_bytes(2), 2.0 * 7 * 3 * 10 * 4);
+  EXPECT_EQ(t.sparse_bytes(2), (5 + 21) * 10 * 4.0);
+  // 6 experts split only over 2 ranks: the 4- and 8-rank counts stay empty.
+  MoeTraffic six;
+  six.add(std::vector<int32_t>{0, 5}, 2, 6, 0);
+  EXPECT_EQ(six.touched[0], 2);
+  EXPECT_EQ(six.sent_rows[0], 1);
+  EXPECT_EQ(six.touched[1] + six.touched[2], 0);
+}
+
 TEST(MoeShare, BadParametersFailClearly) {
   MoeRouteParams base;
   base.top_k = 2;
