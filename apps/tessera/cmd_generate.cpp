@@ -53,7 +53,7 @@ std::vector<std::string> read_prompts(const std::string& path) {
 // written in the file's order as soon as they and every earlier one are done. A prompt that fails
 // (too long for the context, say) gets its error and the others go on; the exit status is then 1.
 int generate_many(Session& s, const SessionArgs& a, const std::vector<std::string>& prompts, int batch) {
-  Batcher b(s.engine(), batch);
+  Batcher b(s.engine(), batch, std::chrono::milliseconds(2), true);  // over ranks: rank 0 orders
   const size_t n = prompts.size();
   std::vector<Session::Output> out(n);
   std::vector<std::string> err(n);
@@ -62,7 +62,9 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
   std::atomic<size_t> next{0};
   std::mutex m;
   size_t written = 0, tokens = 0, failed = 0;
-  const bool progress = !a.json && !a.no_progress && isatty(fileno(stderr));
+  // Over ranks the others run the same prompts (keyed by their line) and rank 0 alone reports them.
+  const bool follower = s.engine().options().comm && s.engine().options().comm->rank() != 0;
+  const bool progress = !a.json && !a.no_progress && !follower && isatty(fileno(stderr));
   const auto t0 = std::chrono::steady_clock::now();
   auto write_ready = [&] {  // under m
     for (; written < n && done[written]; ++written) {
@@ -71,7 +73,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
         ++failed;
         if (a.json)
           std::printf("%s\n", json_line({{"index", i}, {"error", err[i]}}).c_str());
-        else
+        else if (!follower)
           std::fprintf(stderr, "tessera: prompt %zu: %s\n", i + 1, err[i].c_str());
         continue;
       }
@@ -93,7 +95,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
       try {
         const auto ids = s.prompt_ids({{"user", prompts[i]}}, uses_chat(a, s, prompts[i]));
         prompt_tokens[i] = ids.size();
-        out[i] = s.run(b, ids, s.options(), {});
+        out[i] = s.run(b, ids, s.options(), {}, i);  // keyed by its line: alike on every rank
       } catch (const Error& e) {
         err[i] = e.what();
       }
@@ -108,7 +110,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const BatchStats st = b.stats();
   if (progress) std::fprintf(stderr, "\r");
-  if (!a.json) {
+  if (!a.json && !follower) {
     char per[64] = "";
     if (st.forwards > 0)
       std::snprintf(per, sizeof per, " · %.2f sequences per forward",
@@ -170,9 +172,6 @@ void add_generate(CLI::App& app, Registry& reg) {
     if (f_opt->count() > 0) {
       if (*canvas) fail("--canvas streams the steps of one prompt (-p), not of a prompts file");
       if (!order_svg->empty()) fail("--order-svg draws one generation (-p), not a prompts file");
-      // The batcher packs requests as they arrive: ranks would pack them differently.
-      if ((a->tp > 1 || a->ep > 1) && *batch > 1)
-        fail("--prompts-file with --tp / --ep: give --batch 1 (batched requests are not run over ranks yet)");
       const auto prompts = read_prompts(*prompts_file);
       Session s(*a);
       if (!a->json) s.print_notes();

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@ using Clock = std::chrono::steady_clock;
 
 // One forward a request asked for: predict (tokens, conf) or logits (out).
 struct Batcher::Call {
+  uint64_t key = 0;  // the request's (over ranks: rank 0 names the calls it serves by these)
   bool logits = false;
   int block = 0;        // the request's attention block (block-causal models)
   bool causal = false;  // a tri-mode model's causal forward (Denoiser::set_causal)
@@ -32,6 +34,7 @@ struct Batcher::Call {
 
 struct Batcher::Job {
   std::function<void()> fn;
+  uint64_t key = 0;
   bool done = false;
   std::exception_ptr error;
   void run() {
@@ -47,7 +50,7 @@ struct Batcher::Job {
 // request with a KV cache holds a slot of the engine's cache pool, opened by Batcher::generate.
 class Batcher::Proxy final : public Denoiser {
  public:
-  Proxy(Batcher& b, int slot) : b_(b), block_(b.initial_block_), slot_(slot) {}
+  Proxy(Batcher& b, int slot, uint64_t key) : b_(b), block_(b.initial_block_), slot_(slot), key_(key) {}
   int64_t vocab_size() const override { return b_.vocab_; }
   int32_t mask_token() const override { return b_.mask_; }
   int attention_block() const override { return block_; }
@@ -121,6 +124,7 @@ class Batcher::Proxy final : public Denoiser {
     return c;
   }
   void post(Call& c) {
+    c.key = key_;
     c.block = block_;
     c.causal = causal_;
     c.draft = draft_;
@@ -135,11 +139,12 @@ class Batcher::Proxy final : public Denoiser {
   int block_;
   bool causal_ = false, draft_ = false;
   const int slot_;
+  const uint64_t key_;
   std::vector<int32_t> range_;  // predict_cached's rows
   PredictLogprobs lp_;          // of the last call that asked for them
 };
 
-Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
+Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace, bool over_ranks)
     : engine_(engine),
       max_batch_(max_batch),
       grace_(grace),
@@ -147,8 +152,15 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
       mask_(engine.mask_token()),
       initial_block_(engine.attention_block()),
       tri_mode_(engine.supports_causal()),
-      draft_adapter_(engine.supports_draft_adapter()) {
+      draft_adapter_(engine.supports_draft_adapter()),
+      ranks_(over_ranks && engine.options().comm && engine.options().comm->size() > 1
+                 ? engine.options().comm.get()
+                 : nullptr) {
   if (max_batch < 1) fail("the batch size must be at least 1 (got " + std::to_string(max_batch) + ")");
+  if (ranks_ != nullptr && max_batch > 1 && engine.options().memory_budget > 0)
+    fail(
+        "batched requests over ranks (--tp / --ep) do not take a memory budget yet: give --batch 1 or drop "
+        "--memory-budget");
     // The forwards run on the engine thread's OpenMP team. An idle team of another thread (this one's,
     // if it ran the model's loading or earlier forwards) makes libgomp count more threads than cores and
     // cut the spinning of every team to almost nothing: each parallel region of the engine thread then
@@ -160,7 +172,12 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace)
 #if !defined(__clang__)
   omp_pause_resource_all(omp_pause_hard);
 #endif
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    if (ranks_ != nullptr && ranks_->rank() != 0)
+      follow();
+    else
+      loop();
+  });
 }
 
 Batcher::~Batcher() {
@@ -178,7 +195,7 @@ BatchStats Batcher::stats() const {
 }
 
 GenerateResult Batcher::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                                 const std::function<void(const StepEvent&)>& on_step) {
+                                 const std::function<void(const StepEvent&)>& on_step, uint64_t key) {
   const RequestPlan plan = plan_checked(prompt, o, vocab_, initial_block_ > 0);
   if (!plan.shares_forwards())
     fail(
@@ -186,7 +203,9 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
         "KV cache) cannot be batched");
   {
     std::unique_lock<std::mutex> l(m_);
-    request_cv_.wait(l, [&] { return exclusive_.empty() && !exclusive_running_; });
+    // (A follower rank admits at once: rank 0's order of forwards and exclusive jobs is the one kept.)
+    const bool follower = ranks_ != nullptr && ranks_->rank() != 0;
+    request_cv_.wait(l, [&] { return follower || (exclusive_.empty() && !exclusive_running_); });
     ++admitted_;
   }
   struct Leave {
@@ -212,7 +231,7 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
     leave.slot = admit_cache(plan);
   else if (engine_.options().memory_budget > 0)
     run([&] { check_request_budget(engine_, plan); }, false);
-  Proxy p(*this, leave.slot);
+  Proxy p(*this, leave.slot, key);
   RequestScope request(p, plan);
   return tessera::generate(request, prompt, o, on_step);
 }
@@ -260,8 +279,8 @@ int Batcher::admit_cache(const RequestPlan& plan) {
   }
 }
 
-void Batcher::run(const std::function<void()>& job, bool exclusive) {
-  Job j{job};
+void Batcher::run(const std::function<void()>& job, bool exclusive, uint64_t key) {
+  Job j{job, key};
   std::unique_lock<std::mutex> l(m_);
   (exclusive ? exclusive_ : light_).push_back(&j);
   engine_cv_.notify_one();
@@ -293,6 +312,7 @@ void Batcher::loop() {
     }
     if (job != nullptr) {
       l.unlock();
+      if (exclusive_running_ && ranks_ != nullptr) announce(Next::Exclusive, {job->key});
       job->run();
       l.lock();
       job->done = true;
@@ -307,6 +327,11 @@ void Batcher::loop() {
         pending_.pop_front();
       }
       l.unlock();
+      if (ranks_ != nullptr) {
+        std::vector<uint64_t> keys;
+        for (const Call* c : calls) keys.push_back(c->key);
+        announce(Next::Forward, keys);
+      }
       run_calls(calls);
       l.lock();
       for (Call* c : calls) c->done = true;
@@ -314,11 +339,101 @@ void Batcher::loop() {
       request_cv_.notify_all();
       continue;
     }
-    if (stop_ && pending_.empty() && exclusive_.empty()) return;
+    if (stop_ && pending_.empty() && exclusive_.empty()) {
+      if (ranks_ != nullptr) {
+        l.unlock();
+        announce(Next::Stop, {});
+      }
+      return;
+    }
     if (!pending_.empty())
       engine_cv_.wait_until(l, deadline());
     else
       engine_cv_.wait(l);
+  }
+}
+
+void Batcher::announce(Next what, const std::vector<uint64_t>& keys) {
+  std::array<uint64_t, 2> head{static_cast<uint64_t>(what), keys.size()};
+  ranks_->broadcast(head.data(), sizeof head, 0);
+  if (!keys.empty()) ranks_->broadcast(const_cast<uint64_t*>(keys.data()), keys.size() * 8, 0);
+}
+
+Batcher::Next Batcher::receive(std::vector<uint64_t>& keys) {
+  std::array<uint64_t, 2> head{};
+  ranks_->broadcast(head.data(), sizeof head, 0);
+  TESSERA_CHECK(head[0] <= static_cast<uint64_t>(Next::Exclusive) && head[1] <= (1u << 20),
+                "batcher: a malformed message from rank 0");
+  keys.resize(head[1]);
+  if (!keys.empty()) ranks_->broadcast(keys.data(), keys.size() * 8, 0);
+  return static_cast<Next>(head[0]);
+}
+
+// A rank other than 0: light jobs as they come; forwards and exclusive jobs in rank 0's order, each once
+// the calls (the job) of the keys it names are here.
+void Batcher::follow() {
+  std::vector<uint64_t> keys;
+  bool told = false;
+  Next next = Next::Stop;
+  std::unique_lock<std::mutex> l(m_);
+  while (true) {
+    if (!light_.empty()) {
+      Job* job = light_.front();
+      light_.pop_front();
+      l.unlock();
+      job->run();
+      l.lock();
+      job->done = true;
+      request_cv_.notify_all();
+      continue;
+    }
+    if (!told) {  // (light jobs posted meanwhile wait: no request needs one for rank 0 to go on)
+      l.unlock();
+      next = receive(keys);
+      l.lock();
+      told = true;
+      continue;
+    }
+    if (next == Next::Stop) {  // rank 0's requests are done; this rank's may still run light jobs
+      if (stop_) return;
+      engine_cv_.wait(l);
+      continue;
+    }
+    if (next == Next::Exclusive) {
+      auto it =
+          std::find_if(exclusive_.begin(), exclusive_.end(), [&](const Job* j) { return j->key == keys[0]; });
+      if (it != exclusive_.end()) {
+        Job* job = *it;
+        exclusive_.erase(it);
+        exclusive_running_ = true;
+        l.unlock();
+        job->run();
+        l.lock();
+        job->done = true;
+        exclusive_running_ = false;
+        told = false;
+        request_cv_.notify_all();
+        continue;
+      }
+    } else {  // Forward: every named call posted, taken in rank 0's order
+      std::deque<Call*> calls;
+      for (uint64_t k : keys) {
+        auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Call* c) { return c->key == k; });
+        if (it == pending_.end()) break;
+        calls.push_back(*it);
+      }
+      if (calls.size() == keys.size()) {
+        for (const Call* c : calls) pending_.erase(std::find(pending_.begin(), pending_.end(), c));
+        l.unlock();
+        run_calls(calls);
+        l.lock();
+        for (Call* c : calls) c->done = true;
+        told = false;
+        request_cv_.notify_all();
+        continue;
+      }
+    }
+    engine_cv_.wait(l);
   }
 }
 

@@ -20,6 +20,13 @@
 // Requests that hold other engine state across forwards (SparseD patterns, DES) cannot share
 // forwards: they run as exclusive jobs on the engine thread, when no batched request is admitted;
 // requests that arrive meanwhile wait for their admission.
+//
+// Over ranks (the engine's communicator has more than one: --tp / --ep), every rank runs the same
+// requests, each with a key its caller gives alike on every rank (generate_many: the prompt's index),
+// and they decide the same tokens. What runs next is decided by rank 0 alone: before each packed forward
+// and each exclusive job it broadcasts the keys it serves, and the other ranks' engine threads run exactly
+// those (light jobs, which run no collective, stay free). The timing of each rank's threads then changes
+// nothing. Not under a memory budget (a rank's admissions would depend on its own timing).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -49,7 +56,12 @@ struct BatchStats {
 class Batcher {
  public:
   // max_batch >= 1 sequences per forward; grace: how long a waiting call waits for the others.
-  Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace = std::chrono::milliseconds(2));
+  // over_ranks: the engine runs over ranks (EngineOptions::comm) and every rank makes this batcher with
+  // the same requests, keyed alike (see above); rank 0 orders what runs. Without it a batcher over ranks
+  // must be fed by one rank's order otherwise (serve: its requests run one at a time, followed through
+  // its RankLink).
+  Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace = std::chrono::milliseconds(2),
+          bool over_ranks = false);
   ~Batcher();
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
@@ -59,12 +71,12 @@ class Batcher {
   // on_step run on the calling thread. Under a memory budget the request's plan is checked on the engine
   // thread before its first forward, with its KV cache open. Safe to call from any number of threads.
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                          const std::function<void(const StepEvent&)>& on_step = {});
+                          const std::function<void(const StepEvent&)>& on_step = {}, uint64_t key = 0);
 
   // Runs `job` on the engine thread and waits (its exception is rethrown here). exclusive: while no
   // batched request is admitted (requests that hold engine state: their whole generation); otherwise
   // between two forwards (a memory check before a request is admitted).
-  void run(const std::function<void()>& job, bool exclusive);
+  void run(const std::function<void()>& job, bool exclusive, uint64_t key = 0);
 
   BatchStats stats() const;
   int max_batch() const { return max_batch_; }
@@ -74,6 +86,11 @@ class Batcher {
   struct Call;
   struct Job;
   void loop();
+  void follow();  // loop() of a rank other than 0 over ranks
+  // Over ranks: rank 0 tells the others what runs next (kind, then the keys), and they receive it.
+  enum class Next : uint64_t { Stop, Forward, Exclusive };
+  void announce(Next what, const std::vector<uint64_t>& keys);
+  Next receive(std::vector<uint64_t>& keys);
   // Opens a KV cache slot for an admitted request and checks its plan's budget; waits while they fit
   // the memory budget alone but not beside the slots held now.
   int admit_cache(const RequestPlan& plan);
@@ -91,9 +108,10 @@ class Batcher {
   const std::chrono::microseconds grace_;
   const int64_t vocab_;
   const int32_t mask_;
-  const int initial_block_;   // the engine's attention block at construction (0: not block-causal)
-  const bool tri_mode_;       // the model has a causal mode (Denoiser::set_causal)
-  const bool draft_adapter_;  // and a draft adapter (Denoiser::set_draft_adapter)
+  const int initial_block_;          // the engine's attention block at construction (0: not block-causal)
+  const bool tri_mode_;              // the model has a causal mode (Denoiser::set_causal)
+  const bool draft_adapter_;         // and a draft adapter (Denoiser::set_draft_adapter)
+  dist::Communicator* const ranks_;  // over ranks: the engine's communicator (else null)
 
   mutable std::mutex m_;
   std::condition_variable engine_cv_;   // the engine thread waits here

@@ -539,15 +539,15 @@ Session::Output Session::timed(
 }
 
 Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& g,
-                             const std::function<void(const StepEvent&)>& on_step) {
+                             const std::function<void(const StepEvent&)>& on_step, uint64_t key) {
   Output o;
   if (b.max_batch() == 1 ||
       !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal()).shares_forwards()) {
-    b.run([&] { o = run(prompt, g, on_step); }, true);
+    b.run([&] { o = run(prompt, g, on_step); }, true, key);
     return o;
   }
   return timed(g, on_step,
-               [&](const GenerateOptions& s, const StepFn& f) { return b.generate(prompt, s, f); });
+               [&](const GenerateOptions& s, const StepFn& f) { return b.generate(prompt, s, f, key); });
 }
 
 }  // namespace tessera

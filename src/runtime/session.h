@@ -125,9 +125,10 @@ class Session {
   // The same through a Batcher over this session's engine, from any thread: a request whose plan shares
   // forwards (RequestPlan::shares_forwards) shares forwards with the others running at the same time (its
   // unmasking loop and on_step run on the calling thread); any other request, or every request when the batch
-  // size is 1, runs alone on the engine thread (one at a time).
+  // size is 1, runs alone on the engine thread (one at a time). key: the request's name, alike on every
+  // rank when the batcher runs over ranks (Batcher::generate).
   Output run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-             const std::function<void(const StepEvent&)>& on_step);
+             const std::function<void(const StepEvent&)>& on_step, uint64_t key = 0);
   const Tokenizer& tokenizer() const { return *tok_; }
   Engine& engine() { return *engine_; }
   const Engine& engine() const { return *engine_; }

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -63,6 +64,48 @@ TEST(TensorParallelCli, TwoRanksPrintTheSingleProcessText) {
             0)
       << two;
   EXPECT_EQ(tokens_and_text(two), tokens_and_text(one));
+}
+
+// generate --prompts-file --batch N over ranks: rank 0 orders the packed forwards and exclusive jobs and
+// the others run exactly those, so every prompt's answer is the one a single process gives it (f32), with
+// forwards shared (KV caches, threshold decoding: requests of different lengths) and with SparseD, whose
+// requests run alone as exclusive jobs. Under a memory budget it is refused in one line.
+TEST(TensorParallelCli, BatchedPromptsOverRanksAreTheSingleProcessAnswers) {
+  const auto dir = test::temp_dir("tp_batch");
+  {
+    std::ofstream f(dir / "prompts.txt");
+    f << "Once upon a time\nThe little dog\nA girl named Lily\nThe sun was\nTom and his mom went\nOne day\n";
+  }
+  const std::string args = " generate -m " + tiny_model() + " --prompts-file " +
+                           (dir / "prompts.txt").string() +
+                           " --gen-length 32 --block-length 16 --steps 16 --precision f32 --threads 1 --json";
+  // Each line's index, tokens and text, in the file's order.
+  auto answers = [](const std::string& out) {
+    std::string all;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      all += j.is_object() && j.contains("tokens")
+                 ? j["index"].dump() + " " + j["tokens"].dump() + " " + j["text"].dump() + "\n"
+                 : "(not a result: " + line + ")\n";
+    }
+    return all;
+  };
+  for (const std::string opts : {"", " --cache dual --threshold 0.9", " --sparse"}) {
+    std::string one, two;
+    ASSERT_EQ(test::run_command(std::string(TESSERA_BINARY) + args + opts + " --batch 1 2>/dev/null", &one),
+              0)
+        << one;
+    ASSERT_EQ(
+        test::run_command(mpirun(2) + TESSERA_BINARY + args + opts + " --tp 2 --batch 4 2>/dev/null", &two),
+        0)
+        << two;
+    EXPECT_EQ(std::count(one.begin(), one.end(), '\n'), 6) << one;
+    EXPECT_EQ(answers(two), answers(one)) << opts;
+  }
+  test::expect_command_error(
+      mpirun(2) + TESSERA_BINARY + args + " --tp 2 --batch 4 --memory-budget 64MiB 2>&1",
+      "batched requests over ranks (--tp / --ep) do not take a memory budget yet");
 }
 
 TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
