@@ -362,11 +362,13 @@ void Batcher::announce(Next what, const std::vector<uint64_t>& keys) {
 Batcher::Next Batcher::receive(std::vector<uint64_t>& keys) {
   std::array<uint64_t, 2> head{};
   ranks_->broadcast(head.data(), sizeof head, 0);
-  TESSERA_CHECK(head[0] <= static_cast<uint64_t>(Next::Exclusive) && head[1] <= (1u << 20),
+  const auto next = static_cast<Next>(head[0]);
+  TESSERA_CHECK(head[0] <= static_cast<uint64_t>(Next::Exclusive) && head[1] <= (1u << 20) &&
+                    (next != Next::Exclusive || head[1] == 1) && (next != Next::Forward || head[1] > 0),
                 "batcher: a malformed message from rank 0");
   keys.resize(head[1]);
   if (!keys.empty()) ranks_->broadcast(keys.data(), keys.size() * 8, 0);
-  return static_cast<Next>(head[0]);
+  return next;
 }
 
 // A rank other than 0: light jobs as they come; forwards and exclusive jobs in rank 0's order, each once
