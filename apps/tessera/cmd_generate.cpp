@@ -179,14 +179,17 @@ void add_generate(CLI::App& app, Registry& reg) {
     }
     check_utf8(*prompt, "the prompt");
     Session s(*a);
+    // Over ranks the others generate alike; rank 0 alone prints (their stdout is /dev/null, their stderr
+    // keeps their errors).
+    const bool follower = s.engine().options().comm && s.engine().options().comm->rank() != 0;
     const bool chat = uses_chat(*a, s, *prompt);
     const auto ids = s.prompt_ids({{"user", *prompt}}, chat);
     if (chat && s.chat_template().builtin() && !a->json)
       std::fprintf(stderr, "note: %s ships no chat template; using %s (--raw: none)\n", s.model_dir().c_str(),
                    s.chat_template().origin().c_str());
-    FILE* tty = (!a->json && !a->no_progress && isatty(fileno(stderr))) ? stderr : nullptr;
+    FILE* tty = (!a->json && !a->no_progress && !follower && isatty(fileno(stderr))) ? stderr : nullptr;
     if (*canvas && !a->json) fail("--canvas streams JSON step events; give --json too");
-    if (!a->json) s.print_notes();
+    if (!a->json && !follower) s.print_notes();
     const auto o =
         *canvas ? s.run(ids, s.options(),
                         [&](const StepEvent& ev) {
@@ -210,7 +213,7 @@ void add_generate(CLI::App& app, Registry& reg) {
       std::printf("%s\n", o.text.c_str());
       if (s.options().logprobs) print_logprobs(o, s, stdout);
       std::fflush(stdout);
-      print_stats(o, s, stderr);
+      if (!follower) print_stats(o, s, stderr);
     }
     return 0;
   });

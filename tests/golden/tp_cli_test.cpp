@@ -56,6 +56,16 @@ TEST(TensorParallelCli, TwoRanksPrintTheSingleProcessText) {
       << two;
   EXPECT_GT(nlohmann::json::parse(one)["tokens"].size(), 8u) << one;
   EXPECT_EQ(tokens_and_text(two), tokens_and_text(one));  // rank 0's result, once (one JSON line)
+  // Without --json: the text once on stdout, and the statistics line once on stderr (rank 0's).
+  std::string text;
+  ASSERT_EQ(
+      test::run_command(mpirun(2) + TESSERA_BINARY + generate_args() + " --tp 2 --no-progress 2>&1", &text),
+      0)
+      << text;
+  size_t stats = 0;
+  for (size_t at = text.find("tokens/s"); at != std::string::npos; at = text.find("tokens/s", at + 1))
+    ++stats;
+  EXPECT_EQ(stats, 1u) << text;
   // Under a memory budget every rank plans with the same runtime share (the largest measured), so their
   // steps chunk alike and their all-reduces match.
   ASSERT_EQ(test::run_command(mpirun(2) + TESSERA_BINARY + generate_args() +
