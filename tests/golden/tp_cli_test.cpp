@@ -118,6 +118,30 @@ TEST(TensorParallelCli, BatchedPromptsOverRanksAreTheSingleProcessAnswers) {
       "batched requests over ranks (--tp / --ep) do not take a memory budget yet");
 }
 
+// bench --profile's model of expert parallelism's all-reduce (MoeTraffic: 2 (N - 1) x rows x hidden x 4
+// over all ranks, from the routed rows) against the bytes rank 0 handed its all-reduces under --ep 2 (its
+// payload: rows x hidden x 4 per MoE layer, half of the model's total for 2 ranks), one per MoE layer.
+TEST(TensorParallelCli, ExpertParallelBytesAreTheProfilesModel) {
+  const std::string moe = (test::source_dir() / "models" / "tessera-tiny-moe").string();
+  std::string out;
+  ASSERT_EQ(
+      test::run_command(mpirun(2) + TESSERA_BINARY + " bench -m " + moe +
+                            " --prompt-len 20 --gen-length 24 --block-length 24 --steps 4 --ep 2 --threads 1 "
+                            "--profile --json 2>/dev/null",
+                        &out),
+      0)
+      << out;
+  const auto r = nlohmann::json::parse(out)["rows"][0];
+  const double forwards = r["forwards"].get<double>();
+  ASSERT_GT(forwards, 0);
+  ASSERT_GE(r["expert_parallel_traffic"].size(), 1u) << r.dump();
+  const auto& two = r["expert_parallel_traffic"][0];
+  ASSERT_EQ(two["ranks"], 2);
+  EXPECT_EQ(r["comm_bytes"].get<double>() / forwards, two["all_reduce_bytes_per_forward"].get<double>() / 2)
+      << r.dump();
+  EXPECT_EQ(r["comm_calls"].get<double>(), 6 * forwards);  // tessera-tiny-moe: 6 MoE layers
+}
+
 TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
   std::string out;
   // 4 heads over 3 ranks: every rank refuses it at load.
