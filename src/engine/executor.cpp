@@ -60,7 +60,9 @@ void MoeTraffic::add(std::span<const int32_t> ids, int64_t k, int64_t n_experts,
     for (int64_t r = 0; r < m; ++r) {
       uint32_t hit = 0;  // ranks holding one of the row's experts (n <= 8)
       for (int64_t j = 0; j < k; ++j) {
-        const auto rank = static_cast<size_t>(ids[static_cast<size_t>(r * k + j)] / (n_experts / n));
+        const int32_t e = ids[static_cast<size_t>(r * k + j)];
+        if (e < 0 || e >= n_experts) continue;  // (moe_ffn refuses such an id with its error)
+        const auto rank = static_cast<size_t>(e / (n_experts / n));
         hit |= 1u << rank;
         ++load[rank];
       }
