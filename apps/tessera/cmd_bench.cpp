@@ -56,6 +56,7 @@ struct BenchArgs {
   float threshold = 0.0f, temperature = 0.0f;
   uint64_t seed = 0;
   bool dequantize = false;
+  double dist_timeout = 120.0;  // --dist-timeout: seconds a collective may wait (as generate's)
   bool profile = false;
   bool json = false;              // --json: the JSON on stdout instead of the table
   bool eos = false;               // --eos: the answers end at the model's EOS
@@ -510,7 +511,7 @@ int run_bench(const BenchArgs& a) {
   eng.precision = parse_precision(a.precision);
   eng.dequantize = a.dequantize;
   eng.profile_ops = a.profile;
-  eng.comm = parallel_communicator(a.tp, a.ep, a.device, 120.0);
+  eng.comm = parallel_communicator(a.tp, a.ep, a.device, a.dist_timeout);
   eng.tp = a.tp;
   eng.ep = a.ep;
   auto base_engine = make_engine(a, eng);
@@ -735,6 +736,11 @@ void add_bench(CLI::App& app, Registry& reg) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--ep", a->ep, "expert parallelism (MoE models) over the same ranks")
       ->check(CLI::Range(1, 1024));
+  sub->add_option(
+         "--dist-timeout", a->dist_timeout,
+         "with --tp / --ep: seconds a collective may wait for the other ranks before the job ends with "
+         "an error (a rank died or hangs)")
+      ->check(in_range(0.001, 1e6));
   sub->add_option("--precision", a->precision, "auto, bf16 or f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   sub->add_flag(
