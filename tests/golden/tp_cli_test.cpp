@@ -127,7 +127,7 @@ TEST(TensorParallelCli, ExpertParallelBytesAreTheProfilesModel) {
   ASSERT_EQ(
       test::run_command(mpirun(2) + TESSERA_BINARY + " bench -m " + moe +
                             " --prompt-len 20 --gen-length 24 --block-length 24 --steps 4 --ep 2 --threads 1 "
-                            "--profile --json 2>/dev/null",
+                            "--dist-timeout 60 --profile --json 2>/dev/null",
                         &out),
       0)
       << out;
@@ -140,6 +140,8 @@ TEST(TensorParallelCli, ExpertParallelBytesAreTheProfilesModel) {
   EXPECT_EQ(r["comm_bytes"].get<double>() / forwards, two["all_reduce_bytes_per_forward"].get<double>() / 2)
       << r.dump();
   EXPECT_EQ(r["comm_calls"].get<double>(), 6 * forwards);  // tessera-tiny-moe: 6 MoE layers
+  test::expect_command_error(std::string(TESSERA_BINARY) + " bench -m " + moe + " --dist-timeout 0 2>&1",
+                             "--dist-timeout: 0 is not in [0.001, 1e+06]");
 }
 
 TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
