@@ -79,7 +79,7 @@ struct Row {
   // a replayed forward launches at once.
   int64_t graph_replays = 0, graph_nodes = 0, graph_captures = 0, attention_plans = 0;
   std::array<double, graph::kOpKinds> op_seconds{};  // --profile: every op kind, the best repetition
-  std::array<double, graph::kOpKinds> op_flops{};    // --profile: their GEMM and attention FLOPs
+  std::array<double, graph::kOpKinds> op_flops{};    // --profile: their GEMM, expert and attention FLOPs
   MoeTraffic traffic;                                // --profile, MoE: expert parallelism's exchanges
   uint64_t comm_bytes = 0, comm_calls = 0;           // --tp / --ep: this rank's collectives, last repetition
   // GEMM primitives made (Backend::gemm_primitives_created) in each repetition's first step and in its
@@ -225,7 +225,8 @@ double forwards_per_token(const Row& r) {
   return r.tokens.empty() ? 0.0 : static_cast<double>(r.forwards) / static_cast<double>(r.tokens.size());
 }
 
-// FLOPs of the GEMMs, gather-GEMMs and (dense-counted) attention per second of the whole generation.
+// FLOPs of the GEMMs, gather-GEMMs, routed experts and (dense-counted) attention per second of the whole
+// generation.
 double counted_rate(const Row& r) {
   double f = 0;
   for (double x : r.op_flops) f += x;
@@ -270,7 +271,8 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile, double gemm_
     const double rate = counted_rate(r);
     if (gemm_rate > 0)
       std::printf(
-          "    whole generation: %.0f GFLOP/s (GEMMs and attention over its seconds) = %.0f%% of the bf16 "
+          "    whole generation: %.0f GFLOP/s (GEMMs, experts and attention over its seconds) = %.0f%% of "
+          "the bf16 "
           "GEMM rate measured in this run, %.0f GFLOP/s\n",
           rate / 1e9, 100.0 * rate / gemm_rate, gemm_rate / 1e9);
     const MoeTraffic& t = r.traffic;
@@ -284,9 +286,7 @@ void print_row(const Row& r, const Row& r0, bool moe, bool profile, double gemm_
             buf, sizeof buf,
             "%s%d ranks %.2f / %.2f MiB (%.0f%% of row-rank pairs touched, busiest rank %.2fx the mean)",
             line.empty() ? "" : "; ", n, t.all_reduce_bytes(i) / r.forwards / 1048576.0,
-            t.sparse_bytes(i) / r.forwards / 1048576.0,
-            100.0 * static_cast<double>(t.touched[i]) / static_cast<double>(t.rows * n),
-            static_cast<double>(t.busiest[i] * n) / static_cast<double>(t.pairs));
+            t.sparse_bytes(i) / r.forwards / 1048576.0, 100.0 * t.touched_share(i), t.busiest_over_mean(i));
         line += buf;
       }
       std::printf("    expert parallelism per forward, all-reduce / sparse combine over all ranks: %s\n",
@@ -318,10 +318,8 @@ json traffic_json(const Row& r) {
     out.push_back({{"ranks", MoeTraffic::kRanks[i]},
                    {"all_reduce_bytes_per_forward", t.all_reduce_bytes(i) / f},
                    {"sparse_combine_bytes_per_forward", t.sparse_bytes(i) / f},
-                   {"touched_share",
-                    static_cast<double>(t.touched[i]) / static_cast<double>(t.rows * MoeTraffic::kRanks[i])},
-                   {"busiest_rank_over_mean", static_cast<double>(t.busiest[i] * MoeTraffic::kRanks[i]) /
-                                                  static_cast<double>(t.pairs)}});
+                   {"touched_share", t.touched_share(i)},
+                   {"busiest_rank_over_mean", t.busiest_over_mean(i)}});
   }
   return out;
 }

@@ -63,7 +63,7 @@ int generate_many(Session& s, const SessionArgs& a, const std::vector<std::strin
   std::mutex m;
   size_t written = 0, tokens = 0, failed = 0;
   // Over ranks the others run the same prompts (keyed by their line) and rank 0 alone reports them.
-  const bool follower = s.engine().options().comm && s.engine().options().comm->rank() != 0;
+  const bool follower = s.follower();
   const bool progress = !a.json && !a.no_progress && !follower && isatty(fileno(stderr));
   const auto t0 = std::chrono::steady_clock::now();
   auto write_ready = [&] {  // under m
@@ -181,7 +181,7 @@ void add_generate(CLI::App& app, Registry& reg) {
     Session s(*a);
     // Over ranks the others generate alike; rank 0 alone prints (their stdout is /dev/null, their stderr
     // keeps their errors).
-    const bool follower = s.engine().options().comm && s.engine().options().comm->rank() != 0;
+    const bool follower = s.follower();
     const bool chat = uses_chat(*a, s, *prompt);
     const auto ids = s.prompt_ids({{"user", *prompt}}, chat);
     if (chat && s.chat_template().builtin() && !a->json)

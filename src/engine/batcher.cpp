@@ -173,7 +173,7 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace,
   omp_pause_resource_all(omp_pause_hard);
 #endif
   thread_ = std::thread([this] {
-    if (ranks_ != nullptr && ranks_->rank() != 0)
+    if (following())
       follow();
     else
       loop();
@@ -204,8 +204,7 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
   {
     std::unique_lock<std::mutex> l(m_);
     // (A follower rank admits at once: rank 0's order of forwards and exclusive jobs is the one kept.)
-    const bool follower = ranks_ != nullptr && ranks_->rank() != 0;
-    request_cv_.wait(l, [&] { return follower || (exclusive_.empty() && !exclusive_running_); });
+    request_cv_.wait(l, [&] { return following() || (exclusive_.empty() && !exclusive_running_); });
     ++admitted_;
   }
   struct Leave {

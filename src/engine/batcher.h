@@ -87,6 +87,7 @@ class Batcher {
   struct Job;
   void loop();
   void follow();  // loop() of a rank other than 0 over ranks
+  bool following() const { return ranks_ != nullptr && ranks_->rank() != 0; }
   // Over ranks: rank 0 tells the others what runs next (kind, then the keys), and they receive it.
   enum class Next : uint64_t { Stop, Forward, Exclusive };
   void announce(Next what, const std::vector<uint64_t>& keys);

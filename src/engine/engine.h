@@ -231,8 +231,8 @@ class Engine final : public Denoiser, private KvPool::Budget {
   const MoeStats& moe_stats() const { return des_.stats(); }
   // With EngineOptions::profile_ops: seconds spent per op kind since the last reset (else zeros).
   const std::array<double, graph::kOpKinds>& op_seconds() const { return op_seconds_; }
-  // And the floating-point operations of the GEMM, gather-GEMM and attention ops timed (executor.cpp
-  // op_flop_count: attention counted dense).
+  // And the floating-point operations of the GEMM, gather-GEMM, routed-expert and attention ops timed
+  // (executor.cpp op_flop_count: attention counted dense).
   const std::array<double, graph::kOpKinds>& op_flops() const { return op_flops_; }
   // And, on MoE models, what expert parallelism would exchange for the routing of those forwards.
   const MoeTraffic& moe_traffic() const { return moe_traffic_; }

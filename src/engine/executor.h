@@ -64,6 +64,13 @@ struct MoeTraffic {
     return (static_cast<double>(sent_rows[i]) + static_cast<double>((kRanks[i] - 1) * rows)) *
            static_cast<double>(hidden) * 4;
   }
+  // The share of (row, rank) pairs touched, and the busiest rank's pairs over the mean.
+  double touched_share(size_t i) const {
+    return static_cast<double>(touched[i]) / static_cast<double>(rows * kRanks[i]);
+  }
+  double busiest_over_mean(size_t i) const {
+    return static_cast<double>(busiest[i] * kRanks[i]) / static_cast<double>(pairs);
+  }
 };
 
 struct ExecContext {

@@ -131,6 +131,8 @@ class Session {
              const std::function<void(const StepEvent&)>& on_step, uint64_t key = 0);
   const Tokenizer& tokenizer() const { return *tok_; }
   Engine& engine() { return *engine_; }
+  // Over ranks (--tp / --ep), a rank other than 0: it runs what rank 0 runs and reports nothing.
+  bool follower() const { return engine_->options().comm && engine_->options().comm->rank() != 0; }
   const Engine& engine() const { return *engine_; }
   const ModelConfig& config() const { return engine_->config(); }
   const GenerateOptions& options() const { return gen_; }
