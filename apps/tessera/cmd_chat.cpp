@@ -8,10 +8,10 @@
 #include <optional>
 
 #include "apps/tessera/chat_input.h"
+#include "apps/tessera/chat_ranks.h"
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/commands.h"
 #include "apps/tessera/generate_output.h"
-#include "apps/tessera/serve_ranks.h"
 
 namespace tessera::cli {
 

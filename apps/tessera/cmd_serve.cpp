@@ -127,6 +127,30 @@ const char* error_type(int status) {
   }
 }
 
+// The model's name in the API: --model-id, else the model directory's name.
+std::string model_id_of(const ServeArgs& a, const Session& s) {
+  if (!a.model_id.empty()) return a.model_id;
+  fs::path p = fs::absolute(s.model_dir()).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  return p.filename().string();
+}
+
+bool over_ranks(const Session& s) {
+  const auto& comm = s.engine().options().comm;
+  return comm && comm->size() > 1;
+}
+
+// Sequences per packed forward. Over ranks under a memory budget, one: each rank's admissions would
+// follow its own timing (Batcher).
+int batch_of(const ServeArgs& a, const Session& s) {
+  if (a.batch <= 1 || !over_ranks(s) || s.engine().options().memory_budget <= 0) return a.batch;
+  if (s.engine().options().comm->rank() == 0)
+    std::fprintf(stderr,
+                 "tessera serve: note: requests run one at a time (--batch 1): batching over ranks does not "
+                 "take --memory-budget yet\n");
+  return 1;
+}
+
 }  // namespace
 
 ServeApp::SlotScope::SlotScope(ServeApp& app, std::shared_ptr<Slot> s) : app_(app), slot_(std::move(s)) {
@@ -144,15 +168,12 @@ ServeApp::ServeApp(const ServeArgs& a)
     : args_(a),
       session_(a.session),
       admission_(a.parallel > 0 ? a.parallel : 4 * a.batch, a.max_queue),
+      model_id_(model_id_of(a, session_)),
       created_(static_cast<int64_t>(std::time(nullptr))),
-      batcher_(session_.engine(), a.batch,
-               std::chrono::microseconds(static_cast<int64_t>(a.batch_wait_ms * 1000.0))) {
-  model_id_ = a.model_id;
-  if (model_id_.empty()) {
-    fs::path p = fs::absolute(session_.model_dir()).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();
-    model_id_ = p.filename().string();
-  }
+      batcher_(session_.engine(), batch_of(a, session_),
+               std::chrono::microseconds(static_cast<int64_t>(a.batch_wait_ms * 1000.0)),
+               over_ranks(session_),
+               [this](uint64_t key, const std::string& words) { start_follower(key, words); }) {
   std::vector<std::string> keys = a.api_keys;
   if (!a.api_key_file.empty()) {
     std::ifstream f(a.api_key_file);
@@ -167,8 +188,6 @@ ServeApp::ServeApp(const ServeArgs& a)
     if (k.empty()) fail("an API key must not be empty");
     key_digests_.push_back(sha256(k));
   }
-  if (auto comm = session_.engine().options().comm; comm && comm->size() > 1)
-    ranks_ = std::make_unique<RankLink>(comm, a.session.dist_timeout);
   if (args_.limits.max_tokens > 0 && session_.options().gen_length > args_.limits.max_tokens)
     fail("--max-tokens " + std::to_string(args_.limits.max_tokens) +
          " is below the model's default generation length " + std::to_string(session_.options().gen_length) +

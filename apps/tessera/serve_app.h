@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,7 +18,6 @@
 #include "apps/tessera/cli_session.h"
 #include "apps/tessera/http_server.h"
 #include "apps/tessera/serve_http.h"
-#include "apps/tessera/serve_ranks.h"
 #include "apps/tessera/serve_request.h"
 #include "engine/batcher.h"
 
@@ -50,10 +50,13 @@ class ServeApp {
  public:
   explicit ServeApp(const ServeArgs& a);
   // Rank 0 (or one process): serves HTTP until stopped. Over ranks (--tp / --ep), the other ranks call
-  // follow() instead: they run rank 0's generations (serve_ranks.h) until it ends.
+  // follow() instead: they run rank 0's generations until it ends. Every choice of a request is introduced
+  // to them (Batcher::Introduction: the body, chat or not, the choice), they parse it with the same code into
+  // the same prompt and options, and the batcher runs it on every rank in rank 0's order, batched with the
+  // others as in one process.
   int run();
   int follow();
-  int rank() const { return ranks_ ? ranks_->rank() : 0; }
+  int rank() const;
 
  private:
   using json = nlohmann::json;
@@ -135,8 +138,8 @@ class ServeApp {
                     Held& held, Clock::time_point deadline);
   void answer_stream(http::Exchange& ex, bool chat, const ParsedRequest& r, size_t prompt_tokens, Slot& slot,
                      Held& held, Clock::time_point deadline);
-  // Choice c of request r (body: its POST body, for the other ranks), through the batcher or, over ranks,
-  // on every rank at once.
+  // Choice c of request r (body: its POST body, for the other ranks), through the batcher (over ranks: on
+  // every rank at once).
   Session::Output generate(const ParsedRequest& r, const std::string& body, bool chat, int c,
                            const std::function<void(const StepEvent&)>& on_step);
   // The step check of a generation: throws Ended when it must stop.
@@ -150,6 +153,8 @@ class ServeApp {
                        const std::function<void(int, json)>& send_canvas, const std::function<void()>& step);
   std::string finish_reason(const Session::Output& out, const GenerateOptions& o) const;
   void count_done(size_t prompt_tokens, size_t completion_tokens, Clock::time_point t0);
+  // A rank other than 0: rank 0 introduced choice c of a request; runs it on a thread of its own.
+  void start_follower(uint64_t key, const std::string& words);
   Tag next_tag(bool chat);
 
   ServeArgs args_;
@@ -167,9 +172,12 @@ class ServeApp {
   std::map<std::string, std::shared_ptr<Slot>> slots_;
   std::mutex log_m_;
   std::FILE* log_ = nullptr;
-  http::Server* http_ = nullptr;     // while run() serves
-  std::unique_ptr<RankLink> ranks_;  // over ranks: rank 0's link to the others
-  Batcher batcher_;                  // last member: its engine thread stops first
+  http::Server* http_ = nullptr;       // while run() serves
+  std::atomic<uint64_t> next_key_{1};  // over ranks: rank 0 names each choice it introduces
+  std::mutex followers_m_;             // a rank other than 0: its threads running rank 0's requests
+  std::condition_variable followers_cv_;
+  int followers_ = 0;
+  Batcher batcher_;  // last member: its engine thread stops first
 };
 
 }  // namespace tessera::cli

@@ -7,6 +7,7 @@
 // the final text, then a last event with the finish_reason, and "data: [DONE]". With stop sequences, the
 // text that could begin one is held back until it is ruled out.
 #include <algorithm>
+#include <csignal>
 #include <ctime>
 #include <exception>
 #include <functional>
@@ -169,18 +170,54 @@ void ServeApp::completion(http::Exchange& ex, bool chat) {
 Session::Output ServeApp::generate(const ParsedRequest& r, const std::string& body, bool chat, int c,
                                    const std::function<void(const StepEvent&)>& on_step) {
   const GenerateOptions o = choice(r.options, c % r.n);
-  if (ranks_) return ranks_->run(session_, body, chat, c, prompt_of(r, c), o, on_step);
-  return session_.run(batcher_, prompt_of(r, c), o, on_step);
+  if (!batcher_.over_ranks()) return session_.run(batcher_, prompt_of(r, c), o, on_step);
+  const uint64_t key = next_key_++;
+  const Batcher::Introduction intro(batcher_, key,
+                                    std::string(chat ? "c" : "t") + std::to_string(c) + "\n" + body);
+  return session_.run(batcher_, prompt_of(r, c), o, on_step, key);
+}
+
+int ServeApp::rank() const {
+  const auto& comm = session_.engine().options().comm;
+  return comm ? comm->rank() : 0;
 }
 
 int ServeApp::follow() {
+  // mpirun passes SIGTERM / SIGINT to every rank: rank 0 drains and ends, then its batcher ends this one.
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
   std::fprintf(stderr, "tessera serve: rank %d follows rank 0\n", rank());
-  return ranks_->follow(session_, [this](const std::string& body, bool chat, int c,
-                                         std::vector<int32_t>& prompt, GenerateOptions& o) {
-    const ParsedRequest r = parse_request(body, chat, session_, model_id_, args_.limits);
-    prompt = prompt_of(r, c);
-    o = choice(r.options, c % r.n);
-  });
+  std::fflush(stderr);
+  batcher_.wait_for_rank0();
+  std::unique_lock<std::mutex> l(followers_m_);
+  followers_cv_.wait(l, [&] { return followers_ == 0; });
+  if (const int64_t n = batcher_.stats().orphaned; n > 0)
+    std::fprintf(stderr,
+                 "tessera serve: rank %d: %lld requests still waited for a forward when rank 0 stopped\n",
+                 rank(), static_cast<long long>(n));
+  return 0;
+}
+
+void ServeApp::start_follower(uint64_t key, const std::string& words) {
+  {
+    std::lock_guard<std::mutex> l(followers_m_);
+    ++followers_;
+  }
+  std::thread([this, key, words] {
+    try {
+      // words: "c" (chat) or "t", the choice, a newline, the request's body (generate above)
+      const size_t nl = words.find('\n');
+      if (words.size() < 3 || nl == std::string::npos) fail("malformed introduction from rank 0");
+      const bool chat = words[0] == 'c';
+      const int c = std::stoi(words.substr(1, nl - 1));
+      const ParsedRequest r = parse_request(words.substr(nl + 1), chat, session_, model_id_, args_.limits);
+      session_.run(batcher_, prompt_of(r, c), choice(r.options, c % r.n), {}, key);
+    } catch (const std::exception&) {  // rank 0 met the same error and answered it, or ended the request
+    }
+    std::lock_guard<std::mutex> l(followers_m_);  // (notified under the lock: follow() returns after it)
+    --followers_;
+    followers_cv_.notify_all();
+  }).detach();
 }
 
 void ServeApp::check_step(const http::Exchange& ex, Slot& slot, Clock::time_point deadline) const {

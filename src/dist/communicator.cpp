@@ -51,6 +51,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
+  double deadline_s() const override { return timeout_s_; }
   void all_reduce_sum(float* p, size_t n) override {
     count(n * sizeof(float));
     if (size_ == 1 || n == 0) return;

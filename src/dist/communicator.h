@@ -30,6 +30,9 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t bytes) = 0;
   virtual void broadcast(void* p, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Seconds a collective may wait for the other ranks before the job ends (0: no deadline). A root that
+  // stays idle longer than this sends the others a message now and then (Batcher's heartbeat).
+  virtual double deadline_s() const { return 0; }
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 

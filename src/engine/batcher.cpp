@@ -129,6 +129,8 @@ class Batcher::Proxy final : public Denoiser {
     c.causal = causal_;
     c.draft = draft_;
     std::unique_lock<std::mutex> l(b_.m_);
+    if (b_.following() && (b_.rank0_stopped_ || b_.cancelled_.count(key_) > 0))
+      fail("this request was ended by rank 0");
     c.posted = Clock::now();
     b_.pending_.push_back(&c);
     b_.engine_cv_.notify_one();
@@ -144,7 +146,8 @@ class Batcher::Proxy final : public Denoiser {
   PredictLogprobs lp_;          // of the last call that asked for them
 };
 
-Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace, bool over_ranks)
+Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace, bool over_ranks,
+                 StartFn on_start)
     : engine_(engine),
       max_batch_(max_batch),
       grace_(grace),
@@ -155,7 +158,9 @@ Batcher::Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace,
       draft_adapter_(engine.supports_draft_adapter()),
       ranks_(over_ranks && engine.options().comm && engine.options().comm->size() > 1
                  ? engine.options().comm.get()
-                 : nullptr) {
+                 : nullptr),
+      on_start_(std::move(on_start)),
+      beat_(ranks_ != nullptr ? ranks_->deadline_s() / 4 : 0.0) {
   if (max_batch < 1) fail("the batch size must be at least 1 (got " + std::to_string(max_batch) + ")");
   if (ranks_ != nullptr && max_batch > 1 && engine.options().memory_budget > 0)
     fail(
@@ -206,9 +211,11 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
     // (A follower rank admits at once: rank 0's order of forwards and exclusive jobs is the one kept.)
     request_cv_.wait(l, [&] { return following() || (exclusive_.empty() && !exclusive_running_); });
     ++admitted_;
+    if (following()) active_.insert(key);
   }
   struct Leave {
     Batcher& b;
+    uint64_t key = 0;
     int slot = -1;
     ~Leave() {
       if (slot >= 0) {
@@ -221,11 +228,15 @@ GenerateResult Batcher::generate(std::span<const int32_t> prompt, const Generate
         std::lock_guard<std::mutex> l(b.m_);
         --b.admitted_;
         if (slot >= 0) ++b.kv_released_;
+        if (b.following()) {
+          b.active_.erase(b.active_.find(key));
+          if (b.active_.count(key) == 0) b.cancelled_.erase(key);
+        }
       }
       b.engine_cv_.notify_one();
       b.request_cv_.notify_all();
     }
-  } leave{*this};
+  } leave{*this, key};
   if (plan.kv_capacity > 0)
     leave.slot = admit_cache(plan);
   else if (engine_.options().memory_budget > 0)
@@ -281,6 +292,7 @@ int Batcher::admit_cache(const RequestPlan& plan) {
 void Batcher::run(const std::function<void()>& job, bool exclusive, uint64_t key) {
   Job j{job, key};
   std::unique_lock<std::mutex> l(m_);
+  if (exclusive && following() && rank0_stopped_) fail("this request was ended by rank 0");
   (exclusive ? exclusive_ : light_).push_back(&j);
   engine_cv_.notify_one();
   request_cv_.wait(l, [&] { return j.done; });
@@ -299,7 +311,16 @@ Clock::time_point Batcher::deadline() const {
 
 void Batcher::loop() {
   std::unique_lock<std::mutex> l(m_);
+  last_told_ = Clock::now();
   while (true) {
+    if (!ended_.empty()) {  // (over ranks) introduced requests that ended: the others end theirs
+      const std::vector<uint64_t> keys = std::move(ended_);
+      ended_.clear();
+      l.unlock();
+      announce(Next::End, keys);
+      l.lock();
+      continue;
+    }
     Job* job = nullptr;
     if (!light_.empty()) {
       job = light_.front();
@@ -310,8 +331,10 @@ void Batcher::loop() {
       exclusive_running_ = true;
     }
     if (job != nullptr) {
+      const bool announced = exclusive_running_ && ranks_ != nullptr;
+      if (announced) introduce(l, {job->key});
       l.unlock();
-      if (exclusive_running_ && ranks_ != nullptr) announce(Next::Exclusive, {job->key});
+      if (announced) announce(Next::Exclusive, {job->key});
       job->run();
       l.lock();
       job->done = true;
@@ -325,12 +348,13 @@ void Batcher::loop() {
         calls.push_back(pending_.front());
         pending_.pop_front();
       }
-      l.unlock();
+      std::vector<uint64_t> keys;
       if (ranks_ != nullptr) {
-        std::vector<uint64_t> keys;
         for (const Call* c : calls) keys.push_back(c->key);
-        announce(Next::Forward, keys);
+        introduce(l, keys);
       }
+      l.unlock();
+      if (ranks_ != nullptr) announce(Next::Forward, keys);
       run_calls(calls);
       l.lock();
       for (Call* c : calls) c->done = true;
@@ -345,28 +369,118 @@ void Batcher::loop() {
       }
       return;
     }
+    // Idle over ranks: a heartbeat every beat_, so the others' wait for the next order never times out.
+    const bool beats = ranks_ != nullptr && beat_.count() > 0;
+    const auto next_beat = last_told_ + std::chrono::duration_cast<Clock::duration>(beat_);
+    if (beats && Clock::now() >= next_beat) {
+      l.unlock();
+      announce(Next::Beat, {});
+      l.lock();
+      continue;
+    }
     if (!pending_.empty())
-      engine_cv_.wait_until(l, deadline());
+      engine_cv_.wait_until(l, beats ? std::min(deadline(), next_beat) : deadline());
+    else if (beats)
+      engine_cv_.wait_until(l, next_beat);
     else
       engine_cv_.wait(l);
   }
 }
 
-void Batcher::announce(Next what, const std::vector<uint64_t>& keys) {
-  std::array<uint64_t, 2> head{static_cast<uint64_t>(what), keys.size()};
-  ranks_->broadcast(head.data(), sizeof head, 0);
-  if (!keys.empty()) ranks_->broadcast(const_cast<uint64_t*>(keys.data()), keys.size() * 8, 0);
+void Batcher::introduce(std::unique_lock<std::mutex>& l, const std::vector<uint64_t>& keys) {
+  std::vector<std::pair<uint64_t, std::string>> told;
+  for (uint64_t k : keys) {
+    const auto it = intros_.find(k);
+    if (it == intros_.end() || it->second.sent) continue;
+    it->second.sent = true;
+    told.emplace_back(k, it->second.words);
+  }
+  if (told.empty()) return;
+  l.unlock();
+  for (const auto& [k, words] : told) announce(Next::Start, {k}, words);
+  l.lock();
 }
 
-Batcher::Next Batcher::receive(std::vector<uint64_t>& keys) {
-  std::array<uint64_t, 2> head{};
+Batcher::Introduction::Introduction(Batcher& b, uint64_t key, std::string words) : b_(b), key_(key) {
+  if (b_.ranks_ == nullptr || b_.following()) return;
+  std::lock_guard<std::mutex> l(b_.m_);
+  if (!b_.intros_.emplace(key, Intro{std::move(words)}).second)
+    fail("internal error: two requests alive with the key " + std::to_string(key));
+}
+
+Batcher::Introduction::~Introduction() {
+  if (b_.ranks_ == nullptr || b_.following()) return;
+  std::lock_guard<std::mutex> l(b_.m_);
+  const auto it = b_.intros_.find(key_);
+  if (it == b_.intros_.end()) return;
+  if (it->second.sent) {
+    b_.ended_.push_back(key_);
+    b_.engine_cv_.notify_one();
+  }
+  b_.intros_.erase(it);
+}
+
+bool Batcher::agree_stop(bool stop) {
+  if (ranks_ == nullptr) return stop;
+  int32_t flag = stop ? 1 : 0;
+  ranks_->broadcast(&flag, sizeof flag, 0);
+  if (!following()) last_told_ = Clock::now();
+  return flag != 0;
+}
+
+void Batcher::wait_for_rank0() {
+  std::unique_lock<std::mutex> l(m_);
+  request_cv_.wait(l, [&] { return !following() || rank0_stopped_; });
+}
+
+int64_t Batcher::fail_waiting(bool all, uint64_t key, const char* why) {
+  const auto err = std::make_exception_ptr(Error(why));
+  int64_t n = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (all || (*it)->key == key) {
+      (*it)->error = err;
+      (*it)->done = true;
+      it = pending_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  if (all) {
+    for (Job* j : exclusive_) {
+      j->error = err;
+      j->done = true;
+      ++n;
+    }
+    exclusive_.clear();
+  }
+  request_cv_.notify_all();
+  return n;
+}
+
+void Batcher::announce(Next what, const std::vector<uint64_t>& keys, const std::string& words) {
+  std::array<uint64_t, 3> head{static_cast<uint64_t>(what), keys.size(), words.size()};
+  ranks_->broadcast(head.data(), sizeof head, 0);
+  if (!keys.empty()) ranks_->broadcast(const_cast<uint64_t*>(keys.data()), keys.size() * 8, 0);
+  if (!words.empty()) ranks_->broadcast(const_cast<char*>(words.data()), words.size(), 0);
+  last_told_ = Clock::now();
+}
+
+Batcher::Next Batcher::receive(std::vector<uint64_t>& keys, std::string& words) {
+  std::array<uint64_t, 3> head{};
   ranks_->broadcast(head.data(), sizeof head, 0);
   const auto next = static_cast<Next>(head[0]);
-  TESSERA_CHECK(head[0] <= static_cast<uint64_t>(Next::Exclusive) && head[1] <= (1u << 20) &&
-                    (next != Next::Exclusive || head[1] == 1) && (next != Next::Forward || head[1] > 0),
+  const bool one_key = next == Next::Exclusive || next == Next::Start;
+  const bool some_keys = next == Next::Forward || next == Next::End;
+  TESSERA_CHECK(head[0] <= static_cast<uint64_t>(Next::Beat) && head[1] <= (1u << 20) &&
+                    (!one_key || head[1] == 1) && (!some_keys || head[1] > 0) &&
+                    (one_key || some_keys || head[1] == 0) && (next == Next::Start || head[2] == 0) &&
+                    head[2] <= (uint64_t{1} << 32),
                 "batcher: a malformed message from rank 0");
   keys.resize(head[1]);
   if (!keys.empty()) ranks_->broadcast(keys.data(), keys.size() * 8, 0);
+  words.assign(static_cast<size_t>(head[2]), '\0');
+  if (!words.empty()) ranks_->broadcast(words.data(), words.size(), 0);
   return next;
 }
 
@@ -374,6 +488,7 @@ Batcher::Next Batcher::receive(std::vector<uint64_t>& keys) {
 // the calls (the job) of the keys it names are here.
 void Batcher::follow() {
   std::vector<uint64_t> keys;
+  std::string words;
   bool told = false;
   Next next = Next::Stop;
   std::unique_lock<std::mutex> l(m_);
@@ -390,12 +505,37 @@ void Batcher::follow() {
     }
     if (!told) {  // (light jobs posted meanwhile wait: no request needs one for rank 0 to go on)
       l.unlock();
-      next = receive(keys);
+      next = receive(keys, words);
       l.lock();
       told = true;
       continue;
     }
+    if (next == Next::Beat) {
+      told = false;
+      continue;
+    }
+    if (next == Next::Start) {  // a request rank 0 introduces: start it here
+      TESSERA_CHECK(on_start_ != nullptr, "batcher: rank 0 introduced a request this rank cannot start");
+      l.unlock();
+      on_start_(keys[0], words);
+      l.lock();
+      told = false;
+      continue;
+    }
+    if (next == Next::End) {  // introduced requests that ended on rank 0: end those still running here
+      for (uint64_t k : keys) {
+        if (active_.count(k) == 0) continue;  // done here too (or an exclusive job, already run)
+        cancelled_.insert(k);
+        fail_waiting(false, k, "this request was ended by rank 0");
+      }
+      told = false;
+      continue;
+    }
     if (next == Next::Stop) {  // rank 0's requests are done; this rank's may still run light jobs
+      if (!rank0_stopped_) {
+        rank0_stopped_ = true;
+        stats_.orphaned += fail_waiting(true, 0, "this request was ended by rank 0");
+      }
       if (stop_) return;
       engine_cv_.wait(l);
       continue;

@@ -27,6 +27,12 @@
 // and each exclusive job it broadcasts the keys it serves, and the other ranks' engine threads run exactly
 // those (light jobs, which run no collective, stay free). The timing of each rank's threads then changes
 // nothing. Not under a memory budget (a rank's admissions would depend on its own timing).
+// Where rank 0 alone knows the requests (serve reads them from HTTP on rank 0), rank 0 introduces each
+// one (Introduction: words the other ranks turn into the same request, sent before its first forward)
+// and, when it ends, says so: a request rank 0 stopped early (a client gone, a timeout) then ends on every
+// rank, and an exclusive generation agrees after every step whether it goes on (agree_stop). While idle,
+// rank 0 sends a heartbeat every quarter of the communicator's deadline, so the others wait without it
+// firing.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -34,8 +40,11 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -51,6 +60,9 @@ struct BatchStats {
   int64_t splits = 0;     // packed forwards split to fit the memory budget
   int64_t cached_forwards = 0, cached_sequences = 0;  // those of them that were KV-cache steps
   int64_t cache_waits = 0;  // times a request waited for another to give its KV cache back
+  // Over ranks, a rank other than 0: forwards and exclusive jobs still waiting when rank 0 stopped (a
+  // request rank 0 ended without telling this rank: none, unless something went wrong).
+  int64_t orphaned = 0;
 };
 
 class Batcher {
@@ -58,10 +70,13 @@ class Batcher {
   // max_batch >= 1 sequences per forward; grace: how long a waiting call waits for the others.
   // over_ranks: the engine runs over ranks (EngineOptions::comm) and every rank makes this batcher with
   // the same requests, keyed alike (see above); rank 0 orders what runs. Without it a batcher over ranks
-  // must be fed by one rank's order otherwise (serve: its requests run one at a time, followed through
-  // its RankLink).
+  // must be fed by one rank's order otherwise.
+  // on_start (over ranks, ranks other than 0): called on the engine thread when rank 0 introduces a
+  // request, with its key and rank 0's words for it; it must start the same request on a thread of its
+  // own (generate / run with that key, as Session::run does) and return at once.
+  using StartFn = std::function<void(uint64_t key, const std::string& words)>;
   Batcher(Engine& engine, int max_batch, std::chrono::microseconds grace = std::chrono::milliseconds(2),
-          bool over_ranks = false);
+          bool over_ranks = false, StartFn on_start = {});
   ~Batcher();
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
@@ -80,6 +95,32 @@ class Batcher {
 
   BatchStats stats() const;
   int max_batch() const { return max_batch_; }
+  bool over_ranks() const { return ranks_ != nullptr; }
+
+  // Rank 0 over ranks: while it lives, rank 0 sends `words` to the other ranks before the first forward
+  // or exclusive job of `key` (their StartFn starts the same request), and once it is destroyed (the
+  // request has ended) tells them so, which ends that request there if it still waits for a forward.
+  // Keys must be unique among the requests alive. Elsewhere it does nothing.
+  class Introduction {
+   public:
+    Introduction(Batcher& b, uint64_t key, std::string words);
+    ~Introduction();
+    Introduction(const Introduction&) = delete;
+    Introduction& operator=(const Introduction&) = delete;
+
+   private:
+    Batcher& b_;
+    const uint64_t key_;
+  };
+
+  // Over ranks, inside an exclusive job (on the engine thread): rank 0's `stop` becomes every rank's answer.
+  // Called after every step of an exclusive generation, so that a generation rank 0 stops early stops at
+  // the same step everywhere. Without ranks: `stop`.
+  bool agree_stop(bool stop);
+
+  // Over ranks, ranks other than 0: waits until rank 0's batcher has stopped (all its requests done);
+  // calls of this rank still waiting then fail, and so do later ones.
+  void wait_for_rank0();
 
  private:
   class Proxy;
@@ -88,10 +129,17 @@ class Batcher {
   void loop();
   void follow();  // loop() of a rank other than 0 over ranks
   bool following() const { return ranks_ != nullptr && ranks_->rank() != 0; }
-  // Over ranks: rank 0 tells the others what runs next (kind, then the keys), and they receive it.
-  enum class Next : uint64_t { Stop, Forward, Exclusive };
-  void announce(Next what, const std::vector<uint64_t>& keys);
-  Next receive(std::vector<uint64_t>& keys);
+  // Over ranks: rank 0 tells the others what runs next (kind, then the keys, then any words), and they
+  // receive it. Start: a request introduced (one key, its words); End: introduced requests that ended;
+  // Beat: nothing (rank 0 is idle).
+  enum class Next : uint64_t { Stop, Forward, Exclusive, Start, End, Beat };
+  void announce(Next what, const std::vector<uint64_t>& keys, const std::string& words = {});
+  Next receive(std::vector<uint64_t>& keys, std::string& words);
+  // Rank 0, lock held: introduces the keys not introduced yet (unlocks while it sends).
+  void introduce(std::unique_lock<std::mutex>& l, const std::vector<uint64_t>& keys);
+  // A follower, lock held: fails the waiting calls of `key` (every key and exclusive job if all) with
+  // `why`; returns how many.
+  int64_t fail_waiting(bool all, uint64_t key, const char* why);
   // Opens a KV cache slot for an admitted request and checks its plan's budget; waits while they fit
   // the memory budget alone but not beside the slots held now.
   int admit_cache(const RequestPlan& plan);
@@ -113,6 +161,9 @@ class Batcher {
   const bool tri_mode_;              // the model has a causal mode (Denoiser::set_causal)
   const bool draft_adapter_;         // and a draft adapter (Denoiser::set_draft_adapter)
   dist::Communicator* const ranks_;  // over ranks: the engine's communicator (else null)
+  const StartFn on_start_;
+  const std::chrono::duration<double> beat_;           // rank 0: the heartbeat's period (0: none)
+  std::chrono::steady_clock::time_point last_told_{};  // rank 0: when it last sent the others anything
 
   mutable std::mutex m_;
   std::condition_variable engine_cv_;   // the engine thread waits here
@@ -124,6 +175,15 @@ class Batcher {
   uint64_t kv_released_ = 0;            // KV cache slots given back so far
   bool exclusive_running_ = false, stop_ = false;
   std::chrono::steady_clock::time_point last_forward_end_{};
+  struct Intro {
+    std::string words;
+    bool sent = false;
+  };
+  std::map<uint64_t, Intro> intros_;  // rank 0: the introductions alive
+  std::vector<uint64_t> ended_;       // rank 0: introduced requests that ended, not yet told
+  std::multiset<uint64_t> active_;    // a follower: the keys of its batched requests admitted
+  std::set<uint64_t> cancelled_;      // a follower: those of them rank 0 ended
+  bool rank0_stopped_ = false;        // a follower: rank 0's batcher has stopped
   BatchStats stats_;
   std::vector<int32_t> tokens_;  // the engine thread's output staging
   std::vector<float> conf_;

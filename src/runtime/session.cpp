@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -543,7 +544,25 @@ Session::Output Session::run(Batcher& b, const std::vector<int32_t>& prompt, con
   Output o;
   if (b.max_batch() == 1 ||
       !plan_request(g, static_cast<int64_t>(prompt.size()), block_causal()).shares_forwards()) {
-    b.run([&] { o = run(prompt, g, on_step); }, true, key);
+    if (!b.over_ranks()) {
+      b.run([&] { o = run(prompt, g, on_step); }, true, key);
+      return o;
+    }
+    // Over ranks the generation runs on every rank as an exclusive job; after each step, rank 0's
+    // decision to stop (its on_step threw: a client gone, a timeout) is every rank's, so that the ranks'
+    // collectives stay paired.
+    const auto agreed = [&](const StepEvent& ev) {
+      std::exception_ptr err;
+      try {
+        if (on_step) on_step(ev);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      if (!b.agree_stop(err != nullptr)) return;
+      if (err) std::rethrow_exception(err);
+      fail("this request was ended by rank 0");
+    };
+    b.run([&] { o = run(prompt, g, agreed); }, true, key);
     return o;
   }
   return timed(g, on_step,

@@ -126,7 +126,8 @@ class Session {
   // forwards (RequestPlan::shares_forwards) shares forwards with the others running at the same time (its
   // unmasking loop and on_step run on the calling thread); any other request, or every request when the batch
   // size is 1, runs alone on the engine thread (one at a time). key: the request's name, alike on every
-  // rank when the batcher runs over ranks (Batcher::generate).
+  // rank when the batcher runs over ranks (Batcher::generate); there a generation that runs alone agrees
+  // after every step with rank 0 whether it goes on (Batcher::agree_stop).
   Output run(Batcher& b, const std::vector<int32_t>& prompt, const GenerateOptions& o,
              const std::function<void(const StepEvent&)>& on_step, uint64_t key = 0);
   const Tokenizer& tokenizer() const { return *tok_; }

@@ -1,9 +1,13 @@
 // The CLI's --tp under mpirun (tests/mpi checks the logits and generations of every family): the text
 // two ranks print is the single process's, and a layout the launch or the model cannot take is a
 // one-line error.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -11,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "serve_process.h"
 #include "test_util.h"
@@ -217,6 +222,105 @@ TEST(TensorParallelCli, ServeOverTwoRanksAnswersAsOneProcess) {
   EXPECT_FALSE(two.alive()) << two.log();
   EXPECT_NE(two.log().find("tessera serve: stopped"), std::string::npos) << two.log();
   EXPECT_EQ(two.log().find("did not complete within"), std::string::npos) << two.log();
+}
+
+// `mpirun -np 2 tessera serve --tp 2 --batch 4`: concurrent requests share packed forwards on both ranks
+// (/health counts forwards of several) and each answer is one process's, those with a KV cache and threshold
+// decoding and a SparseD one (which runs alone) among them. A request rank 0 ends early (its client leaves
+// after a few steps) ends on rank 1 too, batched or alone, and the server goes on answering as one process.
+TEST(TensorParallelCli, ServeOverTwoRanksBatchesRequestsAndEndsThemTogether) {
+  using json = nlohmann::json;
+  const std::string args = "-m " + tiny_model() + " --precision f32 --threads 1 --batch 4 --batch-wait 50";
+  test::ServerProcess two(args + " --tp 2 --dist-timeout 10", test::temp_dir("tp_serve_batch_two"),
+                          mpirun(2));
+  test::ServerProcess one(args, test::temp_dir("tp_serve_batch_one"));
+  ASSERT_TRUE(two.ready() && one.ready()) << two.log();
+  const auto ask = [](const test::ServerProcess& s, const json& body) {
+    httplib::Client c("127.0.0.1", s.port());
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) return std::string("failed: ") + (r ? r->body : "no response");
+    const auto j = json::parse(r->body, nullptr, false);
+    return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].dump()
+                                                  : "(no choices) " + r->body;
+  };
+  const auto health = [](const test::ServerProcess& s) {
+    httplib::Client c("127.0.0.1", s.port());
+    auto h = c.Get("/health");
+    return h ? json::parse(h->body, nullptr, false) : json();
+  };
+  const std::vector<json> requests = {
+      {{"prompt", "The old man walked"}, {"max_tokens", 24}, {"temperature", 0}},
+      {{"prompt", "Once upon a time"}, {"max_tokens", 32}, {"temperature", 0.8}, {"seed", 3}},
+      {{"prompt", "The little dog"},
+       {"max_tokens", 32},
+       {"block_length", 8},
+       {"cache", "dual"},
+       {"threshold", 0.9}},
+      {{"prompt", "She said"}, {"max_tokens", 24}, {"temperature", 0}, {"sparse", true}},
+      {{"prompt", "A bird"}, {"max_tokens", 16}, {"temperature", 0.7}, {"seed", 9}, {"steps", 8}},
+  };
+  // Both servers take the requests all at once; each answer must be the one process's.
+  const auto all_at_once = [&](const test::ServerProcess& s) {
+    std::vector<std::string> out(requests.size());
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < requests.size(); ++i) ts.emplace_back([&, i] { out[i] = ask(s, requests[i]); });
+    for (auto& t : ts) t.join();
+    return out;
+  };
+  const std::vector<std::string> got = all_at_once(two), want = all_at_once(one);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << requests[i].dump();
+    EXPECT_EQ(got[i].rfind("failed", 0), std::string::npos) << got[i];
+  }
+  const json h = health(two);
+  ASSERT_TRUE(h.contains("batch")) << h.dump();
+  // Packed (how much depends on the arrival times: the SparseD request runs alone, the others differ in
+  // steps).
+  EXPECT_GE(h["batch"]["largest"].get<int>(), 2) << h.dump();
+  EXPECT_GT(h["batch"]["sequences"].get<int>(), h["batch"]["forwards"].get<int>()) << h.dump();
+
+  // A client that leaves after a few steps, of a batched request and of one that runs alone (SparseD).
+  for (const bool alone : {false, true}) {
+    SCOPED_TRACE(alone ? "alone" : "batched");
+    json body = {{"prompt", "Once"}, {"max_tokens", 400}, {"block_length", 400}, {"stream", true}};
+    if (alone) body["sparse"] = true;
+    const json before = health(two);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(two.port()));
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string text = body.dump();
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(text.size()) + "\r\n\r\n" + text;
+    ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    char buf[4096];
+    ASSERT_GT(recv(fd, buf, sizeof buf, 0), 0);  // its first event: it runs
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    close(fd);
+    json after;
+    for (int i = 0; i < 300; ++i) {
+      after = health(two);
+      if (after.value("requests_abandoned", 0) > before.value("requests_abandoned", 0)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(after.value("requests_abandoned", 0), before.value("requests_abandoned", 0) + 1)
+        << after.dump();
+    // Rank 1 ended it too: the next requests answer as one process (a forward it still waited in would
+    // pair with theirs and hang or change them).
+    EXPECT_EQ(ask(two, requests[0]), want[0]);
+    EXPECT_EQ(ask(two, requests[3]), want[3]);
+  }
+  kill(two.pid(), SIGTERM);
+  for (int i = 0; i < 200 && two.alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(two.alive()) << two.log();
+  EXPECT_EQ(two.log().find("did not complete within"), std::string::npos) << two.log();
+  EXPECT_EQ(two.log().find("still waited for a forward"), std::string::npos) << two.log();  // all ended
 }
 
 // `mpirun -np 2 tessera chat --tp 2`: rank 0 reads the lines, rank 1 follows its turns (commands included:

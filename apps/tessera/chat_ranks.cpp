@@ -1,9 +1,8 @@
-#include "apps/tessera/serve_ranks.h"
+#include "apps/tessera/chat_ranks.h"
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <exception>
 #include <stdexcept>
 
 namespace tessera::cli {
@@ -77,41 +76,6 @@ bool RankLink::stop_here(bool stop) {
   int32_t flag = stop ? 1 : 0;
   comm_->broadcast(&flag, sizeof flag, 0);
   return flag != 0;
-}
-
-tessera::Session::Output RankLink::run(tessera::Session& s, const std::string& body, bool chat, int choice,
-                                       const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                                       const std::function<void(const StepEvent&)>& on_step) {
-  const auto held = hold();
-  send(held, kRun, chat ? 1 : 0, choice, body);
-  return s.run(prompt, o, [&](const StepEvent& ev) {
-    std::exception_ptr err;
-    try {
-      if (on_step) on_step(ev);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    stop_here(err != nullptr);
-    if (err) std::rethrow_exception(err);
-  });
-}
-
-int RankLink::follow(tessera::Session& s, const Parse& parse) {
-  for (;;) {
-    const Message m = receive();
-    if (m.kind == kQuit) return 0;
-    if (m.kind != kRun) continue;
-    try {
-      std::vector<int32_t> prompt;
-      GenerateOptions o;
-      parse(m.body, m.a != 0, m.b, prompt, o);
-      s.run(prompt, o, [&](const StepEvent&) {
-        if (stop_here(false)) throw StoppedByRankZero{};
-      });
-    } catch (const StoppedByRankZero&) {
-    } catch (const std::exception&) {  // rank 0 met the same error at the same point and answered it
-    }
-  }
 }
 
 }  // namespace tessera::cli
