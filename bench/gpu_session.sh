@@ -34,8 +34,9 @@
 #                                           # dual-cache steps, quantized weights (q8_0 / q4_K) vs bf16
 #   bash bench/gpu_session.sh graphs        # cuda_tests, then step graphs on / off on dual-cache steps
 #   bash bench/gpu_session.sh task [MIN]    # issue #35: tools/train/train_task.py --device cuda for MIN minutes
-#                                           # (default 7) from models/tessera-tiny (its weights must travel: no
-#                                           # stash-models), exported to $OUT/tessera-task (shards under 14 MB)
+#                                           # (default 7) from models/tessera-tiny (its weights must travel:
+#                                           # KEEP=tessera-tiny bash bench/gpu_session.sh stash-models), exported
+#                                           # to $OUT/tessera-task (shards under 14 MB)
 #                                           # with $OUT/task_train.log; no pack needed (torch only). TASK_ARGS
 #                                           # adds train_task.py flags (e.g. "--batch-tokens 65536 --lr 3e-3").
 #   bash bench/gpu_session.sh uniform       # issue #29 (DiffusionGemma): its CUDA tests, tessera bench of the
@@ -364,9 +365,11 @@ run_final() {  # at most 8 files come back: env.txt, fwd.json / .log, torch.json
 stage=${1:-all}
 case $stage in
   pack) pack ;;
-  stash-models)  # here, before the device calls: the weights stay behind in an ignored folder
+  stash-models)  # here, before the device calls: the weights stay behind in an ignored folder; KEEP names
+    # model directories whose weights travel (the task stage: KEEP=tessera-tiny)
     for f in models/*/*.safetensors; do
       [ -e "$f" ] || continue
+      case " ${KEEP:-} " in *" $(basename "$(dirname "$f")") "*) continue ;; esac
       mkdir -p "build-cuda/models-stash/$(dirname "$f")"
       mv "$f" "build-cuda/models-stash/$f"
     done
