@@ -116,7 +116,7 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
     double rows = 0, keys = 0;
     size_t peak = 0;
     e.reset_op_seconds();
-    if (e.options().comm) e.options().comm->reset_stats();
+    if (e.collectives() != nullptr) e.collectives()->reset_stats();
     const int64_t replays0 = e.step_graphs().replays();
     const int64_t captures0 = e.step_graphs().captures(), plans0 = e.backend().attention_library_plans();
     const auto t0 = std::chrono::steady_clock::now();
@@ -149,8 +149,8 @@ Row measure(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions
       r.graph_nodes = e.step_graphs().last_nodes();
     }
     if (e.options().comm) {
-      r.comm_bytes = e.options().comm->stats().bytes;
-      r.comm_calls = e.options().comm->stats().calls;
+      r.comm_bytes = e.collectives()->stats().bytes;
+      r.comm_calls = e.collectives()->stats().calls;
     }
     r.experts = e.moe_stats().mean(e.moe_stats().unique);
     r.steps = res.steps_run;

@@ -290,6 +290,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // The device's queue the backend runs its work on (CUDA: its cudaStream_t), for a communicator whose
+  // collectives must order with that work (NCCL); null on the CPU.
+  virtual void* native_stream() { return nullptr; }
 
   // --- memory -------------------------------------------------------------------------------
   // Device memory for weights (not part of the planned workspace). Returns a device pointer.

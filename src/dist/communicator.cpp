@@ -37,6 +37,14 @@ int launcher_rank() {
   return env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0));
 }
 
+int launcher_local_rank() {
+  return env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", env_int("SLURM_LOCALID", 0)));
+}
+
+int launcher_local_size() {
+  return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
+}
+
 #ifdef TESSERA_MPI
 namespace {
 

@@ -54,6 +54,9 @@ std::shared_ptr<Communicator> mpi_world(double timeout_s, std::string* why);
 int launcher_size();
 // This process's rank as the launcher gives it (0 without a launcher).
 int launcher_rank();
+// Its rank among the launcher's processes on this host, and how many those are (0 and 1 without one).
+int launcher_local_rank();
+int launcher_local_size();
 
 // NCCL between the GPUs of the ranks (one per process), bootstrapped over `bootstrap` (MPI: rank 0
 // makes the unique id and broadcasts it); collectives are queued on the CUDA stream `stream` (the

@@ -65,10 +65,18 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   }
   if (opt.wrap_backend) e->backend_ = opt.wrap_backend(std::move(e->backend_));
   if (opt.comm && opt.comm->size() > 1) {
-    const bool host = std::string(opt.comm->name()) != "nccl";
-    TESSERA_CHECK(host == (e->backend_->device() == Device::CPU),
-                  std::string("tensor parallelism: the ") + opt.comm->name() +
-                      " communicator cannot serve the " + opt.device + " device (MPI: cpu; NCCL: cuda)");
+    TESSERA_CHECK(
+        std::string(opt.comm->name()) != "nccl",
+        "tensor parallelism: EngineOptions::comm is the host's communicator (MPI); the engine builds "
+        "NCCL over it on CUDA");
+    if (e->backend_->device() != Device::CPU) {
+      // The forward's collectives on the GPUs, queued on the backend's stream; step graphs off (each
+      // step's kernels run as issued, the collectives among them).
+      std::string why;
+      e->device_comm_ = dist::make_nccl_communicator(*opt.comm, e->backend_->native_stream(), &why);
+      if (!e->device_comm_) fail("tensor parallelism on " + opt.device + ": " + why);
+      e->step_graphs_ = StepGraphs(false);
+    }
   }
   return e;
 }
@@ -79,6 +87,10 @@ void Engine::shard() {
   TESSERA_CHECK(want == world, "--tp " + std::to_string(opt_.tp) + " --ep " + std::to_string(opt_.ep) +
                                    " needs " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
                                    "; the communicator has " + std::to_string(world));
+  TESSERA_CHECK(opt_.ep == 1 || backend_->device() == Device::CPU,
+                "--ep " + std::to_string(opt_.ep) +
+                    ": expert parallelism runs on the CPU backend (the CUDA experts take no share of the "
+                    "table yet); on CUDA use --tp, which keeps every expert on every rank");
   model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
 }
 
@@ -204,7 +216,7 @@ const graph::Program& Engine::execute_step(OutputMode mode, bool kv_cache, const
       ctx.moe_traffic = &moe_traffic_;
     }
   }
-  ctx.comm = opt_.comm.get();
+  ctx.comm = collectives();
   if (kv_cache) {  // State tensors: their slices of the pool, kv_->rows() rows each
     const auto pool_rows = static_cast<size_t>(kv_->rows());
     state_ptrs_.assign(g.tensors().size(), nullptr);

@@ -56,7 +56,9 @@ struct EngineOptions {
   CpuAttention cpu_attention = CpuAttention::Auto;
   // Tensor parallelism: the communicator of the ranks (dist/communicator.h; null or one rank: a single
   // process). The model keeps this rank's share of the heads and the dense FFN, and every forward sums the
-  // partial outputs over the ranks; every rank runs the same requests in the same order.
+  // partial outputs over the ranks; every rank runs the same requests in the same order. It is a host
+  // communicator (MPI): the graph's collectives run on it on the CPU; on CUDA the engine builds NCCL over
+  // it (Engine::collectives), and it carries the host's messages (the batcher's orders, agreed sizes).
   std::shared_ptr<dist::Communicator> comm;
   // The layout over comm's ranks: tp > 1 splits the heads and the dense FFNs, ep > 1 the MoE layers'
   // experts; each is 1 or the number of ranks (Model::shard_parallel).
@@ -108,6 +110,9 @@ class Engine final : public Denoiser, private KvPool::Budget {
 
   const ModelConfig& config() const { return model_->config(); }
   const EngineOptions& options() const { return opt_; }
+  // The communicator the forward's collectives run on: NCCL on the device's stream on CUDA, else
+  // options().comm (null in one process).
+  dist::Communicator* collectives() const { return device_comm_ ? device_comm_.get() : opt_.comm.get(); }
   Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
   const Workspace& workspace() const { return *ws_; }
@@ -340,6 +345,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
   void pool_resized() override;
 
   EngineOptions opt_;
+  std::shared_ptr<dist::Communicator> device_comm_;  // CUDA over ranks: NCCL, built over opt_.comm
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Workspace> ws_;

@@ -75,6 +75,35 @@ void check_utf8(const std::string& s, const char* what) {
   }
 }
 
+// One GPU per rank: the launcher's processes on this host each see their own, by CUDA_VISIBLE_DEVICES
+// (set before CUDA starts in this process: the backend then uses device 0). A list the user gave is
+// shared out in order; without one, local rank r gets device r.
+void pin_local_gpu() {
+  const int local = dist::launcher_local_rank(), n = dist::launcher_local_size();
+  if (n <= 1) return;
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string pick = std::to_string(local);
+  if (env != nullptr && *env != '\0') {
+    std::vector<std::string> ids;
+    std::string cur;
+    for (const char* p = env;; ++p) {
+      if (*p == ',' || *p == '\0') {
+        if (!cur.empty()) ids.push_back(cur);
+        cur.clear();
+        if (*p == '\0') break;
+      } else {
+        cur += *p;
+      }
+    }
+    if (ids.size() == 1) return;  // one device listed: the user pinned this process already
+    if (static_cast<int>(ids.size()) < n)
+      fail("CUDA_VISIBLE_DEVICES lists " + std::to_string(ids.size()) + " devices for the " +
+           std::to_string(n) + " ranks on this host: list one per rank, or none");
+    pick = ids[static_cast<size_t>(local)];
+  }
+  ::setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
+}
+
 // The ranks of --tp / --ep: MPI's world, which must have exactly max(tp, ep) processes (null for one).
 std::shared_ptr<dist::Communicator> parallel_communicator(int tp, int ep, const std::string& device,
                                                           double timeout_s) {
@@ -92,8 +121,7 @@ std::shared_ptr<dist::Communicator> parallel_communicator(int tp, int ep, const 
     fail(layout + " needs " + std::to_string(ranks) + " processes, one per rank: run mpirun -np " +
          std::to_string(ranks) + " tessera ... " + layout + " (this job has " + std::to_string(launched) +
          ")");
-  if (device != "cpu")
-    fail(layout + ": parallelism runs on the CPU backend over MPI; NCCL on CUDA is not wired to the CLI yet");
+  if (device == "cuda") pin_local_gpu();  // (the engine builds NCCL over MPI's world)
   std::string why;
   auto comm = dist::mpi_world(timeout_s, &why);
   if (!comm) fail(layout + ": " + why);

@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::CUDA; }
   std::string name() const override { return name_; }
+  void* native_stream() override { return stream_; }
 
   void* alloc_weights(size_t bytes) override {
     void* p = nullptr;
