@@ -76,13 +76,14 @@ pack() {
   cp build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/bench/cuda_bench "$stage/bench/"
   cp build-cuda/tessera "$stage/"
   # Shared libraries the binaries load, except glibc, the compiler's runtime and CUDA's (those are
-  # there, and newer); the rest (oneDNN, PCRE2, utf8proc, libgomp, OpenCL) travels.
+  # there, and newer; NCCL, 218 MB here, comes from the nvidia-nccl wheel beside its PyTorch); the rest
+  # (oneDNN, PCRE2, utf8proc, libgomp, OpenCL, Open MPI) travels.
   ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/bench/moe_bench build-cuda/bench/cuda_bench \
     build-cuda/tessera | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
     sort -u | while read -r name path; do
     case $name in
       ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libstdc++.so* | libgcc_s.so*) ;;
-      libcublas* | libcudart* | libcuda.so*) ;;
+      libcublas* | libcudart* | libcuda.so* | libnccl*) ;;
       *) cp -L "$path" "$stage/gpu-libs/$name" ;;
     esac
   done
@@ -131,13 +132,13 @@ prepare() {
   if [ -d build-cuda/gpu-libs ]; then
     export LD_LIBRARY_PATH=$ROOT/build-cuda/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
-  # cuBLASLt comes from that machine's CUDA toolkit (or the pip wheel beside its PyTorch).
-  local missing lib dir py_cublas
+  # cuBLASLt and NCCL come from that machine's CUDA toolkit (or the pip wheels beside its PyTorch).
+  local missing lib dir py_cublas mod
   missing=$(ldd build-cuda/tests/cuda_tests build-cuda/bench/forward_bench build-cuda/tessera 2>/dev/null |
     awk '$2 == "=>" && $3 == "not" {print $1}' | sort -u)
   for lib in $missing; do
-    py_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' \
-      2>/dev/null || true)
+    case $lib in libnccl*) mod=nccl ;; *) mod=cublas ;; esac
+    py_cublas=$(python3 -c "import nvidia.$mod as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
     for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib $py_cublas \
       "$(find /usr/local /usr/lib /opt -name "$lib" -printf '%h\n' 2>/dev/null | head -1)"; do
       if [ -n "$dir" ] && [ -e "$dir/$lib" ]; then
