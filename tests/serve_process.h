@@ -1,7 +1,11 @@
 // A `tessera serve` process for a test's lifetime (the golden serve tests).
 #pragma once
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -25,6 +29,26 @@ inline std::vector<std::string> events(const std::string& body) {
     at = end;
   }
   return ev;
+}
+
+// A raw connection to 127.0.0.1:port that has sent `POST path` with the JSON `body`, for a client that
+// leaves mid-request: the caller reads from it and closes it. -1 if it could not connect or send.
+inline int post_raw(int port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  const std::string req =
+      "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // `tessera serve --port 0 ARGS`, logging to DIR/serve.log; port() once it listens (up to 20 s; ready()

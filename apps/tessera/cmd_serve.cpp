@@ -144,7 +144,7 @@ bool over_ranks(const Session& s) {
 // follow its own timing (Batcher).
 int batch_of(const ServeArgs& a, const Session& s) {
   if (a.batch <= 1 || !over_ranks(s) || s.engine().options().memory_budget <= 0) return a.batch;
-  if (s.engine().options().comm->rank() == 0)
+  if (!s.follower())
     std::fprintf(stderr,
                  "tessera serve: note: requests run one at a time (--batch 1): batching over ranks does not "
                  "take --memory-budget yet\n");

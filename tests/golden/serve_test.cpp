@@ -1,12 +1,9 @@
 // tessera serve end to end: a real server process on a free port, requests through cpp-httplib's client.
 // A completion equals `tessera generate` with the same options; the streamed deltas concatenate to the
 // same text; every bad request gets a 4xx with an OpenAI-style error object and the server keeps going.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -714,18 +711,8 @@ TEST(Serve, RequestsEndWhenTheirClientGoesAway) {
     ASSERT_TRUE(before.contains("requests_abandoned")) << before.dump();
     const std::string body =
         json{{"prompt", "Once"}, {"max_tokens", steps}, {"block_length", steps}, {"stream", stream}}.dump();
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = test::post_raw(server.port(), "/v1/completions", body);
     ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(server.port()));
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string req =
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        "Content-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body;
-    ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
     const int64_t f0 = before["batch"]["forwards"].get<int64_t>();
     for (int i = 0; i < 400 && health()["batch"]["forwards"].get<int64_t>() < f0 + 5; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -1,10 +1,8 @@
 // The CLI's --tp under mpirun (tests/mpi checks the logits and generations of every family): the text
 // two ranks print is the single process's, and a layout the launch or the model cannot take is a
 // one-line error.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -286,19 +284,8 @@ TEST(TensorParallelCli, ServeOverTwoRanksBatchesRequestsAndEndsThemTogether) {
     json body = {{"prompt", "Once"}, {"max_tokens", 400}, {"block_length", 400}, {"stream", true}};
     if (alone) body["sparse"] = true;
     const json before = health(two);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = test::post_raw(two.port(), "/v1/completions", body.dump());
     ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(two.port()));
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string text = body.dump();
-    const std::string req =
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        "Content-Length: " +
-        std::to_string(text.size()) + "\r\n\r\n" + text;
-    ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
     char buf[4096];
     ASSERT_GT(recv(fd, buf, sizeof buf, 0), 0);  // its first event: it runs
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
