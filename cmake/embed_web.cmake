@@ -1,6 +1,6 @@
 # tessera serve's web page (apps/tessera/web: plain hand-written files, no build step) compiled into the
-# tessera binary. Included from CMakeLists.txt after add_executable(tessera): a build step regenerates
-# BUILD/web_assets_data.cpp whenever a file of the page changes, and the tessera target compiles it (the
+# tessera binary. Included from CMakeLists.txt after add_library(tessera_app): a build step regenerates
+# BUILD/web_assets_data.cpp whenever a file of the page changes, and the tessera_app target compiles it (the
 # lookup: apps/tessera/web_assets.h). Run as a script (cmake -P) it is that step: each file's bytes as a
 # C++ array, its content type and an ETag (the first 16 hex digits of its SHA-256).
 if(CMAKE_SCRIPT_MODE_FILE)  # cmake -DWEB_DIR=... -DOUT=... -P embed_web.cmake
@@ -57,4 +57,4 @@ add_custom_command(
           -DOUT=${CMAKE_BINARY_DIR}/web_assets_data.cpp -P ${CMAKE_SOURCE_DIR}/cmake/embed_web.cmake
   DEPENDS ${TESSERA_WEB_FILES} ${CMAKE_SOURCE_DIR}/cmake/embed_web.cmake
   COMMENT "Embedding the web page (apps/tessera/web)")
-target_sources(tessera PRIVATE ${CMAKE_BINARY_DIR}/web_assets_data.cpp)
+target_sources(tessera_app PRIVATE ${CMAKE_BINARY_DIR}/web_assets_data.cpp)

@@ -45,6 +45,11 @@ int launcher_local_size() {
   return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
 }
 
+void Communicator::abort_job(int code) {
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
 #ifdef TESSERA_MPI
 namespace {
 
@@ -60,6 +65,11 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
   double deadline_s() const override { return timeout_s_; }
+  [[noreturn]] void abort_job(int code) override {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
   void all_reduce_sum(float* p, size_t n) override {
     count(n * sizeof(float));
     if (size_ == 1 || n == 0) return;
@@ -130,9 +140,7 @@ class MpiCommunicator final : public Communicator {
             "tessera: rank %d of %d: the %s of %zu bytes did not complete within %.0f s: another rank "
             "died or hangs; ending the job\n",
             rank_, size_, what, bytes, timeout_s_);
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 3);
-        std::_Exit(3);
+        abort_job(3);
       }
     }
   }
@@ -175,7 +183,7 @@ std::shared_ptr<Communicator> mpi_world(double, std::string* why) {
 #endif
 
 #if !(defined(TESSERA_NCCL) && defined(TESSERA_HAVE_CUDA))
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator&, void*, std::string* why) {
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator>, void*, std::string* why) {
   if (why != nullptr) *why = "this tessera was built without CUDA and NCCL (TESSERA_CUDA=ON finds NCCL)";
   return nullptr;
 }

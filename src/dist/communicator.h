@@ -33,6 +33,9 @@ class Communicator {
   // Seconds a collective may wait for the other ranks before the job ends (0: no deadline). A root that
   // stays idle longer than this sends the others a message now and then (Batcher's heartbeat).
   virtual double deadline_s() const { return 0; }
+  // Ends the whole job now, every rank (MPI: MPI_Abort), after the caller printed one line saying why: a
+  // collective past its deadline. Without a launcher: this process.
+  [[noreturn]] virtual void abort_job(int code);
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
@@ -60,7 +63,11 @@ int launcher_local_size();
 
 // NCCL between the GPUs of the ranks (one per process), bootstrapped over `bootstrap` (MPI: rank 0
 // makes the unique id and broadcasts it); collectives are queued on the CUDA stream `stream` (the
-// backend's), so they order with its kernels. Null, with the reason, without CUDA + NCCL.
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, void* stream, std::string* why);
+// backend's), so they order with its kernels. With the bootstrap's deadline (deadline_s() > 0) a watchdog
+// thread follows every queued collective: one that has not completed within it, or an error NCCL reports
+// (a peer lost), prints one line and ends the job through the bootstrap (abort_job), as MPI's
+// collectives do. Null, with the reason, without CUDA + NCCL.
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap, void* stream,
+                                                     std::string* why);
 
 }  // namespace tessera::dist

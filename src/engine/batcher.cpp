@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "core/error.h"
@@ -643,6 +645,7 @@ void Batcher::run_group(std::span<Call* const> calls, bool logits) {
   try {
     run_packed(calls, logits);
   } catch (...) {
+    if (ranks_ != nullptr) out_of_step(calls.size(), std::current_exception());
     if (calls.size() == 1) {
       calls[0]->error = std::current_exception();
       return;
@@ -655,6 +658,25 @@ void Batcher::run_group(std::span<Call* const> calls, bool logits) {
       }
     }
   }
+}
+
+// Over ranks a failed packed forward is not retried call by call: the other ranks ran its collectives, or
+// wait in them, and the retries would pair this rank's collectives with theirs out of order (wrong sums,
+// or a hang). Whatever failed (this rank's memory, a lost peer), the job ends with one line.
+void Batcher::out_of_step(size_t sequences, const std::exception_ptr& error) {
+  std::string what = "unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::fprintf(stderr,
+               "tessera: rank %d of %d: a forward of %zu sequence%s failed (%s): the ranks are no longer in "
+               "step; ending the job\n",
+               ranks_->rank(), ranks_->size(), sequences, sequences == 1 ? "" : "s", what.c_str());
+  ranks_->abort_job(3);
+  std::_Exit(3);  // (abort_job does not return)
 }
 
 void Batcher::run_packed(std::span<Call* const> calls, bool logits) {

@@ -151,6 +151,7 @@ class Batcher {
   void run_calls(std::deque<Call*>& calls);
   void run_group(std::span<Call* const> calls, bool logits);
   void run_packed(std::span<Call* const> calls, bool logits);
+  [[noreturn]] void out_of_step(size_t sequences, const std::exception_ptr& error);
 
   Engine& engine_;
   const int max_batch_;

@@ -73,7 +73,7 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
       // The forward's collectives on the GPUs, queued on the backend's stream; step graphs off (each
       // step's kernels run as issued, the collectives among them).
       std::string why;
-      e->device_comm_ = dist::make_nccl_communicator(*opt.comm, e->backend_->native_stream(), &why);
+      e->device_comm_ = dist::make_nccl_communicator(opt.comm, e->backend_->native_stream(), &why);
       if (!e->device_comm_) fail("tensor parallelism on " + opt.device + ": " + why);
       e->step_graphs_ = StepGraphs(false);
     }

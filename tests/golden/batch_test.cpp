@@ -5,10 +5,12 @@
 // algorithms with top-k / top-p, threshold decoding, cfg, Window-Diffusion without its cache), on
 // Dream (shifted logits) and on LLaDA2 (block-causal, requests of different blocks); under a memory
 // budget that forces packed forwards to be split; with a failing request among good ones; with
-// exclusive jobs (a KV-cache request) arriving while batched requests run.
+// exclusive jobs (a KV-cache request) arriving while batched requests run. Over ranks, a forward that fails
+// on one rank ends the job.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -16,6 +18,7 @@
 
 #include "core/error.h"
 #include "decode/generate.h"
+#include "dist/communicator.h"
 #include "engine/batcher.h"
 #include "engine/engine.h"
 #include "test_util.h"
@@ -548,6 +551,50 @@ TEST(Batch, CachedRequestsWaitForCacheMemoryUnderABudget) {
   got.pop_back();
   expect_same(got, want);
   EXPECT_GT(b.stats().cache_waits, 0);
+}
+
+// Rank 0 of two whose peer is absent: the collectives give back this rank's own values (wrong sums, which
+// this test does not look at) until `fail_after` more all-reduces have run, then one throws, as MPI's do
+// when a peer is lost; abort_job (the default) ends this process as MPI_Abort would end the job.
+class LonelyRankZero final : public dist::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const char* name() const override { return "mpi"; }
+  void all_reduce_sum(float*, size_t) override {
+    if (fail_after >= 0 && fail_after-- == 0) fail("MPI all-reduce failed on rank 0: injected");
+  }
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+  }
+  void all_to_all(const void* send, void* recv, size_t bytes) override { std::memcpy(recv, send, 2 * bytes); }
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+  int fail_after = -1;
+};
+
+// A packed forward that fails on one rank (the others ran its collectives, or wait in them) is not retried
+// call by call there, which would pair that rank's collectives with the others' out of order: the job
+// ends with one line naming the failure.
+TEST(Batch, AForwardThatFailsOnOneRankEndsTheJob) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the engine's and OpenMP's threads: no fork
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  EXPECT_EXIT(
+      {
+        auto comm = std::make_shared<LonelyRankZero>();
+        auto e = Engine::load(dir, EngineOptions{.comm = comm, .tp = 2});
+        auto qs = mixed_requests(e->vocab_size(), e->config().eos_id);
+        qs.resize(3);
+        comm->fail_after = 5;  // inside the first packed forward
+        Batcher b(*e, 4, std::chrono::milliseconds(50), /*over_ranks=*/true);
+        batched(b, qs);
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(3),
+      "rank 0 of 2: a forward of [0-9]+ sequences? failed \\(MPI all-reduce failed on rank 0: injected\\): "
+      "the "
+      "ranks are no longer in step; ending the job");
 }
 
 }  // namespace
