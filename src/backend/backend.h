@@ -147,7 +147,7 @@ struct MoeExperts {
   int64_t hidden = 0, inter = 0;
   DType dtype = DType::BF16;
   std::array<int16_t, 3> quant{-1, -1, -1};
-  // Expert parallelism (CPU backend): this rank computes only the (row, slot) pairs routed to experts
+  // Expert parallelism: this rank computes only the (row, slot) pairs routed to experts
   // [local_lo, local_hi) (local_hi 0: every expert) and, with overwrite, writes out = their weighted sum
   // instead of adding it (a rank other than 0, whose partial sum the all-reduce adds to rank 0's x).
   int local_lo = 0, local_hi = 0;

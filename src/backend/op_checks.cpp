@@ -196,6 +196,10 @@ void check_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, co
   TESSERA_CHECK(x.cols() == H && x.dtype == e.dtype, "moe_ffn: x must be [M, hidden] of the experts' dtype");
   TESSERA_CHECK(out.dtype == DType::F32 && out.rows() == M && out.cols() == H,
                 "moe_ffn: out must be f32 [M, hidden]");
+  TESSERA_CHECK(e.local_hi == 0 || (e.local_lo >= 0 && e.local_lo < e.local_hi && e.local_hi <= e.n_experts),
+                "moe_ffn: the rank's experts [" + std::to_string(e.local_lo) + ", " +
+                    std::to_string(e.local_hi) + ") must be a range inside [0, " +
+                    std::to_string(e.n_experts) + ")");
   if (M == 0) return;
   TESSERA_CHECK(ids.dtype == DType::I32 && ids.numel() % M == 0, "moe_ffn: ids must be i32 [M, top_k]");
   const int64_t k = ids.numel() / M;

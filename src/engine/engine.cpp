@@ -87,10 +87,6 @@ void Engine::shard() {
   TESSERA_CHECK(want == world, "--tp " + std::to_string(opt_.tp) + " --ep " + std::to_string(opt_.ep) +
                                    " needs " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
                                    "; the communicator has " + std::to_string(world));
-  TESSERA_CHECK(opt_.ep == 1 || backend_->device() == Device::CPU,
-                "--ep " + std::to_string(opt_.ep) +
-                    ": expert parallelism runs on the CPU backend (the CUDA experts take no share of the "
-                    "table yet); on CUDA use --tp, which keeps every expert on every rank");
   model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
 }
 

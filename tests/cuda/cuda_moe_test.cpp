@@ -173,12 +173,33 @@ struct FfnCase {
   int experts, k;
   int64_t hidden, inter;
   DType dtype;
+  // Expert parallelism: this rank's experts [local_lo, local_hi) (0, 0: all), and whether it writes its
+  // partial sum instead of adding it (a rank other than 0).
+  int local_lo = 0, local_hi = 0;
+  bool overwrite = false;
 };
 class CudaMoeFfn : public CudaTest, public ::testing::WithParamInterface<FfnCase> {};
 
 TEST_P(CudaMoeFfn, MatchesCpu) {
   const FfnCase c = GetParam();
   Experts ex = make_experts(*gpu, c.experts, c.hidden, c.inter, c.dtype);
+  for (MoeExperts* e : {&ex.cpu_e, &ex.gpu_e}) {
+    e->local_lo = c.local_lo;
+    e->local_hi = c.local_hi;
+    e->overwrite = c.overwrite;
+  }
+  // As Model::shard_parallel leaves them: the other ranks' experts null in the device's table, so a read
+  // of one faults.
+  std::unique_ptr<DevBuf> local_table;
+  if (c.local_hi > 0) {
+    std::vector<const void*> t = ex.dev_table;
+    for (int p = 0; p < 3; ++p)
+      for (int x = 0; x < c.experts; ++x)
+        if (!ex.gpu_e.local(x)) t[static_cast<size_t>(p * c.experts + x)] = nullptr;
+    local_table = std::make_unique<DevBuf>(*gpu, t.size() * sizeof(void*));
+    gpu->copy_to_device(local_table->p, t.data(), t.size() * sizeof(void*));
+    ex.gpu_e.table = static_cast<const void* const*>(local_table->p);
+  }
   const bool bf = c.dtype == DType::BF16;
   const auto xf = random_floats(static_cast<size_t>(c.rows * c.hidden), 81);
   const auto xb = test::to_bf16(xf);
@@ -238,7 +259,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFfn,
                                            FfnCase{5, 64, 8, 64, 32, DType::BF16},  // most experts get no row
                                            FfnCase{300, 16, 4, 128, 96, DType::BF16},
                                            FfnCase{257, 64, 8, 256, 128, DType::BF16},
-                                           FfnCase{40, 8, 2, 48, 40, DType::F32}),
+                                           FfnCase{40, 8, 2, 48, 40, DType::F32},
+                                           // expert parallelism: rank 0 of 4, rank 1 of 2, rank 3 of 4
+                                           FfnCase{300, 16, 4, 128, 96, DType::BF16, 0, 4, false},
+                                           FfnCase{257, 64, 8, 256, 128, DType::BF16, 32, 64, true},
+                                           FfnCase{40, 8, 2, 48, 40, DType::F32, 6, 8, true}),
                          test::case_index_name);
 
 }  // namespace

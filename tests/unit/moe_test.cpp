@@ -395,6 +395,28 @@ TEST(MoeFfn, ExpertIdsOutsideTheTableFail) {
   EXPECT_THROW(be->moe_ffn(tx, tids, tw, ex, ts, to), Error);
 }
 
+// A rank's range of experts (expert parallelism) must lie inside the table: refused by the op check every
+// backend shares, before anything is read.
+TEST(MoeFfn, ARanksExpertRangeOutsideTheTableFails) {
+  auto be = make_cpu_backend();
+  std::vector<float> x(8, 1.0f), w(2, 1.0f), out(8, 0.0f), wt(8 * 4, 0.1f);
+  const void* table[6] = {wt.data(), wt.data(), wt.data(), wt.data(), wt.data(), wt.data()};
+  std::vector<int32_t> ids = {0, 1};
+  for (const auto& [lo, hi] : {std::pair{1, 3}, std::pair{-1, 1}, std::pair{1, 1}}) {
+    MoeExperts ex{table, 2, 8, 4, DType::F32};
+    ex.local_lo = lo;
+    ex.local_hi = hi;
+    std::vector<char> scratch(moe_scratch_bytes(1, 2, ex));
+    Tensor tx(x.data(), DType::F32, {1, 8}), tids(ids.data(), DType::I32, {1, 2}),
+        tw(w.data(), DType::F32, {1, 2}),
+        ts(scratch.data(), DType::I32, {static_cast<int64_t>(scratch.size() / 4)}),
+        to(out.data(), DType::F32, {1, 8});
+    test::expect_error([&] { be->moe_ffn(tx, tids, tw, ex, ts, to); },
+                       "moe_ffn: the rank's experts [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           ") must be a range inside [0, 2)");
+  }
+}
+
 // ---- config.json --------------------------------------------------------------------------------
 
 // The published LLaDA-MoE-7B-A1B fields (LLaDAMoEConfig), with `edits` applied (an empty value

@@ -193,8 +193,6 @@ class CudaBackend final : public Backend {
                Tensor& scratch, Tensor& out) override {
     TESSERA_CHECK(e.quant[0] < 0 && e.quant[1] < 0 && e.quant[2] < 0,
                   "moe_ffn (cuda): quantized experts are dequantized at load on CUDA");
-    TESSERA_CHECK(e.local_hi == 0,
-                  "moe_ffn (cuda): expert parallelism runs on the CPU backend (MPI) for now");
     cuda::moe_ffn(x, ids, weights, e, scratch, out, stream_);
   }
   void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool acc, Tensor& y) override {

@@ -257,11 +257,13 @@ size_t carve_bytes(int64_t P, const MoeExperts& e) {
          align256(static_cast<size_t>(P * e.hidden) * 4);
 }
 
-__global__ void count_kernel(const int32_t* ids, int64_t P, int E, int32_t* counts) {
+// Pairs routed to experts [lo, hi) (this rank's: expert parallelism; else every expert) are bucketed;
+// the others are skipped (another rank's expert, or an id out of range).
+__global__ void count_kernel(const int32_t* ids, int64_t P, int lo, int hi, int32_t* counts) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < P) {
     const int e = ids[i];
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    if (e >= lo && e < hi) atomicAdd(&counts[e], 1);
   }
 }
 // counts (in offsets[0..E)) -> exclusive offsets [E + 1]; cursor = 0. One thread: E is small.
@@ -276,12 +278,12 @@ __global__ void scan_kernel(int32_t* offsets, int32_t* cursor, int E) {
   }
   offsets[E] = run;
 }
-__global__ void scatter_kernel(const int32_t* ids, int64_t P, int k, int E, const int32_t* offsets,
+__global__ void scatter_kernel(const int32_t* ids, int64_t P, int k, int lo, int hi, const int32_t* offsets,
                                int32_t* cursor, int32_t* pair_token, int32_t* pair_pos) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= P) return;
   const int e = ids[i];
-  if (e < 0 || e >= E) {
+  if (e < lo || e >= hi) {
     pair_pos[i] = -1;
     return;
   }
@@ -350,11 +352,15 @@ void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Mo
   TESSERA_CHECK(scratch.nbytes() >= carve_bytes(P, e), "moe_ffn: scratch buffer too small");
   const Layout l = carve(scratch.data, P, e);
   const int E = e.n_experts;
+  // Expert parallelism: only this rank's experts get rows, so the grouped GEMMs never read the other
+  // experts' table entries (null: their weights were not kept); the sorted rows past the local pairs are
+  // left as they are and never read (the combine skips the other ranks' pairs).
+  const int lo = e.local_hi > 0 ? e.local_lo : 0, hi = e.local_hi > 0 ? e.local_hi : E;
   check(cudaMemsetAsync(l.offsets, 0, static_cast<size_t>(E + 1) * 4, s), "moe_ffn: clear counts");
   const auto pb = static_cast<unsigned>(ceil_div(P, 256));
-  count_kernel<<<pb, 256, 0, s>>>(ids.as<const int32_t>(), P, E, l.offsets);
+  count_kernel<<<pb, 256, 0, s>>>(ids.as<const int32_t>(), P, lo, hi, l.offsets);
   scan_kernel<<<1, 32, 0, s>>>(l.offsets, l.cursor, E);
-  scatter_kernel<<<pb, 256, 0, s>>>(ids.as<const int32_t>(), P, k, E, l.offsets, l.cursor, l.pair_token,
+  scatter_kernel<<<pb, 256, 0, s>>>(ids.as<const int32_t>(), P, k, lo, hi, l.offsets, l.cursor, l.pair_token,
                                     l.pair_pos);
   check_launch("moe_ffn: bucketing");
   MmaProblem g;
