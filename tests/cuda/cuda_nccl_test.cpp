@@ -98,9 +98,9 @@ TEST_F(CudaNccl, ACollectivePastItsDeadlineEndsTheJobWithOneLine) {
   EXPECT_EXIT(
       {
         auto comm = dist::make_nccl_communicator(std::make_shared<OneRank>(1.0), gpu->native_stream(), &why);
+        test::DevBuf a(*gpu, 4 * sizeof(float));  // (before the hold: an allocation may synchronise)
         static double hold_s = 30;
         cudaLaunchHostFunc(static_cast<cudaStream_t>(gpu->native_stream()), sleep_on_the_stream, &hold_s);
-        test::DevBuf a(*gpu, 4 * sizeof(float));
         comm->all_reduce_sum(static_cast<float*>(a.p), 4);
         gpu->synchronize();
         std::_Exit(0);
