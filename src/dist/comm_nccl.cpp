@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -145,7 +146,7 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
           async != ncclInProgress) {
-        end_job(
+        end_collective(
             pending_.empty() ? "a collective" : pending_.front().what,
             pending_.empty() ? 0 : pending_.front().bytes,
             std::string("failed: ") + ncclGetErrorString(async) + ": another rank died or is unreachable");
@@ -156,19 +157,16 @@ class NcclCommunicator final : public Communicator {
           char why[96];
           std::snprintf(why, sizeof(why), "did not complete within %.0f s: another rank died or hangs",
                         timeout_s_);
-          end_job(p.what, p.bytes, why);
+          end_collective(p.what, p.bytes, why);
         }
       }
     }
   }
 
-  [[noreturn]] void end_job(const char* what, size_t bytes, const std::string& why) {
-    std::fprintf(stderr, "tessera: rank %d of %d: the NCCL %s of %zu bytes %s; ending the job\n", rank_,
-                 size_, what, bytes, why.c_str());
+  [[noreturn]] void end_collective(const char* what, size_t bytes, const std::string& why) {
     // The processes end (MPI_Abort: every rank's); the driver frees their GPUs, NCCL's waiting kernels
     // with them. No ncclCommAbort here: the engine thread may be inside an NCCL call on comm_.
-    bootstrap_->abort_job(3);
-    std::_Exit(3);  // (abort_job does not return)
+    bootstrap_->end_job("the NCCL " + std::string(what) + " of " + std::to_string(bytes) + " bytes " + why);
   }
 
   std::shared_ptr<Communicator> bootstrap_;  // MPI: the id's broadcast, and the job's abort

@@ -45,6 +45,12 @@ int launcher_local_size() {
   return std::max(1, env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
 }
 
+void Communicator::end_job(const std::string& why) {
+  std::fprintf(stderr, "tessera: rank %d of %d: %s; ending the job\n", rank(), size(), why.c_str());
+  abort_job(3);
+  std::_Exit(3);  // (abort_job does not return; GCC does not see it through the virtual call)
+}
+
 void Communicator::abort_job(int code) {
   std::fflush(stderr);
   std::_Exit(code);
@@ -65,11 +71,6 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
   double deadline_s() const override { return timeout_s_; }
-  [[noreturn]] void abort_job(int code) override {
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, code);
-    std::_Exit(code);
-  }
   void all_reduce_sum(float* p, size_t n) override {
     count(n * sizeof(float));
     if (size_ == 1 || n == 0) return;
@@ -135,14 +136,18 @@ class MpiCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 20000 ? 20 : 200));
       if ((spin & 63) == 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_) {
-        std::fprintf(
-            stderr,
-            "tessera: rank %d of %d: the %s of %zu bytes did not complete within %.0f s: another rank "
-            "died or hangs; ending the job\n",
-            rank_, size_, what, bytes, timeout_s_);
-        abort_job(3);
+        char why[160];
+        std::snprintf(why, sizeof why,
+                      "the %s of %zu bytes did not complete within %.0f s: another rank died or hangs", what,
+                      bytes, timeout_s_);
+        end_job(why);
       }
     }
+  }
+  [[noreturn]] void abort_job(int code) override {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
   }
   int rank_ = 0, size_ = 1;
   double timeout_s_;

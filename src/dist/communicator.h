@@ -33,13 +33,16 @@ class Communicator {
   // Seconds a collective may wait for the other ranks before the job ends (0: no deadline). A root that
   // stays idle longer than this sends the others a message now and then (Batcher's heartbeat).
   virtual double deadline_s() const { return 0; }
-  // Ends the whole job now, every rank (MPI: MPI_Abort), after the caller printed one line saying why: a
-  // collective past its deadline. Without a launcher: this process.
-  [[noreturn]] virtual void abort_job(int code);
+  // Ends the whole job now, every rank, with exit code 3, after one line on stderr: "tessera: rank R of N:
+  // <why>; ending the job". For what leaves the ranks out of step: a collective past its deadline, a peer
+  // lost, a failure on one rank between paired collectives.
+  [[noreturn]] void end_job(const std::string& why);
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
  protected:
+  // How end_job ends the job: MPI_Abort over MPI; without a launcher, this process.
+  [[noreturn]] virtual void abort_job(int code);
   void count(size_t bytes) {
     ++stats_.calls;
     stats_.bytes += bytes;

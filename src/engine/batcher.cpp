@@ -337,7 +337,7 @@ void Batcher::loop() {
       if (announced) introduce(l, {job->key});
       l.unlock();
       if (announced) announce(Next::Exclusive, {job->key});
-      job->run();
+      run_exclusive(*job);
       l.lock();
       job->done = true;
       exclusive_running_ = false;
@@ -427,6 +427,7 @@ bool Batcher::agree_stop(bool stop) {
   int32_t flag = stop ? 1 : 0;
   ranks_->broadcast(&flag, sizeof flag, 0);
   if (!following()) last_told_ = Clock::now();
+  if (flag != 0) stop_agreed_ = true;
   return flag != 0;
 }
 
@@ -550,7 +551,7 @@ void Batcher::follow() {
         exclusive_.erase(it);
         exclusive_running_ = true;
         l.unlock();
-        job->run();
+        run_exclusive(*job);
         l.lock();
         job->done = true;
         exclusive_running_ = false;
@@ -645,7 +646,10 @@ void Batcher::run_group(std::span<Call* const> calls, bool logits) {
   try {
     run_packed(calls, logits);
   } catch (...) {
-    if (ranks_ != nullptr) out_of_step(calls.size(), std::current_exception());
+    if (ranks_ != nullptr)
+      out_of_step(
+          "a forward of " + std::to_string(calls.size()) + " sequence" + (calls.size() == 1 ? "" : "s"),
+          std::current_exception());
     if (calls.size() == 1) {
       calls[0]->error = std::current_exception();
       return;
@@ -662,21 +666,33 @@ void Batcher::run_group(std::span<Call* const> calls, bool logits) {
 
 // Over ranks a failed packed forward is not retried call by call: the other ranks ran its collectives, or
 // wait in them, and the retries would pair this rank's collectives with theirs out of order (wrong sums,
-// or a hang). Whatever failed (this rank's memory, a lost peer), the job ends with one line.
-void Batcher::out_of_step(size_t sequences, const std::exception_ptr& error) {
-  std::string what = "unknown error";
+// or a hang). Nor does a generation that runs alone and fails midway (this rank's memory, a lost peer)
+// just report its error: the other ranks would wait in its next collectives. The job ends with one line.
+void Batcher::out_of_step(const std::string& what, const std::exception_ptr& error) {
+  std::string why = "unknown error";
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    what = e.what();
+    why = e.what();
   } catch (...) {
   }
-  std::fprintf(stderr,
-               "tessera: rank %d of %d: a forward of %zu sequence%s failed (%s): the ranks are no longer in "
-               "step; ending the job\n",
-               ranks_->rank(), ranks_->size(), sequences, sequences == 1 ? "" : "s", what.c_str());
-  ranks_->abort_job(3);
-  std::_Exit(3);  // (abort_job does not return)
+  ranks_->end_job(what + " failed (" + why + "): the ranks are no longer in step");
+}
+
+uint64_t Batcher::collective_calls() const {
+  const dist::Communicator* device = engine_.collectives();
+  return ranks_->stats().calls + (device != nullptr && device != ranks_ ? device->stats().calls : 0);
+}
+
+// A failure before the job's first collective (a request every rank refuses alike) stays the request's
+// error; an agreed stop is no failure.
+void Batcher::run_exclusive(Job& job) {
+  if (ranks_ == nullptr) return job.run();
+  stop_agreed_ = false;
+  const uint64_t before = collective_calls();
+  job.run();
+  if (job.error && !stop_agreed_ && collective_calls() != before)
+    out_of_step("a generation running alone", job.error);
 }
 
 void Batcher::run_packed(std::span<Call* const> calls, bool logits) {

@@ -151,7 +151,15 @@ class Batcher {
   void run_calls(std::deque<Call*>& calls);
   void run_group(std::span<Call* const> calls, bool logits);
   void run_packed(std::span<Call* const> calls, bool logits);
-  [[noreturn]] void out_of_step(size_t sequences, const std::exception_ptr& error);
+  // An exclusive job on the engine thread. Over ranks, one that fails after its collectives began, other
+  // than by a stop agree_stop agreed on, ends the job (out_of_step): the other ranks wait in collectives
+  // this rank will not make.
+  void run_exclusive(Job& job);
+  // Over ranks: `what` (a forward, a generation) failed on this rank between paired collectives; the job
+  // ends with one line naming the failure.
+  [[noreturn]] void out_of_step(const std::string& what, const std::exception_ptr& error);
+  // The collectives this rank has made: the batcher's messages and the engine's (NCCL's, on a GPU).
+  uint64_t collective_calls() const;
 
   Engine& engine_;
   const int max_batch_;
@@ -165,6 +173,7 @@ class Batcher {
   const StartFn on_start_;
   const std::chrono::duration<double> beat_;           // rank 0: the heartbeat's period (0: none)
   std::chrono::steady_clock::time_point last_told_{};  // rank 0: when it last sent the others anything
+  bool stop_agreed_ = false;  // the engine thread's exclusive job: agree_stop has agreed to stop it
 
   mutable std::mutex m_;
   std::condition_variable engine_cv_;   // the engine thread waits here

@@ -555,21 +555,26 @@ TEST(Batch, CachedRequestsWaitForCacheMemoryUnderABudget) {
 
 // Rank 0 of two whose peer is absent: the collectives give back this rank's own values (wrong sums, which
 // this test does not look at) until `fail_after` more all-reduces have run, then one throws, as MPI's do
-// when a peer is lost; abort_job (the default) ends this process as MPI_Abort would end the job.
+// when a peer is lost; end_job ends this process (the default abort_job) as MPI_Abort would end the job.
 class LonelyRankZero final : public dist::Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 2; }
   const char* name() const override { return "mpi"; }
-  void all_reduce_sum(float*, size_t) override {
+  void all_reduce_sum(float*, size_t n) override {
+    count(n * sizeof(float));
     if (fail_after >= 0 && fail_after-- == 0) fail("MPI all-reduce failed on rank 0: injected");
   }
   void all_gather(const void* send, void* recv, size_t bytes) override {
+    count(bytes);
     std::memcpy(recv, send, bytes);
     std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
   }
-  void all_to_all(const void* send, void* recv, size_t bytes) override { std::memcpy(recv, send, 2 * bytes); }
-  void broadcast(void*, size_t, int) override {}
+  void all_to_all(const void* send, void* recv, size_t bytes) override {
+    count(2 * bytes);
+    std::memcpy(recv, send, 2 * bytes);
+  }
+  void broadcast(void*, size_t bytes, int) override { count(bytes); }
   void barrier() override {}
   int fail_after = -1;
 };
@@ -595,6 +600,62 @@ TEST(Batch, AForwardThatFailsOnOneRankEndsTheJob) {
       "rank 0 of 2: a forward of [0-9]+ sequences? failed \\(MPI all-reduce failed on rank 0: injected\\): "
       "the "
       "ranks are no longer in step; ending the job");
+}
+
+// A generation that runs alone over ranks (an exclusive job) and fails midway on one rank does not just
+// fail its request there: the other ranks wait in its next collectives. The job ends with one line.
+TEST(Batch, AGenerationRunningAloneThatFailsMidwayEndsTheJob) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  EXPECT_EXIT(
+      {
+        auto comm = std::make_shared<LonelyRankZero>();
+        auto e = Engine::load(dir, EngineOptions{.comm = comm, .tp = 2});
+        const Request q = mixed_requests(e->vocab_size(), e->config().eos_id)[0];
+        comm->fail_after = 20;  // in the generation's first steps
+        Batcher b(*e, 1, std::chrono::milliseconds(50), /*over_ranks=*/true);
+        try {
+          b.run([&] { generate(*e, q.prompt, q.o, [&](const StepEvent&) { b.agree_stop(false); }); }, true,
+                1);
+        } catch (...) {
+        }
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(3),
+      "rank 0 of 2: a generation running alone failed \\(MPI all-reduce failed on rank 0: injected\\): the "
+      "ranks are no longer in step; ending the job");
+}
+
+// What does not leave the ranks out of step stays the request's error and the job goes on: a failure
+// before the job's first collective (a request every rank refuses alike), and a stop the ranks agreed on.
+TEST(Batch, AloneOverRanksARefusalOrAnAgreedStopFailsOnlyTheRequest) {
+  const auto dir = test::source_dir() / "models" / "tessera-tiny";
+  auto comm = std::make_shared<LonelyRankZero>();
+  auto e = Engine::load(dir, EngineOptions{.comm = comm, .tp = 2});
+  Batcher b(*e, 1, std::chrono::milliseconds(50), /*over_ranks=*/true);
+  const auto error_of = [&](const std::function<void()>& job, uint64_t key) {
+    try {
+      b.run(job, true, key);
+    } catch (const Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("(none)");
+  };
+  EXPECT_EQ(error_of([] { fail("the prompt is too long"); }, 1), "the prompt is too long");
+  EXPECT_EQ(error_of(
+                [&] {
+                  float x = 1;
+                  comm->all_reduce_sum(&x, 1);  // a step's collectives
+                  if (b.agree_stop(true)) fail("this request was stopped");
+                },
+                2),
+            "this request was stopped");
+  // and the job goes on: the next request generates
+  const Request q = mixed_requests(e->vocab_size(), e->config().eos_id)[0];
+  Outcome o;
+  EXPECT_EQ(error_of([&] { o = solo(*e, q); }, 3), "(none)");
+  EXPECT_EQ(o.error, "");
+  EXPECT_GT(o.events, 0);
 }
 
 }  // namespace
