@@ -34,11 +34,12 @@
 #                                           # dual-cache steps, quantized weights (q8_0 / q4_K) vs bf16
 #   bash bench/gpu_session.sh graphs        # cuda_tests, then step graphs on / off on dual-cache steps
 #   bash bench/gpu_session.sh task [MIN]    # issue #35: tools/train/train_task.py --device cuda for MIN minutes
-#                                           # (default 7) from models/tessera-tiny (its weights must travel:
-#                                           # KEEP=tessera-tiny bash bench/gpu_session.sh stash-models), exported
-#                                           # to $OUT/tessera-task (shards under 14 MB)
-#                                           # with $OUT/task_train.log; no pack needed (torch only). TASK_ARGS
-#                                           # adds train_task.py flags (e.g. "--batch-tokens 65536 --lr 3e-3").
+#                                           # (default 7) from TASK_INIT (default models/tessera-tiny; its weights
+#                                           # must travel: KEEP=tessera-tiny bash bench/gpu_session.sh
+#                                           # stash-models), exported with its train_summary.json and the log in
+#                                           # one file, $OUT/task.tar (tessera-task/, task_train.log: the
+#                                           # device gives back at most 8 files); no pack needed (torch only).
+#                                           # TASK_ARGS adds train_task.py flags (e.g. "--batch-tokens 65536").
 #   bash bench/gpu_session.sh uniform       # issue #29 (DiffusionGemma): its CUDA tests, tessera bench of the
 #                                           # mid geometry, every CUDA test, then the real 26B-A4B geometry
 # (alone: timeouts 560 / 570 s; if `all` runs out of time in lmax, run `lmax` alone).
@@ -496,15 +497,18 @@ print("step graphs: replays", r.get("step_graph_replays"), "nodes per replayed f
   task)  # the task model on the GPU (issue #35): torch and the repository's tools/train only
     minutes=${2:-7}
     out=${OUT:-build-cuda/gpu_out}
-    mkdir -p "$out"
-    [ -f models/tessera-tiny/model.safetensors ] || die "models/tessera-tiny's weights did not travel (restore-models)"
-    # (at most 8 files come back: the export's 5 or so, its train_summary.json, the log)
+    mkdir -p "$out" /tmp/task-out
+    init=${TASK_INIT:-models/tessera-tiny}
+    [ -f "$init/model.safetensors" ] || die "$init's weights did not travel (KEEP=$(basename "$init") stash-models)"
     # shellcheck disable=SC2086  # TASK_ARGS: words on purpose
     { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
       PYTHONUNBUFFERED=1 timeout $((minutes * 60 + 150)) python3 tools/train/train_task.py --device cuda \
-        --out /tmp/task-run --time-budget-minutes "$minutes" --lr 2e-3 --export "$out/tessera-task" ${TASK_ARGS:-}
-    } 2>&1 | tee "$out/task_train.log"
-    cp /tmp/task-run/train_summary.json "$out/tessera-task/" 2>/dev/null || true
+        --init "$init" --out /tmp/task-run --time-budget-minutes "$minutes" --lr 2e-3 \
+        --export /tmp/task-out/tessera-task ${TASK_ARGS:-}
+    } 2>&1 | tee /tmp/task-out/task_train.log || rc=$?
+    cp /tmp/task-run/train_summary.json /tmp/task-out/tessera-task/ 2>/dev/null || true
+    tar -C /tmp/task-out -cf "$out/task.tar" .  # one file back, whatever the export wrote
+    exit "${rc:-0}"
     ;;
   *) die "usage: bash bench/gpu_session.sh pack | stash-models | restore-models | all | tests | lmax [GIB,GIB,...] | cache | sparse | des | window | window-ab | memory | libs | graphs | probe | final | uniform | task [MIN]" ;;
 esac
