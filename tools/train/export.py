@@ -71,8 +71,9 @@ def hf_tensors(model):
             for x in "qkv":
                 t[b + f"self_attn.{x}_proj.weight"] = sd[s + f"attn.w{x}.weight"]
             t[b + "self_attn.o_proj.weight"] = sd[s + "attn.wo.weight"]
-            t[b + "self_attn.q_norm.weight"] = sd[s + "attn.q_norm.weight"]
-            t[b + "self_attn.k_norm.weight"] = sd[s + "attn.k_norm.weight"]
+            if c.get("qk_norm", True):
+                t[b + "self_attn.q_norm.weight"] = sd[s + "attn.q_norm.weight"]
+                t[b + "self_attn.k_norm.weight"] = sd[s + "attn.k_norm.weight"]
             t[b + "post_attention_layernorm.weight"] = sd[s + "ffn_norm.weight"]
             t[b + "mlp.gate.weight"] = sd[s + "ffn.gate.weight"]
             for e in range(c["n_experts"]):
@@ -109,8 +110,9 @@ def from_hf_tensors(c, t):
             sd[s + "attn_norm.weight"] = t[b + "input_layernorm.weight"]
             for x in "qkvo":
                 sd[s + f"attn.w{x}.weight"] = t[b + f"self_attn.{x}_proj.weight"]
-            sd[s + "attn.q_norm.weight"] = t[b + "self_attn.q_norm.weight"]
-            sd[s + "attn.k_norm.weight"] = t[b + "self_attn.k_norm.weight"]
+            if c.get("qk_norm", True):
+                sd[s + "attn.q_norm.weight"] = t[b + "self_attn.q_norm.weight"]
+                sd[s + "attn.k_norm.weight"] = t[b + "self_attn.k_norm.weight"]
             sd[s + "ffn_norm.weight"] = t[b + "post_attention_layernorm.weight"]
             sd[s + "ffn.gate.weight"] = t[b + "mlp.gate.weight"]
             for w, n in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
@@ -153,7 +155,7 @@ def hf_config(c, meta):
             "head_dim": c["head_dim"], "expert_intermediate_size": c["expert_hidden"],
             "intermediate_size": c["expert_hidden"], "moe_intermediate_size": c["expert_hidden"],
             "num_experts": c["n_experts"], "num_experts_per_tok": c["top_k"],
-            "num_shared_experts": 0, "norm_topk_prob": False, "qk_layernorm": True,
+            "num_shared_experts": 0, "norm_topk_prob": False, "qk_layernorm": c.get("qk_norm", True),
             "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
             "routed_scaling_factor": 1.0, "partial_rotary_factor": 1.0, "hidden_act": "silu",
             "rope_theta": float(c["rope_theta"]), "rope_scaling": None, "rms_norm_eps": c["rms_norm_eps"],
@@ -266,7 +268,8 @@ def model_config_from_hf(cfg):
             "head_dim": cfg["head_dim"], "expert_hidden": cfg["expert_intermediate_size"],
             "n_experts": cfg["num_experts"], "top_k": cfg["num_experts_per_tok"],
             "vocab_size": cfg["vocab_size"], "max_seq_len": cfg["max_position_embeddings"],
-            "rope_theta": cfg["rope_theta"], "rms_norm_eps": cfg["rms_norm_eps"], "qk_norm": True}
+            "rope_theta": cfg["rope_theta"], "rms_norm_eps": cfg["rms_norm_eps"],
+            "qk_norm": cfg.get("qk_layernorm", True)}
 
 
 def load_model_dir(path, device="cpu"):

@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--aux-coef", type=float, default=0.01,
+                    help="MoE models: weight of the load-balancing loss (train.py's Switch loss)")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--time-budget-minutes", type=float, default=0.0)
     ap.add_argument("--eval-every", type=int, default=100)
@@ -252,7 +254,8 @@ def main():
         x, resp = rows.tensors(batch, dev)
         with amp():
             loss = sft_loss(model, x, resp, meta["mask_token_id"], gen)
-        loss.backward()
+        aux, _ = model.aux_loss()  # None for a dense model
+        (loss if aux is None else loss + a.aux_coef * aux).backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
