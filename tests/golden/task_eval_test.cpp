@@ -23,6 +23,11 @@ fs::path task_model() {
   return test::source_dir() / "models" / "tessera-task";
 }
 
+// Its MoE twin (LLaDA-MoE layout, upcycled from it: tools/train/upcycle_moe.py).
+fs::path task_moe_model() {
+  return test::source_dir() / "models" / "tessera-task-moe";
+}
+
 #define TASK_MODEL_OR_SKIP()                                                                    \
   if (!fs::exists(task_model() / "tasks.jsonl")) GTEST_SKIP() << task_model() << " is missing"; \
   static_assert(true)
@@ -213,16 +218,15 @@ TEST(BundledModels, TesseraTaskExactAccuracyHolds) {
   expect_guard_holds(task_model());
 }
 
-// The MoE twin (LLaDA-MoE layout, upcycled from tessera-task: tools/train/upcycle_moe.py), whose DES rows
-// the task table reports: the same two checks.
+// The MoE twin, whose DES rows the task table reports: the same two checks.
 TEST(BundledModels, TesseraTaskMoeSamplesEqualPyTorch) {
   TASK_MODEL_OR_SKIP();
-  expect_samples_equal_pytorch(test::source_dir() / "models" / "tessera-task-moe");
+  expect_samples_equal_pytorch(task_moe_model());
 }
 
 TEST(BundledModels, TesseraTaskMoeExactAccuracyHolds) {
   TASK_MODEL_OR_SKIP();
-  expect_guard_holds(test::source_dir() / "models" / "tessera-task-moe");
+  expect_guard_holds(task_moe_model());
 }
 
 TEST(TaskEval, CliRowsJsonAndErrors) {

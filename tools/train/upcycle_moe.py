@@ -86,7 +86,6 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="verify k = E reproduces the dense logits first")
     a = ap.parse_args()
-    torch.manual_seed(a.seed)
     dense = load_model_dir(a.dense, "cpu").float()
     if a.check:
         check(dense, a.experts)
