@@ -140,7 +140,8 @@ void add_session_options(CLI::App* sub, SessionArgs& a) {
   sub->add_option("--des-k", a.des_k, "DES-Seq experts per token in the union (default 2; implies --des seq)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--des-beta", a.des_beta,
-                  "DES-Vote coreset size as a share of the experts (default 0.4; implies --des vote)")
+                  "DES-Vote coreset size as a share of the experts: floor(B x experts), at least the model's "
+                  "top_k (default 0.4; implies --des vote)")
       ->check(in_range(0.0, 1.0));
   sub->add_option("--des-scope", a.des_scope,
                   "DES: block (only the block's tokens share the coreset; default) or all (every row)")

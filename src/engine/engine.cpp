@@ -81,31 +81,31 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   return e;
 }
 
-void Engine::shard() {
+ShardPlan Engine::shard_plan() const {
   const int world = opt_.comm ? opt_.comm->size() : 1, want = std::max(opt_.tp, opt_.ep);
-  if (world == 1 && want == 1) return;
+  if (world == 1 && want == 1) return {};
   TESSERA_CHECK(want == world, "--tp " + std::to_string(opt_.tp) + " --ep " + std::to_string(opt_.ep) +
                                    " needs " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
                                    "; the communicator has " + std::to_string(world));
-  model_->shard_parallel(opt_.comm->rank(), opt_.tp, opt_.ep);
+  return {opt_.comm->rank(), opt_.tp, opt_.ep};
 }
 
 std::unique_ptr<Engine> Engine::synthetic(const ModelConfig& c, const EngineOptions& opt, DType act,
                                           int16_t quant) {
   auto e = make(opt);
   e->model_ = Model::synthetic(c, *e->backend_, act, 1, quant);
-  e->shard();
+  e->model_->shard_parallel(e->shard_plan());
   e->init();
   return e;
 }
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
   auto e = make(opt);
-  e->model_ = Model::load(dir, *e->backend_, opt.precision, opt.dequantize);
+  // Each layer keeps this rank's share as it is bound: a rank never holds the whole model.
+  e->model_ = Model::load(dir, *e->backend_, opt.precision, opt.dequantize, e->shard_plan());
   if (e->model_->config().mask_id < 0 && !e->model_->config().is_uniform()) {  // uniform noise: no mask
     fail(dir.string() + "/config.json: no mask_token_id; a diffusion model needs its mask token");
   }
-  e->shard();
   e->init();
   return e;
 }

@@ -61,7 +61,7 @@ struct EngineOptions {
   // it (Engine::collectives), and it carries the host's messages (the batcher's orders, agreed sizes).
   std::shared_ptr<dist::Communicator> comm;
   // The layout over comm's ranks: tp > 1 splits the heads and the dense FFNs, ep > 1 the MoE layers'
-  // experts; each is 1 or the number of ranks (Model::shard_parallel).
+  // experts; each is 1 or the number of ranks (models/tensor_parallel.cpp).
   int tp = 1, ep = 1;
   // Wraps the device's backend (tests: a CPU backend that records and replays steps as CUDA does).
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
@@ -272,7 +272,7 @@ class Engine final : public Denoiser, private KvPool::Budget {
  private:
   Engine() = default;
   static std::unique_ptr<Engine> make(const EngineOptions& opt);
-  void shard();  // this rank's share of the model (EngineOptions::comm)
+  ShardPlan shard_plan() const;  // this rank's share of the model (EngineOptions::comm, tp, ep)
   // After the model is set: the KV cache pool, then the budget check of the weights.
   void init();
 

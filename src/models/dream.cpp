@@ -60,6 +60,7 @@ void bind(Model& m) {
     LayerWeights& L = m.weights().layers[static_cast<size_t>(l)];
     bind_hf_attention(m, L, b);
     bind_swiglu(m, L, b + "mlp.", c.intermediate);
+    m.layer_bound(l);
   }
 }
 

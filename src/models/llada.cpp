@@ -88,6 +88,7 @@ void bind(Model& m) {
     L.w_gate = m.bind(b + "ff_proj.weight", {c.intermediate, d}, true);
     L.w_up = m.bind(b + "up_proj.weight", {c.intermediate, d}, true);
     L.w_down = m.bind(b + "ff_out.weight", {d, c.intermediate}, true);
+    m.layer_bound(l);
   }
 }
 

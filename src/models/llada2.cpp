@@ -221,6 +221,7 @@ void bind(Model& m) {
     L.wo = m.bind(b + "attention.dense.weight", {d, q}, true);
     L.ffn_norm = m.bind(b + "post_attention_layernorm.weight", {d}, false);
     bind_moe_model_ffn(m, L, l, b, "mlp.shared_experts.");
+    m.layer_bound(l);
   }
 }
 

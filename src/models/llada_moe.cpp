@@ -157,6 +157,7 @@ void bind(Model& m) {
       L.k_norm = m.bind(b + "self_attn.k_norm.weight", {c.head_dim}, false);
     }
     bind_moe_model_ffn(m, L, l, b, "shared_expert.");
+    m.layer_bound(l);
   }
 }
 

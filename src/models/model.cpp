@@ -11,7 +11,7 @@
 namespace tessera {
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, Precision precision,
-                                   bool dequantize) {
+                                   bool dequantize, const ShardPlan& shard) {
   std::unique_ptr<Model> m(new Model());
   if (is_gguf_file(dir)) {
     // One parse. Quantized tensors stay quantized on the CPU (GEMMs dequantize panels of them) and, for
@@ -66,9 +66,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   const auto i = static_cast<size_t>(c.family);  // the family's weight loader (models/registry.h)
   if (i >= families().size() || families()[i]->bind == nullptr)
     fail(std::string("no weight loader for the ") + family_name(c.family) + " family");
+  m->begin_shard(shard);  // a layout the model cannot take fails here, before any weight is read
   families()[i]->bind(*m);
+  if (shard.world() > 1) m->finish_shard();
   m->weight_bytes_ += m->quant_tile_bytes_;  // the GPU backend's tile of quantized GEMM weights
   if (m->quant_tile_bytes_ > 0) backend.reserve_quant_tile(m->quant_tile_bytes_);
+  m->peak_weight_bytes_ = std::max(m->peak_weight_bytes_, m->weight_bytes_);
   return m;
 }
 
@@ -226,18 +229,30 @@ MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const ch
   const int64_t d = cfg_.hidden;
   std::vector<Tensor> t;
   t.reserve(static_cast<size_t>(3 * n_experts));
+  // A sharded load binds only this rank's experts (the others' entries stay null: never read here).
+  int64_t lo = 0, hi = n_experts;
+  if (shard_.ep > 1) {
+    TESSERA_CHECK(n_experts % shard_.ep == 0, "bind: " + std::to_string(n_experts) +
+                                                  " experts do not split over " + std::to_string(shard_.ep) +
+                                                  " ranks");
+    lo = shard_.rank * (n_experts / shard_.ep);
+    hi = lo + n_experts / shard_.ep;
+  }
   binding_experts_ = true;  // CUDA's moe_ffn reads plain experts: quantized ones are converted at load
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const bool down = proj[0] == 'd';
     for (int64_t e = 0; e < n_experts; ++e)
-      t.push_back(bind(name(e, proj), down ? std::vector{d, inter} : std::vector{inter, d}, true));
+      t.push_back(e < lo || e >= hi
+                      ? Tensor()
+                      : bind(name(e, proj), down ? std::vector{d, inter} : std::vector{inter, d}, true));
   }
   binding_experts_ = false;
   MoeExperts ex{expert_table(t), static_cast<int>(n_experts), d, inter, opts_.act};
   for (size_t p = 0; p < 3; ++p) {  // one storage type per projection (GGUF stacks one tensor of each)
-    ex.quant[p] = t[p * static_cast<size_t>(n_experts)].quant;
-    for (int64_t e = 1; e < n_experts; ++e) {
-      TESSERA_CHECK(t[p * static_cast<size_t>(n_experts) + static_cast<size_t>(e)].quant == ex.quant[p],
+    const size_t first = p * static_cast<size_t>(n_experts);
+    ex.quant[p] = t[first + static_cast<size_t>(lo)].quant;
+    for (int64_t e = lo + 1; e < hi; ++e) {
+      TESSERA_CHECK(t[first + static_cast<size_t>(e)].quant == ex.quant[p],
                     "bind: the experts of " +
                         name(e, p == 0   ? "gate_proj"
                                 : p == 1 ? "up_proj"
@@ -418,6 +433,7 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, 
   }
   m->w_ = layout_weights(c, act, make);
   m->weight_bytes_ += m->quant_tile_bytes_;
+  m->peak_weight_bytes_ = m->weight_bytes_;
   if (m->quant_tile_bytes_ > 0) backend.reserve_quant_tile(m->quant_tile_bytes_);
   return m;
 }

@@ -110,14 +110,24 @@ inline DType auto_compute_dtype(size_t f32_bytes, size_t other_bytes) {
   return f32_bytes > other_bytes ? DType::F32 : DType::BF16;
 }
 
+// One rank's share of the weights under tensor parallelism over tp ranks and expert parallelism over ep
+// ranks (the same ranks: tp and ep are each 1 or the world; models/tensor_parallel.cpp).
+struct ShardPlan {
+  int rank = 0, tp = 1, ep = 1;
+  int world() const { return std::max(tp, ep); }
+};
+
 class Model {
  public:
   // Loads config.json and the safetensors weights of DIR into `backend` memory.
   // A .gguf file loads too; its quantized tensors stay quantized on the CPU backend, and those of the
   // cuda_keeps_quantized types on CUDA (MoE experts excepted), unless `dequantize` (then, and for the
   // others, they become bf16, or f32 with Precision::F32).
+  // With a shard plan over several ranks, each layer keeps the rank's share as soon as it is bound (the
+  // other ranks' experts are never bound), so loading peaks at the share plus one whole layer.
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
-                                     Precision precision = Precision::Auto, bool dequantize = false);
+                                     Precision precision = Precision::Auto, bool dequantize = false,
+                                     const ShardPlan& shard = {});
   // Random weights of the given geometry (benchmarks): no files, weights in `act` dtype. quant >= 0 (a
   // ggml type the backend keeps quantized: q8_0 ... q6_K): the 2-D weights (GEMM weights, the embedding
   // table and LM head; not the routed experts, which stay in `act` as Model::load leaves them on CUDA)
@@ -132,6 +142,9 @@ class Model {
   const GraphOptions& options() const { return opts_; }
   DType act_dtype() const { return opts_.act; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // The most weight bytes this model held at once while loading (counted between layers: a sharded load
+  // holds its share of the layers before, plus one whole layer).
+  size_t peak_weight_bytes() const { return peak_weight_bytes_; }
   // The family's graph template for an output mode (built once, cached); kv_cache: the variant that
   // reads and writes the KV cache (GraphOptions::kv_cache); causal: with causal attention instead of
   // the model's own mask (tri-mode models' autoregressive forwards); draft: with the draft adapter
@@ -168,10 +181,12 @@ class Model {
   GraphOptions& mutable_options() { return opts_; }
   // Block-causal models: a new attention block size (the graphs are rebuilt on next use).
   void set_mask_block(int64_t block);
-  // Keeps this rank's share of the weights for tensor parallelism over tp ranks and expert parallelism
-  // over ep ranks (the same ranks: tp and ep are 1 or the world, rank 0..world-1); the graphs are rebuilt
-  // with the local heads, the local experts and the all-reduces.
-  void shard_parallel(int rank, int tp, int ep);
+  // Used by the family files: layer l's weights are all bound (a sharded load keeps the rank's share of
+  // them now; a family that never says so is sharded when its binding ends).
+  void layer_bound(int64_t l);
+  // Keeps this rank's share of the weights of a model loaded whole (synthetic weights); the graphs are
+  // rebuilt with the local heads, the local experts and the all-reduces.
+  void shard_parallel(const ShardPlan& plan);
 
  private:
   Model() = default;
@@ -179,6 +194,13 @@ class Model {
                    bool gemm_weight, const std::vector<int64_t>& file_shape, float scale = 1.0f);
   Tensor bind_quantized(const StTensor& st, int64_t cols, int64_t row0, int64_t rows, bool gemm_weight,
                         const std::vector<int64_t>& file_shape);
+  // Sharding (models/tensor_parallel.cpp).
+  void check_shard(const ShardPlan& plan) const;
+  void begin_shard(const ShardPlan& plan);
+  void shard_layer(LayerWeights& L);
+  void finish_shard();
+  Tensor shard_rows(const Tensor& t, int64_t row0, int64_t n);
+  Tensor shard_columns(const Tensor& t, int64_t col0, int64_t cols, const char* what);
   ModelConfig cfg_;
   GraphOptions opts_;
   DenseWeights w_;
@@ -186,8 +208,11 @@ class Model {
   Backend* backend_ = nullptr;
   std::vector<void*> owned_;  // backend allocations to free
   size_t weight_bytes_ = 0;
-  size_t quant_tile_bytes_ = 0;   // CUDA: the largest tile of its quantized GEMM weights (counted)
-  bool binding_experts_ = false;  // inside bind_experts (CUDA converts quantized experts at load)
+  size_t peak_weight_bytes_ = 0;
+  size_t quant_tile_bytes_ = 0;      // CUDA: the largest tile of its quantized GEMM weights (counted)
+  bool binding_experts_ = false;     // inside bind_experts (CUDA converts quantized experts at load)
+  ShardPlan shard_;                  // this rank's share (world 1: the whole model)
+  std::vector<char> layer_sharded_;  // per layer: its share taken
   // [mode + kOutputModes * (kv_cache + 2 * causal + 4 * draft)]
   std::unique_ptr<graph::GraphTemplate> graphs_[8 * kOutputModes];
 };

@@ -223,6 +223,7 @@ void bind(Model& m) {
       L.lora_a = m.bind(o + "lora_A.weight", {a.rank, c.n_heads * c.head_dim}, true);
       L.lora_b = m.bind_scaled(o + "lora_B.weight", {c.hidden, a.rank}, a.scale);
     }
+    m.layer_bound(l);
   }
 }
 

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 
+#include "backend/backend.h"
 #include "models/model.h"
 #include "test_util.h"
+#include "tiny_models.h"
 
 namespace tessera {
 namespace {
@@ -60,6 +64,8 @@ TEST(ParallelLayout, LayoutsAModelCannotTakeAreOneLineErrors) {
                      "--ep 512: more ranks than the model's 256 experts");
   test::expect_error([&] { check_tensor_parallel(moe, 1, 3); },
                      "--ep 3: the model's experts (256) cannot be split evenly over 3 ranks");
+  test::expect_error([&] { check_tensor_parallel(named_geometry("diffusiongemma-mid"), 2); },
+                     "--tp 2: the diffusion-gemma family has no tensor or expert parallelism yet");
   ModelConfig ffn = dense;
   ffn.intermediate = 12289;
   test::expect_error([&] { check_tensor_parallel(ffn, 2); },
@@ -119,6 +125,111 @@ TEST(ParallelLayout, TheSplitLmHeadSamplesItsColumnsAndGathersOnlyWholeLogits) {
     }
     EXPECT_EQ(gathers, mode == OutputMode::Logits ? 1 : 0);
     EXPECT_EQ(split_ops, mode == OutputMode::SampleLogprobs ? 2 : 1);
+  }
+}
+
+void expect_same(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.ndim, b.ndim) << what;
+  if (a.ndim == 0) return;
+  for (int i = 0; i < a.ndim; ++i)
+    ASSERT_EQ(a.shape[static_cast<size_t>(i)], b.shape[static_cast<size_t>(i)]) << what;
+  ASSERT_EQ(a.dtype, b.dtype) << what;
+  ASSERT_EQ(a.quant, b.quant) << what;
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes()), 0) << what;
+}
+
+constexpr Tensor LayerWeights::*kLayerTensors[] = {
+    &LayerWeights::attn_norm, &LayerWeights::wq,         &LayerWeights::wk,     &LayerWeights::wv,
+    &LayerWeights::bq,        &LayerWeights::bk,         &LayerWeights::bv,     &LayerWeights::wo,
+    &LayerWeights::q_norm,    &LayerWeights::k_norm,     &LayerWeights::lora_a, &LayerWeights::lora_b,
+    &LayerWeights::ffn_norm,  &LayerWeights::w_gate,     &LayerWeights::w_up,   &LayerWeights::w_down,
+    &LayerWeights::router,    &LayerWeights::expert_bias};
+
+// One expert's projection p (gate, up, down) as bind_experts binds it; an empty tensor where the table is
+// null (another rank's expert).
+Tensor expert(const MoeExperts& e, int p, int x) {
+  const void* ptr = e.table[p * e.n_experts + x];
+  if (ptr == nullptr) return Tensor();
+  Tensor t(const_cast<void*>(ptr), e.dtype, {p < 2 ? e.inter : e.hidden, p < 2 ? e.hidden : e.inter});
+  t.quant = e.quant[static_cast<size_t>(p)];
+  return t;
+}
+
+size_t layer_bytes(const LayerWeights& L) {
+  size_t n = 0;
+  for (auto f : kLayerTensors) n += (L.*f).ndim > 0 ? (L.*f).nbytes() : 0;
+  for (int p = 0; p < 3; ++p)
+    for (int x = 0; x < L.experts.n_experts; ++x)
+      n += expert(L.experts, p, x).ndim > 0 ? expert(L.experts, p, x).nbytes() : 0;
+  return n;
+}
+
+// A load with a shard plan takes each layer's share as the family binds it (and never binds the other
+// ranks' experts): the same weights, byte for byte, as sharding the whole model after loading it, while
+// holding at most the share plus one whole layer (and the whole LM head, split last on the CPU). f32
+// compute from bf16 files: every weight is a copy the load makes, none a view of the file.
+TEST(ParallelLayout, AShardedLoadKeepsTheSameShareWithoutHoldingTheWholeModel) {
+  struct Case {
+    const char* family;
+    const char* args;
+    int tp, ep;
+  };
+  const Case cases[] = {{"llada", "--layers 4", 2, 1},
+                        {"dream", "--layers 4", 2, 1},
+                        {"nemotron", "--layers 4 --nemotron-lora 4", 2, 1},
+                        {"llada_moe", "--layers 4 --first-dense 1 --shared-inter 32", 1, 4},
+                        {"llada_moe", "--layers 4 --first-dense 1 --shared-inter 32", 2, 2},
+                        {"llada2", "--layers 4", 2, 2}};
+  auto backend = make_cpu_backend();
+  for (const Case& k : cases) {
+    TESSERA_TINY_OR_SKIP(dir, k.family, k.args);
+    const int world = std::max(k.tp, k.ep);
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string what = std::string(k.family) + " --tp " + std::to_string(k.tp) + " --ep " +
+                               std::to_string(k.ep) + ", rank " + std::to_string(rank);
+      const ShardPlan plan{rank, k.tp, k.ep};
+      auto loaded = Model::load(dir, *backend, Precision::F32, false, plan);
+      auto whole = Model::load(dir, *backend, Precision::F32);
+      const size_t all = whole->weight_bytes();
+      EXPECT_EQ(whole->peak_weight_bytes(), all) << what;
+      size_t largest_layer = 0;
+      for (const LayerWeights& L : whole->weights().layers)
+        largest_layer = std::max(largest_layer, layer_bytes(L));
+      const size_t head = whole->weights().lm_head.nbytes();
+      whole->shard_parallel(plan);
+      EXPECT_EQ(loaded->weight_bytes(), whole->weight_bytes()) << what;
+      EXPECT_LE(loaded->peak_weight_bytes(), loaded->weight_bytes() + largest_layer + head) << what;
+      EXPECT_LT(loaded->peak_weight_bytes(), all) << what;
+      EXPECT_EQ(loaded->options().n_heads, whole->options().n_heads) << what;
+      EXPECT_EQ(loaded->options().intermediate, whole->options().intermediate) << what;
+      EXPECT_EQ(loaded->options().vocab_split.n, whole->options().vocab_split.n) << what;
+      EXPECT_EQ(loaded->options().ep_size, k.ep) << what;
+      const DenseWeights &a = loaded->weights(), &b = whole->weights();
+      expect_same(a.embed, b.embed, what + ": embedding");
+      expect_same(a.final_norm, b.final_norm, what + ": final norm");
+      expect_same(a.lm_head, b.lm_head, what + ": LM head");
+      ASSERT_EQ(a.layers.size(), b.layers.size());
+      int null_experts = 0;
+      for (size_t l = 0; l < a.layers.size(); ++l) {
+        const LayerWeights &x = a.layers[l], &y = b.layers[l];
+        const std::string at = what + ", layer " + std::to_string(l);
+        for (size_t f = 0; f < std::size(kLayerTensors); ++f)
+          expect_same(x.*kLayerTensors[f], y.*kLayerTensors[f], at + ", weight " + std::to_string(f));
+        ASSERT_EQ(x.experts.n_experts, y.experts.n_experts) << at;
+        EXPECT_EQ(x.experts.local_lo, y.experts.local_lo) << at;
+        EXPECT_EQ(x.experts.local_hi, y.experts.local_hi) << at;
+        EXPECT_EQ(x.experts.overwrite, y.experts.overwrite) << at;
+        for (int p = 0; p < 3; ++p) {
+          for (int e = 0; e < x.experts.n_experts; ++e) {
+            const Tensor ex = expert(x.experts, p, e);
+            expect_same(ex, expert(y.experts, p, e), at + ", expert " + std::to_string(e));
+            EXPECT_EQ(ex.ndim > 0, x.experts.local(e)) << at << ", expert " << e;
+            null_experts += ex.ndim == 0 ? 1 : 0;
+          }
+        }
+      }
+      EXPECT_EQ(null_experts > 0, k.ep > 1) << what;
+    }
   }
 }
 
