@@ -76,9 +76,11 @@ def words():
     return _WORDS
 
 
-def gen_lookup(r):
+def gen_lookup(r, max_records=150):
     # the length is spread over the context: two thirds of the prompts under ~250 tokens, the rest up to ~910
     n = r.randint(4, 36) if r.random() < 2 / 3 else r.randint(37, 150)
+    if n > max_records:  # a training curriculum's shorter prompts (the held-out set never takes this branch)
+        n = r.randint(4, max_records)
     keys = r.sample(words(), n)
     vals = [r.randint(100, 999) for _ in keys]
     q = r.randrange(n)
@@ -136,12 +138,18 @@ def heldout(per_task, seed=7):
     return out
 
 
-def stream(seed, exclude):
-    """Endless training examples, tasks in turn, never a held-out prompt."""
+def stream(seed, exclude, mix=None, lookup_max=150):
+    """Endless training examples, never a held-out prompt: the tasks in turn, or drawn with the weights of mix
+    ({task: weight}); lookup_max caps the lookup's records (a curriculum)."""
     r = random.Random(1000 + seed)
     while True:
-        for task in TASKS:
-            e = example(r, task)
+        order = TASKS if mix is None else r.choices(list(mix), weights=list(mix.values()), k=len(TASKS))
+        for task in order:
+            if task == "lookup":
+                prompt, target, answer = gen_lookup(r, lookup_max)
+                e = {"task": task, "prompt": prompt, "target": target, "answer": answer}
+            else:
+                e = example(r, task)
             if e["prompt"] not in exclude:
                 yield e
 

@@ -154,6 +154,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="cuda: bf16 autocast on the GPU (the data stream stays on the CPU: ~1M tokens/s)")
+    ap.add_argument("--mix", default="",
+                    help="task weights, e.g. lookup=3,add=1,sort=1,reverse=1,trace=1 (default: the tasks in turn)")
+    ap.add_argument("--lookup-max-records", type=int, default=150,
+                    help="cap the training lookups' records (a curriculum; the held-out set keeps 4-150)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--bench-steps", type=int, default=0)
     a = ap.parse_args()
@@ -197,7 +201,17 @@ def main():
                                                              ck["tokens"], ck["best"])
         print(f"resumed at step {step}", flush=True)
     # the data stream is a function of (seed, pool index): a resumed run regenerates the pools it had used
-    stream = tasks.stream(a.seed, exclude)
+    mix = None
+    if a.mix:
+        try:
+            mix = {k: float(v) for k, v in (kv.split("=") for kv in a.mix.split(","))}
+        except ValueError:
+            raise SystemExit(f"--mix {a.mix!r}: expected task=weight,... (tasks: {', '.join(tasks.TASKS)})")
+        if set(mix) - set(tasks.TASKS) or not any(w > 0 for w in mix.values()):
+            raise SystemExit(f"--mix {a.mix!r}: tasks are {', '.join(tasks.TASKS)}, weights >= 0, one above 0")
+    if not 4 <= a.lookup_max_records <= 150:
+        raise SystemExit("--lookup-max-records: between 4 and 150")
+    stream = tasks.stream(a.seed, exclude, mix, a.lookup_max_records)
     r = random.Random(a.seed)
     gen = torch.Generator(device=dev).manual_seed(a.seed + 1 + step)
     pending = []
