@@ -143,7 +143,7 @@ class Model {
   DType act_dtype() const { return opts_.act; }
   size_t weight_bytes() const { return weight_bytes_; }
   // The most weight bytes this model held at once while loading (counted between layers: a sharded load
-  // holds its share of the layers before, plus one whole layer).
+  // holds its share of the head and of the layers before, plus one whole layer).
   size_t peak_weight_bytes() const { return peak_weight_bytes_; }
   // The family's graph template for an output mode (built once, cached); kv_cache: the variant that
   // reads and writes the KV cache (GraphOptions::kv_cache); causal: with causal attention instead of
@@ -199,6 +199,7 @@ class Model {
   void begin_shard(const ShardPlan& plan);
   void shard_layer(LayerWeights& L);
   void finish_shard();
+  void shard_head();
   Tensor shard_rows(const Tensor& t, int64_t row0, int64_t n);
   Tensor shard_columns(const Tensor& t, int64_t col0, int64_t cols, const char* what);
   ModelConfig cfg_;
@@ -213,6 +214,7 @@ class Model {
   bool binding_experts_ = false;     // inside bind_experts (CUDA converts quantized experts at load)
   ShardPlan shard_;                  // this rank's share (world 1: the whole model)
   std::vector<char> layer_sharded_;  // per layer: its share taken
+  bool head_sharded_ = false;        // the CPU's LM head split by vocabulary
   // [mode + kOutputModes * (kv_cache + 2 * causal + 4 * draft)]
   std::unique_ptr<graph::GraphTemplate> graphs_[8 * kOutputModes];
 };

@@ -124,6 +124,7 @@ void Model::layer_bound(int64_t l) {
                 "layer_bound: no layer " + std::to_string(l));
   char& done = layer_sharded_[static_cast<size_t>(l)];
   if (done) return;
+  shard_head();  // bound before the layers by every family: its share goes first
   peak_weight_bytes_ = std::max(peak_weight_bytes_, weight_bytes_);
   shard_layer(w_.layers[static_cast<size_t>(l)]);
   done = 1;
@@ -235,17 +236,21 @@ void Model::shard_layer(LayerWeights& L) {
   }
 }
 
+// The LM head by vocabulary (the CPU's samplers combine the ranks' summaries; elsewhere it stays whole).
+// Tied to the embedding, whose lookups need every row: a view of the rank's rows, nothing freed.
+void Model::shard_head() {
+  if (head_sharded_ || shard_.tp == 1 || backend_->device() != Device::CPU || w_.lm_head.ndim == 0) return;
+  const VocabShare share = vocab_share(cfg_.vocab, shard_.tp, shard_.rank);
+  w_.lm_head = w_.lm_head.data == w_.embed.data ? w_.lm_head.row_view(share.lo, share.n)
+                                                : shard_rows(w_.lm_head, share.lo, share.n);
+  opts_.vocab_split = share;
+  head_sharded_ = true;
+}
+
 void Model::finish_shard() {
   for (size_t l = 0; l < w_.layers.size(); ++l) layer_bound(static_cast<int64_t>(l));
+  shard_head();
   const int rank = shard_.rank, tp = shard_.tp;
-  // The LM head by vocabulary (the CPU's samplers combine the ranks' summaries; elsewhere it stays whole).
-  // Tied to the embedding, whose lookups need every row: a view of the rank's rows, nothing freed.
-  if (tp > 1 && backend_->device() == Device::CPU) {
-    const VocabShare share = vocab_share(cfg_.vocab, tp, rank);
-    w_.lm_head = w_.lm_head.data == w_.embed.data ? w_.lm_head.row_view(share.lo, share.n)
-                                                  : shard_rows(w_.lm_head, share.lo, share.n);
-    opts_.vocab_split = share;
-  }
   opts_.n_heads = cfg_.n_heads / tp;
   opts_.n_kv_heads = std::max<int64_t>(1, cfg_.n_kv_heads / tp);
   opts_.intermediate = cfg_.intermediate / tp;

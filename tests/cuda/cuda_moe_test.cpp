@@ -188,7 +188,7 @@ TEST_P(CudaMoeFfn, MatchesCpu) {
     e->local_hi = c.local_hi;
     e->overwrite = c.overwrite;
   }
-  // As Model::shard_parallel leaves them: the other ranks' experts null in the device's table, so a read
+  // As a sharded load leaves them: the other ranks' experts null in the device's table, so a read
   // of one faults.
   std::unique_ptr<DevBuf> local_table;
   if (c.local_hi > 0) {
