@@ -436,6 +436,28 @@ std::string with_commas(int64_t v) {
   return s;
 }
 
+// The parameters a rank holds above its share while it loads (Model::load with a shard plan): the layer being
+// bound, whole, before its share is taken. The other ranks' experts are never bound, and the CPU's LM head
+// is split before the first layer, so neither counts.
+int64_t load_extra_params(const ModelConfig& c, int tp, int ep) {
+  if (tp == 1) return 0;
+  const ModelConfig r = tensor_parallel_rank_config(c, tp, ep);
+  const int64_t d = c.hidden;
+  const auto width = [](const ModelConfig& m) {  // q, k, v rows and o_proj columns
+    return 2 * m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim;
+  };
+  int64_t extra = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t x = d * (width(c) - width(r)) + c.draft_adapter.rank * (c.n_heads - r.n_heads) * c.head_dim;
+    if (!c.is_moe_layer(l))
+      x += 3 * d * (c.intermediate - r.intermediate);
+    else if (ep > 1)
+      x += 3 * d * (c.moe.shared_inter - r.moe.shared_inter);
+    extra = std::max(extra, x);
+  }
+  return extra;
+}
+
 int run_plan(const PlanArgs& a) {
   ModelConfig c;
   DType act = DType::BF16;
@@ -480,6 +502,13 @@ int run_plan(const PlanArgs& a) {
   if (gguf && parallel)  // the rank's share of the file's bytes, as of the parameters
     weights = static_cast<size_t>(static_cast<double>(weights) * static_cast<double>(rank_params) /
                                   static_cast<double>(whole_params));
+  // What a rank's load holds at most: its share plus one layer bound whole (at the weights' bytes a
+  // parameter).
+  const size_t load_peak =
+      weights + (parallel
+                     ? static_cast<size_t>(static_cast<double>(load_extra_params(whole, a.tp, a.ep)) *
+                                           static_cast<double>(weights) / static_cast<double>(rank_params))
+                     : 0);
   if (!a.mode.empty() || c.is_uniform()) {  // a uniform-noise model has only its own mode
     PlanArgs m = a;
     if (c.is_uniform() && m.mode.empty()) m.mode = "uniform";
@@ -580,6 +609,7 @@ int run_plan(const PlanArgs& a) {
             {"vocab", c.vocab},
             {"dtype", dtype},
             {"weight_bytes", weights},
+            {"load_peak_bytes", load_peak},
             {"tp", a.tp},
             {"ep", a.ep},
             {"context", a.context},
@@ -639,6 +669,8 @@ int run_plan(const PlanArgs& a) {
         static_cast<long long>(c.n_kv_heads), static_cast<long long>(whole.n_kv_heads),
         replicated ? ", replicated" : "", static_cast<long long>(c.intermediate), experts.c_str(),
         100.0 * static_cast<double>(rank_params) / static_cast<double>(whole_params));
+    std::printf("loading: at most %s of weights (the share, and one layer whole until its share is taken)\n",
+                hb(static_cast<double>(load_peak)).c_str());
   }
   std::printf("step: %lld tokens, mask ratio %.2f -> %lld logit rows\n", static_cast<long long>(a.context),
               a.mask_ratio, static_cast<long long>(s.n_logits));

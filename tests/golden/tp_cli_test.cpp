@@ -159,6 +159,26 @@ TEST(TensorParallelCli, LayoutsThatCannotRunAreOneLineErrors) {
   EXPECT_NE(out.find("this process is one of 2 started by the launcher, but --tp is 1"), std::string::npos)
       << out;
 }
+// `tessera plan --tp / --ep`: a rank's load holds its share and one layer bound whole (hand-computed).
+TEST(TensorParallelCli, PlanGivesARanksLoadPeak) {
+  const auto plan = [](const std::string& args) {
+    std::string out;
+    EXPECT_EQ(test::run_command(std::string(TESSERA_BINARY) + " plan --context 4096 --json " + args, &out), 0)
+        << out;
+    const auto j = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_TRUE(j.is_object()) << out;
+    return j.is_object() ? j["load_peak_bytes"].get<int64_t>() - j["weight_bytes"].get<int64_t>() : -1;
+  };
+  // LLaDA-8B over 2 ranks: a layer's attention (4 x 4096 x 4096) and FFN (3 x 4096 x 12288) lose half, in
+  // bf16.
+  EXPECT_EQ(plan("--geometry llada-8b --tp 2"), (4LL * 4096 * 4096 + 3LL * 4096 * 12288) / 2 * 2);
+  // LLaDA2-flash over 8: its dense first layer, q / o 4096 -> 512 wide, k / v 512 -> 128, FFN 9216 -> 1152.
+  EXPECT_EQ(plan("--geometry llada2-flash --tp 8 --ep 8"),
+            (2LL * 4096 * (4096 - 512) + 2LL * 4096 * (512 - 128) + 3LL * 4096 * (9216 - 1152)) * 2);
+  EXPECT_EQ(plan("--geometry llada2-flash --ep 8"), 0);  // only the rank's experts are ever bound
+  EXPECT_EQ(plan("--geometry llada-8b"), 0);
+}
+
 // `mpirun -np 2 tessera serve --tp 2`: rank 0 answers HTTP, rank 1 follows its generations. Completions
 // (sampled, with log-probabilities) and a streamed chat answer as one process does (f32); an idle server
 // outlives --dist-timeout (rank 0's heartbeats); SIGTERM drains rank 0, which then ends rank 1.
