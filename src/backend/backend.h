@@ -477,8 +477,15 @@ class Backend {
 // f32 kernel always (the reference). BF16: the bf16 kernel wherever the call allows it; creating the
 // backend fails on a CPU without AVX-512 BF16.
 enum class CpuAttention { Auto, F32, BF16 };
+// The CPU MoE FFN's schedule. PerExpert: one expert's GEMMs at a time, each spread over every thread (a
+// parallel region per GEMM). AcrossExperts: the (expert, row window) items shared out among the threads,
+// each item's three GEMMs and activation on one thread (one parallel region for all the experts). Auto:
+// AcrossExperts where there are at least two items per thread, else PerExpert; the environment variable
+// TESSERA_CPU_MOE=per-expert (or across) turns Auto into that choice (A/B runs). Both give the same bits.
+enum class CpuMoe { Auto, PerExpert, AcrossExperts };
 struct CpuBackendOptions {
   CpuAttention attention = CpuAttention::Auto;
+  CpuMoe moe = CpuMoe::Auto;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // The kernel `choice` resolves to on this CPU and environment: F32 or BF16 (a BF16 this CPU cannot run

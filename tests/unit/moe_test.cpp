@@ -1,6 +1,7 @@
 // Mixture-of-experts: the CPU router against hand-computed values, the CPU expert FFN against a naive
 // loop over every (row, slot), LLaDA-MoE config.json parsing, and the shape-only MoE geometries.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <fstream>
@@ -364,6 +365,21 @@ void check_moe_ffn(const FfnCase& c, uint64_t seed) {
   // A scratch smaller than moe_scratch_bytes is refused with an error.
   Tensor small(scratch.data(), DType::I32, {static_cast<int64_t>(scratch.size() / 8)});
   EXPECT_THROW(be->moe_ffn(tx, tids, tw, ex, small, ta), Error);
+  // Both schedules give the same bits: one expert's GEMMs at a time over the threads, and the experts'
+  // windows shared out among the threads (at least two of them, whatever the machine has).
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(2, threads));
+  for (CpuMoe sched : {CpuMoe::PerExpert, CpuMoe::AcrossExperts}) {
+    auto bs = make_cpu_backend(CpuBackendOptions{CpuAttention::Auto, sched});
+    for (int rep = 0; rep < 2; ++rep) {  // the second call on primitives and slots already made
+      std::vector<float> o2 = init;
+      Tensor t2(o2.data(), DType::F32, {M, H});
+      bs->moe_ffn(tx, tids, tw, ex, ts, t2);
+      EXPECT_EQ(o2, out) << "M=" << M << (bf ? " bf16" : " f32")
+                         << (sched == CpuMoe::PerExpert ? " per expert" : " across experts");
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(MoeFfn, MatchesNaiveLoopF32AndBf16WithIdleExperts) {

@@ -3,6 +3,7 @@
 // every CPU op that reads such weights (gemm, gather_gemm, embed, moe_ffn) against the same op on the
 // dequantized weight. Outputs are poisoned with NaN before each call.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -261,6 +262,20 @@ TEST(CpuQuantGemm, MoeExpertsMatchTheDequantizedExperts) {
   be->moe_ffn(tx, tids, tw, ep, ts, twant);
   be->moe_ffn(tx, tids, tw, eq, ts, tgot);
   EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5);
+  // The quantized experts give the same bits under both schedules (each thread dequantizes into its
+  // own panel when the experts are shared out among the threads).
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(2, threads));
+  std::vector<std::vector<float>> by(2, std::vector<float>(want.size(), 0.0f));
+  for (int i = 0; i < 2; ++i) {
+    auto bs = make_cpu_backend(
+        CpuBackendOptions{CpuAttention::Auto, i == 0 ? CpuMoe::PerExpert : CpuMoe::AcrossExperts});
+    Tensor t(by[static_cast<size_t>(i)].data(), DType::F32, {M, H});
+    bs->moe_ffn(tx, tids, tw, eq, ts, t);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(by[0], by[1]);
+  EXPECT_EQ(by[0], got);
   double norm = 0;
   for (float v : want) norm += std::fabs(v);
   EXPECT_GT(norm, 0.0);  // the experts did contribute

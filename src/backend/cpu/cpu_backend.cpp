@@ -16,7 +16,9 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : bf16_attention_(resolve_cpu_attention(o.attention) == CpuAttention::BF16) {}
+      : bf16_attention_(resolve_cpu_attention(o.attention) == CpuAttention::BF16) {
+    moe_.schedule = cpu::resolve_cpu_moe(o.moe);
+  }
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
 
@@ -77,7 +79,7 @@ class CpuBackend final : public Backend {
   }
   void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
                Tensor& scratch, Tensor& out) override {
-    cpu::moe_ffn(gemm_, x, ids, weights, e, scratch, out);
+    cpu::moe_ffn(gemm_, moe_, x, ids, weights, e, scratch, out);
   }
   void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate,
                   Tensor& y) override {
@@ -97,6 +99,7 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::GemmEngine gemm_;
+  cpu::MoeState moe_;
   bool bf16_attention_;  // attention and sparse_select run the bf16 kernel where the call allows it
 };
 

@@ -1,6 +1,9 @@
 // CPU kernels behind CpuBackend (one file per op family). Each is also the reference for the CUDA
 // backend's tests.
 #pragma once
+#include <array>
+#include <vector>
+
 #include "backend/backend.h"
 
 namespace tessera::cpu {
@@ -11,6 +14,9 @@ void embed(const Tensor& tokens, const Tensor& table, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
 void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+// swiglu and geglu on the calling thread alone (inside a parallel region: the MoE FFN's items).
+void swiglu_serial(const Tensor& gate, const Tensor& up, Tensor& out);
+void geglu_serial(const Tensor& gate, const Tensor& up, Tensor& out);
 // Uniform-noise diffusion (Backend: rmsnorm_ex, geglu, scale, softcap; canvas_sample and soft_embed are
 // in uniform_ops.cpp).
 void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y);
@@ -31,7 +37,14 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
                    const SparseSelectParams& p, uint8_t* mask, bool bf16 = false);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);
-void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
-             Tensor& scratch, Tensor& out);
+// The MoE FFN's state in a backend: its schedule and its list of (expert, first row, rows) items, kept
+// between calls so that a steady call allocates nothing.
+struct MoeState {
+  CpuMoe schedule = CpuMoe::Auto;
+  std::vector<std::array<int64_t, 3>> items;
+};
+CpuMoe resolve_cpu_moe(CpuMoe choice);  // Auto, with TESSERA_CPU_MOE applied
+void moe_ffn(GemmEngine& gemm, MoeState& state, const Tensor& x, const Tensor& ids, const Tensor& weights,
+             const MoeExperts& e, Tensor& scratch, Tensor& out);
 
 }  // namespace tessera::cpu

@@ -136,20 +136,33 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p)
 }
 
 // silu(g) * u with e^-g from simd::exp (within 2 ulp of std::exp) on whole vectors, std::exp on the tail.
-void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+namespace {
+
+// body(i) for i in [0, n): over the threads where `parallel` and the work is worth a region.
+template <typename Body>
+void for_range(int64_t n, bool parallel, Body&& body) {
+  if (parallel) {
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) body(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+
+void swiglu_impl(const Tensor& gate, const Tensor& up, Tensor& out, bool parallel) {
   using namespace simd;
   check_swiglu(gate, up, out);
   const int64_t n = gate.numel();
   const int64_t nv = n / kW;  // whole vectors
+  parallel = parallel && n > 65536;
   if (gate.dtype == DType::F32) {
     const float* g = gate.as<const float>();
     const float* u = up.as<const float>();
     float* o = out.as<float>();
-#pragma omp parallel for if (n > 65536)
-    for (int64_t b = 0; b < nv; ++b) {
+    for_range(nv, parallel, [&](int64_t b) {
       const vf gv = simd::load(g + b * kW);
       simd::store(o + b * kW, gv / (1.0f + simd::exp(-gv)) * simd::load(u + b * kW));
-    }
+    });
     for (int64_t i = nv * kW; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     return;
   }
@@ -157,15 +170,23 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   const auto* u = up.as<const uint16_t>();
   auto* o = out.as<uint16_t>();
   // HF bf16: silu(g) is rounded to bf16 before the multiply.
-#pragma omp parallel for if (n > 65536)
-  for (int64_t b = 0; b < nv; ++b) {
+  for_range(nv, parallel, [&](int64_t b) {
     const vf gv = load_bf16(g + b * kW);
     store_bf16(o + b * kW, simd::round_bf16(gv / (1.0f + simd::exp(-gv))) * load_bf16(u + b * kW));
-  }
+  });
   for (int64_t i = nv * kW; i < n; ++i) {
     const float gv = bf16_to_f32(g[i]);
     o[i] = f32_to_bf16(tessera::round_bf16(gv / (1.0f + std::exp(-gv))) * bf16_to_f32(u[i]));
   }
+}
+
+}  // namespace
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  swiglu_impl(gate, up, out, true);
+}
+void swiglu_serial(const Tensor& gate, const Tensor& up, Tensor& out) {
+  swiglu_impl(gate, up, out, false);
 }
 
 void rmsnorm_ex(const Tensor& x, const Tensor* w, int64_t group, float eps, bool accumulate, Tensor& y) {
@@ -199,23 +220,32 @@ inline float gelu_tanh(float x) {
 }  // namespace
 
 // gelu_tanh(g) * u; bf16 as swiglu: the activation rounded to bf16 before the multiply (HF).
-void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+namespace {
+void geglu_impl(const Tensor& gate, const Tensor& up, Tensor& out, bool parallel) {
   check_swiglu(gate, up, out);
   const int64_t n = gate.numel();
+  parallel = parallel && n > 65536;
   if (gate.dtype == DType::F32) {
     const float* g = gate.as<const float>();
     const float* u = up.as<const float>();
     float* o = out.as<float>();
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+    for_range(n, parallel, [&](int64_t i) { o[i] = gelu_tanh(g[i]) * u[i]; });
     return;
   }
   const auto* g = gate.as<const uint16_t>();
   const auto* u = up.as<const uint16_t>();
   auto* o = out.as<uint16_t>();
-#pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i)
+  for_range(n, parallel, [&](int64_t i) {
     o[i] = f32_to_bf16(tessera::round_bf16(gelu_tanh(bf16_to_f32(g[i]))) * bf16_to_f32(u[i]));
+  });
+}
+}  // namespace
+
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  geglu_impl(gate, up, out, true);
+}
+void geglu_serial(const Tensor& gate, const Tensor& up, Tensor& out) {
+  geglu_impl(gate, up, out, false);
 }
 
 void scale(Tensor& x, float s) {

@@ -1,5 +1,7 @@
 #include "backend/cpu/gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <list>
@@ -31,7 +33,8 @@ struct Key {
   int64_t m, n, k, lda, ldc;
   DType a, w, c;
   bool bias, acc;
-  bool nn = false;  // w stored [K, N] (gemm_nn) instead of [N, K]
+  bool nn = false;      // w stored [K, N] (gemm_nn) instead of [N, K]
+  bool serial = false;  // made for one thread: run on a slot inside a parallel region (gemm_in_slot)
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
@@ -44,16 +47,29 @@ struct KeyHash {
     mix(std::hash<int64_t>()(k.ldc));
     mix(static_cast<size_t>(k.a) | static_cast<size_t>(k.w) << 4 | static_cast<size_t>(k.c) << 8 |
         static_cast<size_t>(k.bias) << 12 | static_cast<size_t>(k.acc) << 13 |
-        static_cast<size_t>(k.nn) << 14);
+        static_cast<size_t>(k.nn) << 14 | static_cast<size_t>(k.serial) << 15);
     return h;
   }
 };
 
-// A cached matmul with its memory objects; execute() only swaps data handles.
-struct Entry {
-  dnnl::matmul prim;
+// Memory objects bound to a primitive's arguments; a call only swaps their data handles.
+struct Bound {
   dnnl::memory a, w, c, bias, scratch;
   std::vector<dnnl_exec_arg_t> args;  // C API argument list: execute() then allocates nothing here
+};
+
+// A cached matmul: one Bound for the calling thread, or (a serial key) one per slot.
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory::desc a_md, w_md, c_md, b_md, s_md;
+  bool bias = false;
+  std::vector<Bound> bound;
+};
+
+// A thread's own stream, scratchpad, dequantized panel and workspace (gemm_in_slot).
+struct Slot {
+  dnnl::stream strm;
+  std::vector<char> scratch, panel, workspace;
 };
 
 }  // namespace
@@ -69,13 +85,40 @@ struct GemmEngine::Impl {
   std::vector<char> scratch;  // shared by all primitives (one stream, run in order)
   std::vector<char> tile;     // gather tile
   std::vector<char> panel;    // dequantized weight panel (quantized weights)
-  std::vector<dnnl::memory*> scratch_users;
+  std::vector<Slot> slots;
+
+  Bound bind(const Entry& e) const {
+    Bound b;
+    b.a = dnnl::memory(e.a_md, eng, DNNL_MEMORY_NONE);
+    b.w = dnnl::memory(e.w_md, eng, DNNL_MEMORY_NONE);
+    b.c = dnnl::memory(e.c_md, eng, DNNL_MEMORY_NONE);
+    b.args.push_back({DNNL_ARG_SRC, b.a.get()});
+    b.args.push_back({DNNL_ARG_WEIGHTS, b.w.get()});
+    b.args.push_back({DNNL_ARG_DST, b.c.get()});
+    if (e.bias) {
+      b.bias = dnnl::memory(e.b_md, eng, DNNL_MEMORY_NONE);
+      b.args.push_back({DNNL_ARG_BIAS, b.bias.get()});
+    }
+    b.scratch = dnnl::memory(e.s_md, eng, DNNL_MEMORY_NONE);
+    b.args.push_back({DNNL_ARG_SCRATCHPAD, b.scratch.get()});
+    return b;
+  }
+
+  // A serial entry: bound once per slot, every slot's scratchpad large enough for it.
+  void fit_slots(Entry& e) {
+    const size_t need = e.s_md.get_size();
+    for (Slot& s : slots)
+      if (need > s.scratch.size()) s.scratch.resize(need);
+    while (e.bound.size() < slots.size()) e.bound.push_back(bind(e));
+  }
 
   Entry& get(const Key& key) {
     auto it = cache.find(key);
     if (it != cache.end()) {
       lru.splice(lru.begin(), lru, it->second);  // relinks the node: no allocation
-      return it->second->second;
+      Entry& e = it->second->second;
+      if (key.serial) fit_slots(e);
+      return e;
     }
     using dims = dnnl::memory::dims;
     const dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a), dims{key.lda, 1});
@@ -89,30 +132,36 @@ struct GemmEngine::Impl {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    dnnl::matmul::primitive_desc pd;
-    if (key.bias) {
-      const dnnl::memory::desc b_md(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1});
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, b_md, c_md), attr, eng);
-    } else {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, c_md), attr, eng);
-    }
+    // oneDNN sizes a primitive's work split by the threads there are when it is made, and runs a call
+    // inside a parallel region on one thread: a serial key's primitive is made for one.
+    const int threads = omp_get_max_threads();
+    if (key.serial) omp_set_num_threads(1);
     Entry e;
-    e.prim = dnnl::matmul(pd);
-    e.a = dnnl::memory(a_md, eng, DNNL_MEMORY_NONE);
-    e.w = dnnl::memory(w_md, eng, DNNL_MEMORY_NONE);
-    e.c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
-    e.args.push_back({DNNL_ARG_SRC, e.a.get()});
-    e.args.push_back({DNNL_ARG_WEIGHTS, e.w.get()});
-    e.args.push_back({DNNL_ARG_DST, e.c.get()});
-    if (key.bias) {
-      e.bias = dnnl::memory(dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1}),
-                            eng, DNNL_MEMORY_NONE);
-      e.args.push_back({DNNL_ARG_BIAS, e.bias.get()});
+    e.a_md = a_md;
+    e.w_md = w_md;
+    e.c_md = c_md;
+    e.bias = key.bias;
+    dnnl::matmul::primitive_desc pd;
+    try {
+      if (key.bias) {
+        e.b_md = dnnl::memory::desc(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1});
+        pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, e.b_md, c_md), attr, eng);
+      } else {
+        pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, c_md), attr, eng);
+      }
+      e.prim = dnnl::matmul(pd);
+    } catch (...) {
+      if (key.serial) omp_set_num_threads(threads);
+      throw;
     }
-    const size_t need = pd.scratchpad_desc().get_size();
-    if (need > scratch.size()) scratch.resize(need);
-    e.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    e.args.push_back({DNNL_ARG_SCRATCHPAD, e.scratch.get()});
+    if (key.serial) omp_set_num_threads(threads);
+    e.s_md = pd.scratchpad_desc();
+    if (key.serial) {
+      fit_slots(e);
+    } else {
+      if (e.s_md.get_size() > scratch.size()) scratch.resize(e.s_md.get_size());
+      e.bound.push_back(bind(e));
+    }
     ++created;
     if (cache.size() >= kMaxPrimitives) {
       cache.erase(lru.back().first);
@@ -123,18 +172,34 @@ struct GemmEngine::Impl {
     return lru.front().second;
   }
 
-  void run(const Key& key, const void* a, const void* w, const void* bias, void* c) {
-    Entry& e = get(key);
-    e.a.set_data_handle(const_cast<void*>(a));
-    e.w.set_data_handle(const_cast<void*>(w));
-    e.c.set_data_handle(c);
-    if (key.bias) e.bias.set_data_handle(const_cast<void*>(bias));
-    e.scratch.set_data_handle(scratch.data());
-    if (dnnl_primitive_execute(e.prim.get(), strm.get(), static_cast<int>(e.args.size()), e.args.data()) !=
+  static void execute(const dnnl::matmul& prim, Bound& b, dnnl::stream& s, const void* a, const void* w,
+                      const void* bias, void* c, void* scratch) {
+    b.a.set_data_handle(const_cast<void*>(a));
+    b.w.set_data_handle(const_cast<void*>(w));
+    b.c.set_data_handle(c);
+    if (bias != nullptr) b.bias.set_data_handle(const_cast<void*>(bias));
+    b.scratch.set_data_handle(scratch);
+    if (dnnl_primitive_execute(prim.get(), s.get(), static_cast<int>(b.args.size()), b.args.data()) !=
         dnnl_success) {
       fail("gemm: oneDNN matmul failed");
     }
-    strm.wait();
+    s.wait();
+  }
+
+  void run(const Key& key, const void* a, const void* w, const void* bias, void* c) {
+    Entry& e = get(key);
+    execute(e.prim, e.bound[0], strm, a, w, key.bias ? bias : nullptr, c, scratch.data());
+  }
+
+  // On slot s inside a parallel region: a lookup that changes nothing (threads look up concurrently).
+  void run_in_slot(int s, const Key& key, const void* a, const void* w, void* c) {
+    const auto it = cache.find(key);
+    if (it == cache.end() || static_cast<size_t>(s) >= it->second->second.bound.size())
+      fail("gemm_in_slot: a " + std::to_string(key.m) + " x " + std::to_string(key.n) + " x " +
+           std::to_string(key.k) + " GEMM was not prepared (prepare_serial) for slot " + std::to_string(s));
+    Entry& e = it->second->second;
+    Slot& sl = slots[static_cast<size_t>(s)];
+    execute(e.prim, e.bound[static_cast<size_t>(s)], sl.strm, a, w, nullptr, c, sl.scratch.data());
   }
 };
 
@@ -186,18 +251,23 @@ int64_t GemmEngine::panel_rows(int64_t n, int64_t k, DType a) {
 }
 
 const void* GemmEngine::dequantize_panel(const Tensor& w, int64_t n0, int64_t nb, DType to) {
+  return dequantize_into(w, n0, nb, to, impl_->panel, true);
+}
+
+const void* GemmEngine::dequantize_into(const Tensor& w, int64_t n0, int64_t nb, DType to,
+                                        std::vector<char>& panel, bool parallel) {
   const int64_t k = w.cols();
   const size_t out_row = static_cast<size_t>(k) * dtype_size(to), in_row = w.row_bytes();
   const size_t bytes = static_cast<size_t>(nb) * out_row;
-  if (impl_->panel.size() < bytes) impl_->panel.resize(bytes);
-  char* dst = impl_->panel.data();
+  if (panel.size() < bytes) panel.resize(bytes);
+  char* dst = panel.data();
   const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(n0) * in_row;
   const auto type = static_cast<GgmlType>(w.quant);
   auto row = [&](int64_t r) {
     ggml_dequantize_row(type, src + static_cast<size_t>(r) * in_row, k, to,
                         dst + static_cast<size_t>(r) * out_row);
   };
-  if (nb * k > 65536) {
+  if (parallel && nb * k > 65536) {
 #pragma omp parallel for
     for (int64_t r = 0; r < nb; ++r) row(r);
   } else {  // small panels (MoE experts): no parallel region (libgomp allocates a team even for one thread)
@@ -216,6 +286,66 @@ void GemmEngine::prepare(int64_t m, int64_t n, int64_t k, DType a, DType c, bool
   if (n % np != 0) impl_->get(Key{m, n % np, k, k, n, a, a, c, false, false});
   const size_t bytes = static_cast<size_t>(np * k) * dtype_size(a);
   if (impl_->panel.size() < bytes) impl_->panel.resize(bytes);
+}
+
+void GemmEngine::prepare_slots(int n, size_t workspace_bytes) {
+  TESSERA_CHECK(n >= 1 && !omp_in_parallel(), "prepare_slots: at least one slot, outside a parallel region");
+  while (impl_->slots.size() < static_cast<size_t>(n))
+    impl_->slots.push_back(Slot{dnnl::stream(impl_->eng), {}, {}, {}});
+  for (Slot& s : impl_->slots)
+    if (s.workspace.size() < workspace_bytes) s.workspace.resize(workspace_bytes);
+}
+
+int GemmEngine::slots() const {
+  return static_cast<int>(impl_->slots.size());
+}
+
+void* GemmEngine::slot_workspace(int slot) {
+  return impl_->slots.at(static_cast<size_t>(slot)).workspace.data();
+}
+
+void GemmEngine::prepare_serial(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized) {
+  TESSERA_CHECK(!impl_->slots.empty() && !omp_in_parallel(),
+                "prepare_serial: prepare_slots first, outside a parallel region");
+  Key key{m, n, k, k, n, a, a, c, false, false};
+  key.serial = true;
+  if (!quantized) {
+    impl_->get(key);
+    return;
+  }
+  const int64_t np = panel_rows(n, k, a);
+  key.n = np;
+  impl_->get(key);
+  if (n % np != 0) {
+    key.n = n % np;
+    impl_->get(key);
+  }
+  const size_t bytes = static_cast<size_t>(np * k) * dtype_size(a);
+  for (Slot& s : impl_->slots)
+    if (s.panel.size() < bytes) s.panel.resize(bytes);
+}
+
+void GemmEngine::gemm_in_slot(int slot, const Tensor& a, const Tensor& w, Tensor& c) {
+  check_gemm(a, w, nullptr, c, false, Device::CPU);
+  TESSERA_CHECK(slot >= 0 && static_cast<size_t>(slot) < impl_->slots.size(),
+                "gemm_in_slot: slot " + std::to_string(slot) + " was not prepared");
+  const int64_t m = a.rows(), k = a.cols(), n = w.rows();
+  if (m == 0) return;
+  Key key{m, n, k, k, n, a.dtype, w.dtype, c.dtype, false, false};
+  key.serial = true;
+  if (!w.quantized()) {
+    impl_->run_in_slot(slot, key, a.data, w.data, c.data);
+    return;
+  }
+  key.w = a.dtype;
+  const int64_t np = panel_rows(n, k, a.dtype);
+  const size_t cs = dtype_size(c.dtype);
+  for (int64_t n0 = 0; n0 < n; n0 += np) {
+    const int64_t nb = std::min(np, n - n0);
+    const void* p = dequantize_into(w, n0, nb, a.dtype, impl_->slots[static_cast<size_t>(slot)].panel, false);
+    key.n = nb;
+    impl_->run_in_slot(slot, key, a.data, p, static_cast<char*>(c.data) + static_cast<size_t>(n0) * cs);
+  }
 }
 
 void GemmEngine::gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) {

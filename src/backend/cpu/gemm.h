@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -41,6 +42,18 @@ class GemmEngine {
   // every primitive made (a steady generation makes none per step except its LM head's last gather
   // tile, whose row count is the step's masked-row count: see docs/PERF.md, issue #34).
   static constexpr size_t kMaxPrimitives = 512;
+
+  // Independent GEMMs shared out among the threads of one OpenMP parallel region (the MoE FFN's
+  // experts, each on one thread). Outside the region: prepare_slots(n, bytes) gives n slots (one per
+  // thread: a stream, a scratchpad, memory objects and `bytes` of workspace of its own), and
+  // prepare_serial() makes a shape's primitive for one thread. Inside it, thread s calls
+  // gemm_in_slot(s, ...): c = a w^T (w plain or quantized, as gemm() without bias), computed on the
+  // calling thread alone; it makes nothing and fails on a shape not prepared.
+  void prepare_slots(int n, size_t workspace_bytes);
+  int slots() const;
+  void* slot_workspace(int slot);
+  void prepare_serial(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized = false);
+  void gemm_in_slot(int slot, const Tensor& a, const Tensor& w, Tensor& c);
   int64_t primitives_created() const;
   size_t primitives_held() const;
 
@@ -49,6 +62,8 @@ class GemmEngine {
   static int64_t panel_rows(int64_t n, int64_t k, DType a);
   // Rows [n0, n0 + nb) of the quantized w converted to `to` in the panel buffer.
   const void* dequantize_panel(const Tensor& w, int64_t n0, int64_t nb, DType to);
+  const void* dequantize_into(const Tensor& w, int64_t n0, int64_t nb, DType to, std::vector<char>& panel,
+                              bool parallel);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

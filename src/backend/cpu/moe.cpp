@@ -12,10 +12,21 @@
 // DOWN into the rows of lower experts: its extra rows read and write garbage there, which is then
 // overwritten because experts run in descending order. Where no such window fits (the first rows of
 // the buffer) the rows run as exact power-of-two tiles.
+//
+// Two schedules give the same bits (CpuMoe). Per expert: the windows one after another, each GEMM spread
+// over the threads by oneDNN (three parallel regions per window). Across experts: the windows shared out
+// among the threads, each window's gate, up, activation and down computed by one thread with one-thread
+// primitives into that thread's own tiles, and only the expert's own rows of the result copied out (so
+// windows reaching into lower experts' rows write nothing there): one parallel region for all experts,
+// where a small model's per-expert GEMMs cost less than waking the threads for each.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
@@ -264,8 +275,18 @@ void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tenso
   if (p.share != nullptr) moe_share(L, E, p, *p.share, M, id, w);
 }
 
-void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor& weights, const MoeExperts& e,
-             Tensor& scratch, Tensor& out) {
+CpuMoe resolve_cpu_moe(CpuMoe choice) {
+  if (choice != CpuMoe::Auto) return choice;
+  const char* env = std::getenv("TESSERA_CPU_MOE");
+  const std::string v = env != nullptr ? env : "";
+  if (v.empty() || v == "auto") return CpuMoe::Auto;
+  if (v == "per-expert") return CpuMoe::PerExpert;
+  if (v == "across") return CpuMoe::AcrossExperts;
+  fail("TESSERA_CPU_MOE='" + v + "': expected per-expert, across or auto");
+}
+
+void moe_ffn(GemmEngine& gemm, MoeState& state, const Tensor& x, const Tensor& ids, const Tensor& weights,
+             const MoeExperts& e, Tensor& scratch, Tensor& out) {
   const int64_t M = x.rows(), H = e.hidden, I = e.inter;
   const int E = e.n_experts;
   check_moe_ffn(x, ids, weights, e, scratch, out);
@@ -307,32 +328,66 @@ void moe_ffn(GemmEngine& gemm, const Tensor& x, const Tensor& ids, const Tensor&
     std::memcpy(l.xg + static_cast<size_t>(i) * row_bytes,
                 xs + static_cast<size_t>(l.pair_row[i]) * row_bytes, row_bytes);
   }
-  // The primitives of every bucket, created once (after that a call allocates nothing).
-  for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
-    for (const int16_t q : {e.quant[0], e.quant[1]}) gemm.prepare(t, I, H, e.dtype, e.dtype, q >= 0);
-    gemm.prepare(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
-  }
-  // gate and up per expert, then (after one swiglu, or geglu, over all pairs) down.
+  auto& items = state.items;
+  items.clear();
+  for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) { items.push_back({ex, r0, n}); });
+  const int threads = omp_get_max_threads();
+  const bool across = !omp_in_parallel() && threads > 1 &&
+                      (state.schedule == CpuMoe::AcrossExperts ||
+                       (state.schedule == CpuMoe::Auto && items.size() >= 2 * static_cast<size_t>(threads)));
   const void* const* table = e.table;
-  for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
-    const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
-    Tensor wg(const_cast<void*>(table[ex]), e.dtype, {I, H});
-    Tensor wu(const_cast<void*>(table[E + ex]), e.dtype, {I, H});
-    wg.quant = e.quant[0];
-    wu.quant = e.quant[1];
-    Tensor g = rows_of(l.gate, e.dtype, r0, n, I), u = rows_of(l.up, e.dtype, r0, n, I);
-    gemm.gemm(a, wg, nullptr, g, false);
-    gemm.gemm(a, wu, nullptr, u, false);
-  });
-  Tensor g_all(l.gate, e.dtype, {local_pairs, I}), u_all(l.up, e.dtype, {local_pairs, I});
-  if (local_pairs > 0) (e.gelu ? geglu : swiglu)(g_all, u_all, g_all);
-  for_windows(l.offsets, E, [&](int ex, int64_t r0, int64_t n) {
-    const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
-    Tensor wd(const_cast<void*>(table[2 * E + ex]), e.dtype, {H, I});
-    wd.quant = e.quant[2];
-    Tensor y = rows_of(reinterpret_cast<char*>(l.y), DType::F32, r0, n, H);
-    gemm.gemm(a, wd, nullptr, y, false);
-  });
+  auto weight = [&](int which, int ex) {
+    void* p = const_cast<void*>(table[which * E + ex]);
+    Tensor w = which < 2 ? Tensor(p, e.dtype, {I, H}) : Tensor(p, e.dtype, {H, I});
+    w.quant = e.quant[static_cast<size_t>(which)];
+    return w;
+  };
+  if (across) {
+    // Each thread's tiles: gate, up (then the activation) and the f32 output of one window.
+    const size_t act_bytes = (static_cast<size_t>(kMaxTile * I) * dtype_size(e.dtype) + 63) / 64 * 64;
+    gemm.prepare_slots(threads, 2 * act_bytes + static_cast<size_t>(kMaxTile * H) * 4);
+    for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
+      for (const int16_t q : {e.quant[0], e.quant[1]}) gemm.prepare_serial(t, I, H, e.dtype, e.dtype, q >= 0);
+      gemm.prepare_serial(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
+    }
+    const auto n_items = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const int slot = omp_get_thread_num();
+      const auto [ex, r0, n] = items[static_cast<size_t>(it)];
+      auto* ws = static_cast<char*>(gemm.slot_workspace(slot));
+      const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
+      Tensor g = rows_of(ws, e.dtype, 0, n, I), u = rows_of(ws + act_bytes, e.dtype, 0, n, I);
+      Tensor y = rows_of(ws + 2 * act_bytes, DType::F32, 0, n, H);
+      gemm.gemm_in_slot(slot, a, weight(0, static_cast<int>(ex)), g);
+      gemm.gemm_in_slot(slot, a, weight(1, static_cast<int>(ex)), u);
+      (e.gelu ? geglu_serial : swiglu_serial)(g, u, g);
+      gemm.gemm_in_slot(slot, g, weight(2, static_cast<int>(ex)), y);
+      const int64_t own = std::max(r0, static_cast<int64_t>(l.offsets[ex]));  // the expert's first row here
+      std::memcpy(l.y + own * H, y.as<const float>() + (own - r0) * H,
+                  static_cast<size_t>((r0 + n - own) * H) * 4);
+    }
+  } else {
+    // The primitives of every bucket, created once (after that a call allocates nothing).
+    for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
+      for (const int16_t q : {e.quant[0], e.quant[1]}) gemm.prepare(t, I, H, e.dtype, e.dtype, q >= 0);
+      gemm.prepare(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
+    }
+    // gate and up per expert, then (after one swiglu, or geglu, over all pairs) down.
+    for (const auto& [ex, r0, n] : items) {
+      const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
+      Tensor g = rows_of(l.gate, e.dtype, r0, n, I), u = rows_of(l.up, e.dtype, r0, n, I);
+      gemm.gemm(a, weight(0, static_cast<int>(ex)), nullptr, g, false);
+      gemm.gemm(a, weight(1, static_cast<int>(ex)), nullptr, u, false);
+    }
+    Tensor g_all(l.gate, e.dtype, {local_pairs, I}), u_all(l.up, e.dtype, {local_pairs, I});
+    if (local_pairs > 0) (e.gelu ? geglu : swiglu)(g_all, u_all, g_all);
+    for (const auto& [ex, r0, n] : items) {
+      const Tensor a = rows_of(l.gate, e.dtype, r0, n, I);
+      Tensor y = rows_of(reinterpret_cast<char*>(l.y), DType::F32, r0, n, H);
+      gemm.gemm(a, weight(2, static_cast<int>(ex)), nullptr, y, false);
+    }
+  }
   // out[m] += sum_j w[m, j] * y[pair (m, j)], summed in slot order.
   const auto* w = weights.as<const float>();
   float* o = out.as<float>();
