@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
@@ -390,6 +391,41 @@ TEST(CpuOps, RopeYarnAndPositionScaleHandComputed) {
   q.pos_orig = 3;
   be->rope(tx, tp, 4, q);
   EXPECT_NEAR(x[0], 2 * (1 * std::cos(2.0) - 3 * std::sin(2.0)), 1e-5);
+}
+
+// The backend keeps rope's cosines and sines between calls (q and k of every layer share positions): the
+// same bits as computing them each call, and a table recomputed whenever a position, the frequencies or
+// the scale change.
+TEST(CpuOps, RopeTableKeepsTheBitsAndFollowsEveryChange) {
+  auto be = make_cpu_backend();
+  const int64_t hd = 64, heads = 3;
+  uint64_t seed = 1;
+  auto check = [&](std::vector<int32_t> pos, const RopeParams& p, const char* what) {
+    const auto n = static_cast<int64_t>(pos.size());
+    auto x = test::random_floats(static_cast<size_t>(n * heads * hd), ++seed);
+    std::vector<float> want = x;
+    Tensor tx(x.data(), DType::F32, {n, heads * hd}), tw(want.data(), DType::F32, {n, heads * hd}),
+        tp(pos.data(), DType::I32, {n});
+    be->rope(tx, tp, static_cast<int>(hd), p);
+    cpu::rope(tw, tp, static_cast<int>(hd), p);  // no table: every angle computed here
+    EXPECT_EQ(x, want) << what;
+  };
+  std::vector<int32_t> pos(40);
+  std::iota(pos.begin(), pos.end(), 5);
+  const RopeParams p{.rotary_dim = 64, .theta = 10000.0f};
+  check(pos, p, "first call");
+  check(pos, p, "the same positions (the table)");
+  std::vector<int32_t> moved = pos;
+  moved[17] = 900;
+  check(moved, p, "one position changed");
+  RopeParams q = p;
+  q.theta = 500000.0f;
+  check(moved, q, "another theta");
+  q.attn_factor = 1.5f;
+  check(moved, q, "another attn_factor");
+  q.rotary_dim = 32;  // partial rotary: fewer frequencies
+  check(moved, q, "another rotary_dim");
+  check(std::vector<int32_t>(moved.begin(), moved.begin() + 9), q, "fewer rows");
 }
 
 TEST(CpuOps, SwigluAndEmbed) {

@@ -46,7 +46,9 @@ class CpuBackend final : public Backend {
   void gather_gemm(const Tensor& a, const Tensor& rows, const Tensor& w, Tensor& c) override {
     gemm_.gather_gemm(a, rows, w, c);
   }
-  void rope(Tensor& x, const Tensor& pos, int hd, const RopeParams& p) override { cpu::rope(x, pos, hd, p); }
+  void rope(Tensor& x, const Tensor& pos, int hd, const RopeParams& p) override {
+    cpu::rope(x, pos, hd, p, &rope_);
+  }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int nh, int nkv, int hd,
                  const AttnParams& p) override {
     cpu::attention(q, k, v, out, nh, nkv, hd, p, bf16_attention_ && p.operands == DType::BF16);
@@ -100,6 +102,7 @@ class CpuBackend final : public Backend {
  private:
   cpu::GemmEngine gemm_;
   cpu::MoeState moe_;
+  cpu::RopeTable rope_;
   bool bf16_attention_;  // attention and sparse_select run the bf16 kernel where the call allows it
 };
 

@@ -12,7 +12,14 @@ class GemmEngine;  // oneDNN matmul primitives, cached per shape (gemm.cpp)
 
 void embed(const Tensor& tokens, const Tensor& table, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y);
-void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p);
+// The cosines and sines rope computed for one positions array and one set of frequencies, kept between
+// calls (q and k of every layer rotate by the same positions): recomputed only when either changes.
+struct RopeTable {
+  std::vector<int32_t> pos;
+  std::vector<float> inv_freq, cs, sn;  // cs, sn: [rows, rotary_dim / 2]
+  float attn_factor = 0.0f;
+};
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, RopeTable* table = nullptr);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 // swiglu and geglu on the calling thread alone (inside a parallel region: the MoE FFN's items).
 void swiglu_serial(const Tensor& gate, const Tensor& up, Tensor& out);

@@ -99,7 +99,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
   }
 }
 
-void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p) {
+void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p, RopeTable* table) {
   check_rope(x, positions, head_dim, p);
   const int64_t n = x.rows();
   const int64_t heads = x.cols() / head_dim;
@@ -111,13 +111,40 @@ void rope(Tensor& x, const Tensor& positions, int head_dim, const RopeParams& p)
   for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(p, i);
   const auto* pos = positions.as<const int32_t>();
   float* xs = x.as<float>();
-#pragma omp parallel for if (n > 8)
-  for (int64_t r = 0; r < n; ++r) {
-    float cs[512], sn[512];
+  // The angles' cosines and sines of a row, scaled by attn_factor (the same expressions with or without
+  // the table, so the same bits).
+  auto angles = [&](int64_t r, float* cs, float* sn) {
     for (int i = 0; i < half; ++i) {
       const float ang = static_cast<float>(pos[r]) * inv_freq[i];
       cs[i] = std::cos(ang) * p.attn_factor;
       sn[i] = std::sin(ang) * p.attn_factor;
+    }
+  };
+  const size_t nh = static_cast<size_t>(n) * static_cast<size_t>(half);
+  const bool cached = table != nullptr && table->pos.size() == static_cast<size_t>(n) &&
+                      table->inv_freq.size() == static_cast<size_t>(half) &&
+                      table->attn_factor == p.attn_factor &&
+                      std::memcmp(table->pos.data(), pos, static_cast<size_t>(n) * 4) == 0 &&
+                      std::memcmp(table->inv_freq.data(), inv_freq, static_cast<size_t>(half) * 4) == 0;
+  if (table != nullptr && !cached) {
+    table->pos.assign(pos, pos + n);
+    table->inv_freq.assign(inv_freq, inv_freq + half);
+    table->attn_factor = p.attn_factor;
+    table->cs.resize(nh);
+    table->sn.resize(nh);
+#pragma omp parallel for if (n > 8)
+    for (int64_t r = 0; r < n; ++r) angles(r, table->cs.data() + r * half, table->sn.data() + r * half);
+  }
+#pragma omp parallel for if (n > 8)
+  for (int64_t r = 0; r < n; ++r) {
+    float cs_row[512], sn_row[512];
+    const float* cs = cs_row;
+    const float* sn = sn_row;
+    if (table != nullptr) {
+      cs = table->cs.data() + r * half;
+      sn = table->sn.data() + r * half;
+    } else {
+      angles(r, cs_row, sn_row);
     }
     const float scale = rope_pos_scale(p, pos[r]);
     for (int64_t h = 0; h < heads; ++h) {
