@@ -436,28 +436,6 @@ std::string with_commas(int64_t v) {
   return s;
 }
 
-// The parameters a rank holds above its share while it loads (Model::load with a shard plan): the layer being
-// bound, whole, before its share is taken. The other ranks' experts are never bound, and the CPU's LM head
-// is split before the first layer, so neither counts.
-int64_t load_extra_params(const ModelConfig& c, int tp, int ep) {
-  if (tp == 1) return 0;
-  const ModelConfig r = tensor_parallel_rank_config(c, tp, ep);
-  const int64_t d = c.hidden;
-  const auto width = [](const ModelConfig& m) {  // q, k, v rows and o_proj columns
-    return 2 * m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim;
-  };
-  int64_t extra = 0;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    int64_t x = d * (width(c) - width(r)) + c.draft_adapter.rank * (c.n_heads - r.n_heads) * c.head_dim;
-    if (!c.is_moe_layer(l))
-      x += 3 * d * (c.intermediate - r.intermediate);
-    else if (ep > 1)
-      x += 3 * d * (c.moe.shared_inter - r.moe.shared_inter);
-    extra = std::max(extra, x);
-  }
-  return extra;
-}
-
 int run_plan(const PlanArgs& a) {
   ModelConfig c;
   DType act = DType::BF16;
@@ -505,10 +483,10 @@ int run_plan(const PlanArgs& a) {
   // What a rank's load holds at most: its share plus one layer bound whole (at the weights' bytes a
   // parameter).
   const size_t load_peak =
-      weights + (parallel
-                     ? static_cast<size_t>(static_cast<double>(load_extra_params(whole, a.tp, a.ep)) *
-                                           static_cast<double>(weights) / static_cast<double>(rank_params))
-                     : 0);
+      weights +
+      (parallel ? static_cast<size_t>(static_cast<double>(parallel_load_extra_params(whole, a.tp, a.ep)) *
+                                      static_cast<double>(weights) / static_cast<double>(rank_params))
+                : 0);
   if (!a.mode.empty() || c.is_uniform()) {  // a uniform-noise model has only its own mode
     PlanArgs m = a;
     if (c.is_uniform() && m.mode.empty()) m.mode = "uniform";

@@ -230,14 +230,7 @@ MoeExperts Model::bind_experts(const std::function<std::string(int64_t, const ch
   std::vector<Tensor> t;
   t.reserve(static_cast<size_t>(3 * n_experts));
   // A sharded load binds only this rank's experts (the others' entries stay null: never read here).
-  int64_t lo = 0, hi = n_experts;
-  if (shard_.ep > 1) {
-    TESSERA_CHECK(n_experts % shard_.ep == 0, "bind: " + std::to_string(n_experts) +
-                                                  " experts do not split over " + std::to_string(shard_.ep) +
-                                                  " ranks");
-    lo = shard_.rank * (n_experts / shard_.ep);
-    hi = lo + n_experts / shard_.ep;
-  }
+  const auto [lo, hi] = shard_.experts(n_experts);
   binding_experts_ = true;  // CUDA's moe_ffn reads plain experts: quantized ones are converted at load
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const bool down = proj[0] == 'd';

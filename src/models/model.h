@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -103,6 +104,10 @@ ModelConfig tensor_parallel_rank_config(const ModelConfig& c, int tp, int ep = 1
 // The parameters one rank holds under --tp tp --ep ep (its experts only; the router whole; with split_vocab,
 // the CPU's layout, its share of an untied LM head).
 int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep, bool split_vocab = false);
+// The parameters a rank holds above its share while it loads (Model::load with a shard plan): the largest
+// layer's part outside the share, bound whole before its share is taken. The other ranks' experts are never
+// bound and the CPU's LM head is split before the first layer, so neither counts (0 under --ep alone).
+int64_t parallel_load_extra_params(const ModelConfig& c, int tp, int ep);
 
 // Precision::Auto's compute dtype: the dtype most weight bytes are stored in (as loaded: GGUF's
 // quantized tensors count as the bf16 they become).
@@ -115,6 +120,12 @@ inline DType auto_compute_dtype(size_t f32_bytes, size_t other_bytes) {
 struct ShardPlan {
   int rank = 0, tp = 1, ep = 1;
   int world() const { return std::max(tp, ep); }
+  // The experts [first, second) of n that this rank computes: all of them without expert parallelism
+  // (check_tensor_parallel has checked that ep divides n).
+  std::pair<int64_t, int64_t> experts(int64_t n) const {
+    if (ep <= 1) return {0, n};
+    return {rank * (n / ep), (rank + 1) * (n / ep)};
+  }
 };
 
 class Model {

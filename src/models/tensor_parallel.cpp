@@ -78,6 +78,25 @@ int64_t parallel_rank_params(const ModelConfig& c, int tp, int ep, bool split_vo
          other_vocab * c.hidden;
 }
 
+int64_t parallel_load_extra_params(const ModelConfig& c, int tp, int ep) {
+  if (tp == 1) return 0;
+  const ModelConfig r = tensor_parallel_rank_config(c, tp, ep);
+  const int64_t d = c.hidden;
+  const auto width = [](const ModelConfig& m) {  // q, k, v rows and o_proj columns
+    return 2 * m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim;
+  };
+  int64_t extra = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t x = d * (width(c) - width(r)) + c.draft_adapter.rank * (c.n_heads - r.n_heads) * c.head_dim;
+    if (!c.is_moe_layer(l))
+      x += 3 * d * (c.intermediate - r.intermediate);
+    else if (ep > 1)
+      x += 3 * d * (c.moe.shared_inter - r.moe.shared_inter);
+    extra = std::max(extra, x);
+  }
+  return extra;
+}
+
 namespace {
 
 // The byte offset and length of columns [col0, col0 + cols) inside a row of t (whole ggml blocks).
@@ -205,9 +224,9 @@ void Model::shard_layer(LayerWeights& L) {
   }
   if (L.is_moe() && ep > 1) {
     MoeExperts& e = L.experts;
-    const int per = e.n_experts / ep;
-    e.local_lo = rank * per;
-    e.local_hi = e.local_lo + per;
+    const auto [lo, hi] = shard_.experts(e.n_experts);
+    e.local_lo = static_cast<int>(lo);
+    e.local_hi = static_cast<int>(hi);
     e.overwrite = rank != 0;
     // The other ranks' experts are never read here: copies made at load are freed, pages mapped from the
     // file are never touched; both leave the count, and their table entries become null (a sharded load
