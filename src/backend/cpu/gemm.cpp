@@ -296,10 +296,6 @@ void GemmEngine::prepare_slots(int n, size_t workspace_bytes) {
     if (s.workspace.size() < workspace_bytes) s.workspace.resize(workspace_bytes);
 }
 
-int GemmEngine::slots() const {
-  return static_cast<int>(impl_->slots.size());
-}
-
 void* GemmEngine::slot_workspace(int slot) {
   return impl_->slots.at(static_cast<size_t>(slot)).workspace.data();
 }

@@ -50,7 +50,6 @@ class GemmEngine {
   // gemm_in_slot(s, ...): c = a w^T (w plain or quantized, as gemm() without bias), computed on the
   // calling thread alone; it makes nothing and fails on a shape not prepared.
   void prepare_slots(int n, size_t workspace_bytes);
-  int slots() const;
   void* slot_workspace(int slot);
   void prepare_serial(int64_t m, int64_t n, int64_t k, DType a, DType c, bool quantized = false);
   void gemm_in_slot(int slot, const Tensor& a, const Tensor& w, Tensor& c);

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 
@@ -351,22 +352,29 @@ void moe_ffn(GemmEngine& gemm, MoeState& state, const Tensor& x, const Tensor& i
       gemm.prepare_serial(t, H, I, e.dtype, DType::F32, e.quant[2] >= 0);
     }
     const auto n_items = static_cast<int64_t>(items.size());
+    std::string error;  // an exception may not leave the parallel region: the first one is raised after it
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t it = 0; it < n_items; ++it) {
-      const int slot = omp_get_thread_num();
-      const auto [ex, r0, n] = items[static_cast<size_t>(it)];
-      auto* ws = static_cast<char*>(gemm.slot_workspace(slot));
-      const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
-      Tensor g = rows_of(ws, e.dtype, 0, n, I), u = rows_of(ws + act_bytes, e.dtype, 0, n, I);
-      Tensor y = rows_of(ws + 2 * act_bytes, DType::F32, 0, n, H);
-      gemm.gemm_in_slot(slot, a, weight(0, static_cast<int>(ex)), g);
-      gemm.gemm_in_slot(slot, a, weight(1, static_cast<int>(ex)), u);
-      (e.gelu ? geglu_serial : swiglu_serial)(g, u, g);
-      gemm.gemm_in_slot(slot, g, weight(2, static_cast<int>(ex)), y);
-      const int64_t own = std::max(r0, static_cast<int64_t>(l.offsets[ex]));  // the expert's first row here
-      std::memcpy(l.y + own * H, y.as<const float>() + (own - r0) * H,
-                  static_cast<size_t>((r0 + n - own) * H) * 4);
+      try {
+        const int slot = omp_get_thread_num();
+        const auto [ex, r0, n] = items[static_cast<size_t>(it)];
+        auto* ws = static_cast<char*>(gemm.slot_workspace(slot));
+        const Tensor a = rows_of(l.xg, e.dtype, r0, n, H);
+        Tensor g = rows_of(ws, e.dtype, 0, n, I), u = rows_of(ws + act_bytes, e.dtype, 0, n, I);
+        Tensor y = rows_of(ws + 2 * act_bytes, DType::F32, 0, n, H);
+        gemm.gemm_in_slot(slot, a, weight(0, static_cast<int>(ex)), g);
+        gemm.gemm_in_slot(slot, a, weight(1, static_cast<int>(ex)), u);
+        (e.gelu ? geglu_serial : swiglu_serial)(g, u, g);
+        gemm.gemm_in_slot(slot, g, weight(2, static_cast<int>(ex)), y);
+        const int64_t own = std::max(r0, static_cast<int64_t>(l.offsets[ex]));  // the expert's first row here
+        std::memcpy(l.y + own * H, y.as<const float>() + (own - r0) * H,
+                    static_cast<size_t>((r0 + n - own) * H) * 4);
+      } catch (const std::exception& err) {
+#pragma omp critical(tessera_moe_error)
+        if (error.empty()) error = err.what();
+      }
     }
+    if (!error.empty()) fail(error);
   } else {
     // The primitives of every bucket, created once (after that a call allocates nothing).
     for (int64_t t = 1; t <= kMaxTile; t = t < 16 ? t * 2 : t + 16) {
