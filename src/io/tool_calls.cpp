@@ -10,22 +10,18 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
+#include "io/tool_calls_impl.h"
 
 namespace tessera {
 namespace {
 
-using ojson = nlohmann::ordered_json;
-constexpr size_t npos = std::string_view::npos;
-constexpr int kMaxDepth = 256;  // deeper JSON / literals are rejected (keeps recursion and dump() bounded)
+using namespace tool_calls_impl;
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
@@ -50,18 +46,6 @@ enum Kind {
   kUnitDsCall
 };
 
-bool is_ws(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-size_t skip_ws(std::string_view s, size_t i) {
-  while (i < s.size() && is_ws(s[i])) ++i;
-  return i;
-}
-std::string_view trim(std::string_view s) {
-  size_t b = skip_ws(s, 0), e = s.size();
-  while (e > b && is_ws(s[e - 1])) --e;
-  return s.substr(b, e - b);
-}
 bool contains(std::string_view s, std::string_view x) {
   return s.find(x) != npos;
 }
@@ -76,20 +60,6 @@ size_t partial_start(std::string_view text, size_t from, std::string_view marker
        q < text.size(); ++q)
     if (partial_of(text.substr(q), marker)) return q;
   return npos;
-}
-
-std::string dump(const ojson& v) {
-  return v.dump(-1, ' ', false, ojson::error_handler_t::replace);
-}
-
-std::optional<ojson> parse_json(std::string_view s) {
-  try {
-    ojson v = ojson::parse(s.begin(), s.end(), nullptr, false);
-    if (v.is_discarded()) return std::nullopt;
-    return v;
-  } catch (...) {
-    return std::nullopt;
-  }
 }
 
 // The end (exclusive) of the JSON object or array opening at s[i]: kIncomplete when the text ends first,
@@ -127,13 +97,6 @@ std::optional<std::string> arguments_text(const ojson* v) {
     if (inner && inner->is_object()) return dump(*inner);
   }
   return std::nullopt;
-}
-
-bool valid_name(std::string_view n) {
-  if (n.empty() || n.size() > 256) return false;
-  for (unsigned char c : n)
-    if (c <= ' ' || c == '{' || c == '}' || c == '(' || c == ')' || c == '"' || c == ',') return false;
-  return true;
 }
 
 // {"name": ..., "arguments"|"parameters": ...}. strict (Llama 3's bare JSON): the arguments must be present
@@ -284,85 +247,7 @@ Unit deepseek_unit(std::string_view s, size_t a, bool final) {
   return {Got::Ok, end, {ToolCall{"", std::string(name), dump(*v)}}};
 }
 
-// A cursor over call syntax shared by the Gemma and Python literal parsers.
-struct Cursor {
-  std::string_view s;
-  size_t i = 0;
-  int depth = 0;
-
-  bool at(char c) {
-    i = skip_ws(s, i);
-    return i < s.size() && s[i] == c && (++i, true);
-  }
-  // Items up to the close, each followed by ',' or the close (the opener is already consumed).
-  template <class Item>
-  bool seq(char close, Item item) {
-    while (!at(close)) {
-      if (!item()) return false;
-      if (at(close)) return true;
-      if (!at(',')) return false;
-    }
-    return true;
-  }
-  std::string ident() {
-    size_t b = i = skip_ws(s, i);
-    while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || s[i] == '_' || s[i] == '.'))
-      ++i;
-    return std::string(s.substr(b, i - b));
-  }
-};
-
-// ---- Gemma: call:name{key:<escape>text<escape>,n:1,o:{...},l:[...]} ---------------------------------------
-struct GemmaArgs : Cursor {
-  std::string_view quote;
-
-  bool quoted(std::string& out) {
-    i = skip_ws(s, i);
-    if (!s.substr(i).starts_with(quote)) return false;
-    size_t b = i + quote.size(), e = s.find(quote, b);
-    if (e == npos) return false;
-    out.assign(s.substr(b, e - b));
-    i = e + quote.size();
-    return true;
-  }
-  bool value(ojson& out) {
-    i = skip_ws(s, i);
-    if (i >= s.size() || ++depth > kMaxDepth) return false;
-    std::string str;
-    if (s.substr(i).starts_with(quote)) {
-      if (!quoted(str)) return false;
-      out = std::move(str);
-    } else if (s[i] == '{') {
-      if (!object(out)) return false;
-    } else if (at('[')) {
-      out = ojson::array();
-      if (!seq(']', [&] { return value(out.emplace_back()); })) return false;
-    } else {  // a bare number / true / false / null, or unquoted text
-      size_t b = i;
-      while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']') ++i;
-      std::string_view bare = trim(s.substr(b, i - b));
-      if (bare.empty()) return false;
-      auto v = parse_json(bare);
-      out =
-          v && (v->is_number() || v->is_boolean() || v->is_null()) ? std::move(*v) : ojson(std::string(bare));
-    }
-    --depth;
-    return true;
-  }
-  bool object(ojson& out) {
-    out = ojson::object();
-    return at('{') && seq('}', [&] {
-             std::string key;
-             if (!quoted(key)) {
-               size_t b = i;
-               while (i < s.size() && s[i] != ':' && s[i] != ',' && s[i] != '}') ++i;
-               key.assign(trim(s.substr(b, i - b)));
-             }
-             return !key.empty() && at(':') && value(out[key]);
-           });
-  }
-};
-
+// ---- Gemma: call:name{key:<escape>text<escape>,n:1,o:{...},l:[...]} (tool_calls_syntax.cpp) -------------
 Unit gemma_unit(std::string_view s, size_t a, bool final, std::string_view close, std::string_view quote) {
   size_t e = s.find(close, a), end = e + close.size();
   if (e == npos) {
@@ -375,102 +260,10 @@ Unit gemma_unit(std::string_view s, size_t a, bool final, std::string_view close
   size_t brace = body.find('{');
   if (brace == npos) return fail();
   std::string_view name = trim(body.substr(0, brace));
-  GemmaArgs p{{body, brace}, quote};
   ojson args;
-  if (!valid_name(name) || !p.object(args) || skip_ws(body, p.i) != body.size()) return fail();
+  if (!valid_name(name) || !gemma_call_args(body, brace, quote, args)) return fail();
   return {Got::Ok, end, {ToolCall{"", std::string(name), dump(args)}}};
 }
-
-// ---- Gemma 3 ```tool_code: f(a="x", b=[1, 2]) in Python syntax ------------------------------------------
-struct PyCalls : Cursor {
-  bool string(std::string& out) {  // '...' or "..." with the common escapes
-    static constexpr std::string_view kFrom = "ntr\\'\"", kTo = "\n\t\r\\'\"";
-    for (char q = s[i++]; i < s.size(); ++i) {
-      if (s[i] == q) return ++i, true;
-      size_t k = s[i] == '\\' && i + 1 < s.size() ? kFrom.find(s[i + 1]) : npos;
-      if (k != npos) ++i;
-      out += k != npos ? kTo[k] : s[i];
-    }
-    return false;
-  }
-  bool value(ojson& out) {
-    i = skip_ws(s, i);
-    if (i >= s.size() || ++depth > kMaxDepth) return false;
-    char c = s[i];
-    std::string str;
-    if (c == '"' || c == '\'') {
-      if (!string(str)) return false;
-      out = std::move(str);
-    } else if (at('[') || at('(')) {
-      out = ojson::array();
-      if (!seq(c == '[' ? ']' : ')', [&] { return value(out.emplace_back()); })) return false;
-    } else if (at('{')) {
-      out = ojson::object();
-      if (!seq('}', [&] {
-            ojson k;
-            return value(k) && k.is_string() && at(':') && value(out[k.get<std::string>()]);
-          }))
-        return false;
-    } else if (std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.') {
-      size_t b = i;
-      while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || std::strchr(".+-_", s[i])))
-        ++i;
-      std::string tok(s.substr(b, i - b));
-      tok.erase(std::remove(tok.begin(), tok.end(), '_'), tok.end());
-      if (tok[0] == '+') tok.erase(0, 1);
-      auto v = parse_json(tok);
-      char* endp = nullptr;
-      double d = std::strtod(tok.c_str(), &endp);
-      if (v && v->is_number())
-        out = std::move(*v);
-      else if (!tok.empty() && endp == tok.c_str() + tok.size() && std::isfinite(d))
-        out = d;
-      else
-        return false;
-    } else {
-      std::string id = ident();
-      if (id == "True" || id == "False")
-        out = id == "True";
-      else if (id == "None")
-        out = nullptr;
-      else
-        return false;
-    }
-    --depth;
-    return true;
-  }
-  // name(kw=value, ...), or print(name(...)).
-  bool call(std::vector<ToolCall>& out) {
-    std::string name = ident();
-    if (!valid_name(name) || !at('(')) return false;
-    if (name == "print") return call(out) && at(')');
-    ojson args = ojson::object();
-    if (!seq(')', [&] {
-          std::string key = ident();
-          return !key.empty() && at('=') && value(args[key]);
-        }))
-      return false;
-    out.push_back(ToolCall{"", std::move(name), dump(args)});
-    return true;
-  }
-  // Calls separated by newlines, ';' or ',', optionally in one [...] list.
-  bool calls(std::vector<ToolCall>& out) {
-    auto separators = [&] {
-      while (at(';') || at(',')) {
-      }
-    };
-    bool list = at('[');
-    for (;;) {
-      separators();
-      if (list && at(']')) {
-        separators();
-        return skip_ws(s, i) >= s.size() && !out.empty();
-      }
-      if (skip_ws(s, i) >= s.size()) return !list && !out.empty();
-      if (!call(out)) return false;
-    }
-  }
-};
 
 Unit tool_code_unit(std::string_view s, size_t a, bool final) {
   size_t e = s.find(kFence, a), end = e + kFence.size();
@@ -478,9 +271,8 @@ Unit tool_code_unit(std::string_view s, size_t a, bool final) {
     if (!final) return need();
     e = end = s.size();
   }
-  PyCalls p{{s.substr(a, e - a)}};
   Unit u{Got::Ok, end, {}};
-  if (!p.calls(u.calls)) return fail();
+  if (!python_calls(s.substr(a, e - a), u.calls)) return fail();
   return u;
 }
 
