@@ -4,7 +4,8 @@
 // the ratios to dense measured in the same run. Queries and keys are random (N(0, 1) scaled by --peak):
 // the kernels' cost does not depend on the values, only on the kept fraction, which is reported.
 // --kernels runs each CPU attention kernel (f32: the reference; bf16: bf16 operands, f32 accumulation,
-// AVX-512 BF16; auto: what the engine picks) side by side in one run, taking turns repetition by
+// AVX-512 BF16; staged: bf16 with K / V rounded once per call into the scratch a bf16 graph plans
+// (AttnParams::kv_scratch); auto: what the engine picks) side by side in one run, taking turns repetition by
 // repetition for dense attention; dense GFLOP/s counts 4 L^2 d per head (QK^T and PV) and the speed-up
 // is over the first kernel listed. --configs none times dense attention only.
 // Usage: sparse_bench [--lengths 2048,4096] [--heads 8] [--kv-heads 8] [--head-dim 128] [--prompt-frac 0.95]
@@ -64,8 +65,8 @@ int main(int argc, char** argv) {
       } else if (k == "--kernels") {
         kernels = split(v);
         for (const auto& n : kernels)
-          TESSERA_CHECK(n == "f32" || n == "bf16" || n == "auto",
-                        "--kernels: expected f32, bf16 or auto, got '" + n + "'");
+          TESSERA_CHECK(n == "f32" || n == "bf16" || n == "staged" || n == "auto",
+                        "--kernels: expected f32, bf16, staged or auto, got '" + n + "'");
       } else if (k == "--configs") {
         configs.clear();
         for (const auto& s : split(v)) {
@@ -86,7 +87,7 @@ int main(int argc, char** argv) {
   }
   auto kernel_of = [](const std::string& name) {
     if (name == "f32") return CpuAttention::F32;
-    if (name == "bf16") return CpuAttention::BF16;
+    if (name == "bf16" || name == "staged") return CpuAttention::BF16;
     return CpuAttention::Auto;
   };
   std::vector<std::unique_ptr<Backend>> backends;
@@ -100,7 +101,8 @@ int main(int argc, char** argv) {
               head_dim, reps);
   for (const std::string& kname : kernels) {
     const bool bf16 = resolve_cpu_attention(kernel_of(kname)) == CpuAttention::BF16;
-    std::printf(" %s (%s)", kname.c_str(), bf16 ? "bf16 operands, f32 accumulation" : "f32");
+    std::printf(" %s (%s%s)", kname.c_str(), bf16 ? "bf16 operands, f32 accumulation" : "f32",
+                kname == "staged" ? ", K / V staged in bf16 in the planned scratch" : "");
   }
   std::printf("\n%6s %6s %10s %8s %8s\n", "L", "kernel", "dense ms", "GFLOP/s", "speed-up");
   for (const int64_t L : lengths) {
@@ -116,6 +118,11 @@ int main(int argc, char** argv) {
         tk(k.data(), DType::F32, {L, kv_heads * head_dim}),
         tv(v.data(), DType::F32, {L, kv_heads * head_dim});
     Tensor to(out.data(), DType::F32, {L, heads * head_dim});
+    std::vector<uint8_t> scratch(attn_kv_scratch_bytes(L, kv_heads * head_dim));  // what a bf16 graph plans
+    auto with_scratch = [&](size_t b, AttnParams a) {
+      if (kernels[b] == "staged") a.kv_scratch = scratch.data();
+      return a;
+    };
     AttnParams p;
     p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     p.cu_q = cu.data();
@@ -127,9 +134,10 @@ int main(int argc, char** argv) {
     std::vector<double> dense(backends.size(), 1e30);
     for (int r = 0; r < reps; ++r)
       for (size_t b = 0; b < backends.size(); ++b)
-        dense[b] = std::min(dense[b], bench::best_seconds(1, [&] {
-                              backends[b]->attention(tq, tk, tv, to, heads, kv_heads, head_dim, p);
-                            }));
+        dense[b] =
+            std::min(dense[b], bench::best_seconds(1, [&] {
+                       backends[b]->attention(tq, tk, tv, to, heads, kv_heads, head_dim, with_scratch(b, p));
+                     }));
     const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L) * head_dim * heads;
     for (size_t b = 0; b < backends.size(); ++b)
       std::printf("%6lld %6s %10.1f %8.1f %7.2fx\n", static_cast<long long>(L), kernels[b].c_str(),
@@ -150,7 +158,7 @@ int main(int argc, char** argv) {
         sp.operands = DType::BF16;
         const double select = bench::best_seconds(
             reps, [&] { be.sparse_select(tq, tk, heads, kv_heads, head_dim, sp, pattern.data()); });
-        AttnParams ps = p;
+        AttnParams ps = with_scratch(b, p);
         ps.block_mask = pattern.data();
         ps.sparse_block = block;
         const double sparse =

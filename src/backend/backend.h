@@ -443,6 +443,12 @@ class Backend {
   // GPU backends: allocate now the tile quantized GEMM weights are dequantized into (quant_tile_bytes of
   // the largest; the Model calls it at load), so that no step allocates it (nor inside a graph capture).
   virtual void reserve_quant_tile(size_t bytes) { (void)bytes; }
+  // Whether attention in a graph computing in act reads K and V staged in bf16 in AttnParams::kv_scratch
+  // (the graph then plans that buffer: Model's graph_options).
+  virtual bool stages_attention_kv(DType act) const {
+    (void)act;
+    return false;
+  }
   // Attention calls a vendor library ran (the CUDA backend's cuDNN path), for tests and benchmarks.
   virtual int64_t attention_library_calls() const { return 0; }
   // Plans (cuDNN graphs) the attention library built: one per new shape; a build costs host time.
@@ -486,11 +492,25 @@ enum class CpuMoe { Auto, PerExpert, AcrossExperts };
 struct CpuBackendOptions {
   CpuAttention attention = CpuAttention::Auto;
   CpuMoe moe = CpuMoe::Auto;
+  // The bf16 attention kernel rounds K and V to bf16 once per call into a buffer the graph plans
+  // (attn_kv_bf16), where a sequence has enough query tiles to reuse them; false: every tile gathers
+  // and rounds its own (no buffer planned). Same bits either way. The environment variable
+  // TESSERA_CPU_KV_STAGE=0 turns it off (A/B runs).
+  bool stage_kv = true;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // The kernel `choice` resolves to on this CPU and environment: F32 or BF16 (a BF16 this CPU cannot run
 // is an error).
 CpuAttention resolve_cpu_attention(CpuAttention choice);
+// CpuBackendOptions::stage_kv under the environment (TESSERA_CPU_KV_STAGE=0 or 1; another value is an error).
+bool resolve_cpu_kv_stage(bool choice);
+// Backend::stages_attention_kv(act) of dev's default backend (make_cpu_backend(), the CUDA backend), for
+// planning a graph without one.
+inline bool default_stages_attention_kv(Device dev, DType act) {
+  if (act != DType::BF16) return false;
+  return dev == Device::CUDA ||
+         (resolve_cpu_attention(CpuAttention::Auto) == CpuAttention::BF16 && resolve_cpu_kv_stage(true));
+}
 // Returns nullptr (with a reason) when tessera was built without CUDA or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(std::string* why_not);
 

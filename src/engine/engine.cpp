@@ -53,7 +53,7 @@ std::unique_ptr<Engine> Engine::make(const EngineOptions& opt) {
   e->opt_ = opt;
   e->step_graphs_ = StepGraphs(opt.step_graphs);
   if (opt.device == "cpu") {
-    e->backend_ = make_cpu_backend({opt.cpu_attention});
+    e->backend_ = make_cpu_backend({opt.cpu_attention, CpuMoe::Auto, opt.cpu_stage_kv});
     e->ws_ = make_cpu_workspace(opt.reserve_bytes);
   } else if (opt.device == "cuda") {
     std::string why;

@@ -54,6 +54,8 @@ struct EngineOptions {
   // The CPU backend's attention kernel (backend.h CpuAttention): Auto runs a bf16 model's attention on
   // bf16 operands where the CPU has AVX-512 BF16 (TESSERA_CPU_ATTN=f32 turns that off); F32 never.
   CpuAttention cpu_attention = CpuAttention::Auto;
+  // The bf16 kernel's K / V staging (CpuBackendOptions::stage_kv; TESSERA_CPU_KV_STAGE=0 turns it off).
+  bool cpu_stage_kv = true;
   // Tensor parallelism: the communicator of the ranks (dist/communicator.h; null or one rank: a single
   // process). The model keeps this rank's share of the heads and the dense FFN, and every forward sums the
   // partial outputs over the ranks; every rank runs the same requests in the same order. It is a host

@@ -162,7 +162,7 @@ graph::GraphTemplate build_dense_graph(const DenseWeights& w, const GraphOptions
     if (o.stage_kv_bf16) {  // bf16 copies of K and V, planned like any tensor; and q, which attention
                             // may overwrite (its last use): cuDNN's output lands there first
       attn_outs.push_back({g.add_tensor("attn_kv_bf16", l, DType::BF16, Sym::NKv, 2 * kv_width)});
-      attn_outs.push_back({q});
+      if (o.attn_q_scratch) attn_outs.push_back({q});
     }
     g.add_op(OpKind::Attention, "attention", l, {{q}, {keys}, {values}, {cu_q}, {cu_k}, {q_pos}, {k_pos}},
              attn_outs, attn);

@@ -37,7 +37,8 @@ RopeParams rope_params(const ModelConfig& c) {
   return p;
 }
 
-GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
+namespace {
+GraphOptions options_for(const ModelConfig& c, DType act, bool stage_kv, Device dev) {
   GraphOptions o;
   o.act = act;
   o.hidden = c.hidden;
@@ -57,8 +58,19 @@ GraphOptions graph_options(const ModelConfig& c, DType act, Device device) {
   o.route.scale = m.routed_scale;
   o.route.n_group = static_cast<int>(m.n_group);
   o.route.topk_group = static_cast<int>(m.topk_group);
-  o.stage_kv_bf16 = device == Device::CUDA && act == DType::BF16;
+  o.stage_kv_bf16 = stage_kv;
+  o.attn_q_scratch = stage_kv && dev == Device::CUDA;
   return o;
+}
+}  // namespace
+
+GraphOptions graph_options(const ModelConfig& c, DType act, const Backend* backend) {
+  if (backend == nullptr) return options_for(c, act, false, Device::CPU);
+  return options_for(c, act, backend->stages_attention_kv(act), backend->device());
+}
+
+GraphOptions graph_options(const ModelConfig& c, DType act, Device dev) {
+  return options_for(c, act, default_stages_attention_kv(dev, act), dev);
 }
 
 DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make) {

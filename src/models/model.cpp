@@ -62,7 +62,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
          (last_layer < 0 ? std::string("has no layer tensors")
                          : "has tensors of layers 0.." + std::to_string(last_layer) + " only"));
   }
-  m->opts_ = graph_options(c, act, backend.device());
+  m->opts_ = graph_options(c, act, &backend);
   const auto i = static_cast<size_t>(c.family);  // the family's weight loader (models/registry.h)
   if (i >= families().size() || families()[i]->bind == nullptr)
     fail(std::string("no weight loader for the ") + family_name(c.family) + " family");
@@ -406,7 +406,7 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& c, Backend& backend, 
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = c;
   m->backend_ = &backend;
-  m->opts_ = graph_options(c, act, backend.device());
+  m->opts_ = graph_options(c, act, &backend);
   Model* mp = m.get();
   WeightMaker make;
   make.tensor = [mp, &seed](const std::vector<int64_t>& shape, DType dt, float sd) {

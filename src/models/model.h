@@ -71,10 +71,12 @@ struct GraphOptions {
   MaskKind mask = MaskKind::None;
   int mask_block = 0;
   MoeRouteParams route;  // MoE layers (expert_bias: the layer's expert_bias weight)
-  // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch) and let it overwrite q
-  // (AttnParams::q_scratch): set for GPU backends computing in bf16, whose tensor-core and cuDNN
-  // attention read bf16 operands.
+  // Plan a bf16 K/V staging buffer for the attention op (AttnParams::kv_scratch): set where the backend's
+  // attention reads K and V staged in bf16 (Backend::stages_attention_kv: CUDA's tensor-core and cuDNN
+  // kernels, the CPU's bf16 kernel).
   bool stage_kv_bf16 = false;
+  // With it, let attention overwrite q (AttnParams::q_scratch): CUDA's cuDNN path writes O there first.
+  bool attn_q_scratch = false;
   // KV cache graph: every layer writes its post-RoPE K and V rows into the State tensors
   // blk.N.k_cache / blk.N.v_cache (n_kv rows, in the compute dtype: bf16 or f32) at the rows'
   // positions, and attention reads the whole cache (bf16: through f32 transients k_all / v_all). A
@@ -259,9 +261,11 @@ struct WeightMaker {
 DenseWeights layout_weights(const ModelConfig& c, DType act, const WeightMaker& make);
 // Shape-only weights (no data) for planning without loading a checkpoint.
 DenseWeights shape_only_weights(const ModelConfig& c, DType act);
-// The graph options of config c computing in act on `device` (CUDA with bf16 activations plans the bf16
-// K / V staging buffer of its tensor-core attention).
-GraphOptions graph_options(const ModelConfig& c, DType act, Device device = Device::CPU);
+// The graph options of config c computing in act for `backend` (where its attention stages K / V in bf16,
+// the graph plans that buffer); without a backend, none.
+GraphOptions graph_options(const ModelConfig& c, DType act, const Backend* backend = nullptr);
+// The same for dev's default backend (default_stages_attention_kv), for plans made without a backend.
+GraphOptions graph_options(const ModelConfig& c, DType act, Device dev);
 // The rotary embedding of config c: rotary dims, theta, pairs and YaRN (the Llama-4 query scale is in
 // pos_beta / pos_orig; the graph applies it to q only).
 RopeParams rope_params(const ModelConfig& c);

@@ -4,12 +4,15 @@
 // Skipped on CPUs without AVX-512 BF16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "backend/backend.h"
 #include "backend/cpu/attention_tile.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "test_util.h"
 
@@ -34,6 +37,8 @@ constexpr double kBf16BoundExact = 1e-2;
   do {                                                                       \
     if (!cpu::bf16_attention_supported()) GTEST_SKIP() << "no AVX-512 BF16"; \
   } while (0)
+
+int g_staged_cases = 0;  // bf16_vs_f32 cases that staged K / V
 
 std::vector<int32_t> iota(int n, int start = 0) {
   std::vector<int32_t> v(static_cast<size_t>(n));
@@ -85,23 +90,39 @@ double bf16_vs_f32(const Case& c, uint64_t seed, std::vector<float>* v_override 
       p.sparse_k_blocks = nkb;
     }
   }
-  auto run = [&](CpuAttention kind, DType operands) {
+  // With `scratch`, the bf16 kernel is given the planned K / V staging buffer (filled with NaN) and
+  // stages K and V there wherever some sequence has two query tiles or more (the engine waits for
+  // kStageMinTiles) and the head dim is a multiple of 16; it must give the same bits as without it.
+  std::vector<uint16_t> scratch(attn_kv_scratch_bytes(nk, c.hkv * c.d) / 2);
+  auto run = [&](CpuAttention kind, DType operands, bool with_scratch = false) {
     auto be = make_cpu_backend({kind});
     AttnParams pp = p;
     pp.operands = operands;
+    std::fill(scratch.begin(), scratch.end(), uint16_t{0x7fc0});
+    if (with_scratch) pp.kv_scratch = scratch.data();
     std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
     std::vector<uint16_t> out16(q.size(), 0x7fc0);
     const Tensor tq(q.data(), DType::F32, {nq, c.hq * c.d}), tk(k.data(), DType::F32, {nk, c.hkv * c.d}),
         tv(v.data(), DType::F32, {nk, c.hkv * c.d});
     Tensor to = c.out_dtype == DType::F32 ? Tensor(out.data(), DType::F32, {nq, c.hq * c.d})
                                           : Tensor(out16.data(), DType::BF16, {nq, c.hq * c.d});
-    be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, pp);
+    if (with_scratch)
+      cpu::attention(tq, tk, tv, to, c.hq, c.hkv, c.d, pp, true, 2);
+    else
+      be->attention(tq, tk, tv, to, c.hq, c.hkv, c.d, pp);
     if (c.out_dtype == DType::BF16)
       for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(out16[i]);
     return out;
   };
   const auto ref = run(CpuAttention::F32, DType::BF16);
   const auto got = run(CpuAttention::BF16, DType::BF16);
+  const auto staged = run(CpuAttention::BF16, DType::BF16, true);
+  EXPECT_EQ(0, std::memcmp(staged.data(), got.data(), got.size() * sizeof(float))) << "K / V staged in bf16";
+  AttnParams ps = p;
+  ps.kv_scratch = scratch.data();
+  const bool written = std::any_of(scratch.begin(), scratch.end(), [](uint16_t x) { return x != 0x7fc0; });
+  EXPECT_EQ(written, cpu::attention_stages_kv(ps, c.hq, c.d, true, 2)) << "staged where decided, only there";
+  if (written) ++g_staged_cases;
   // A bf16 backend asked for f32 operands runs the f32 kernel: the same bits.
   const auto f32_ops = run(CpuAttention::BF16, DType::F32);
   EXPECT_EQ(0, std::memcmp(f32_ops.data(), ref.data(), ref.size() * sizeof(float)));
@@ -152,6 +173,18 @@ TEST(CpuAttentionBf16, PackedSequencesAndQuerySubsets) {
   EXPECT_LT(bf16_vs_f32(packed, 4), kBf16BoundUnit);
   packed.mask = MaskKind::Causal;
   EXPECT_LT(bf16_vs_f32(packed, 5), kBf16BoundUnit);
+  // Sequences of more than a tile (K / V staged), the second starting at an odd row: its key pairs
+  // straddle the staged pairs; and an odd last row, past them.
+  std::vector<int32_t> pos2 = iota(141);
+  const auto p3 = iota(160);
+  pos2.insert(pos2.end(), p3.begin(), p3.end());
+  // (Two heads: tiles of 128 rows whatever the thread count, so both sequences have two.)
+  Case straddle{2, 1, 64, {0, 141, 301}, {0, 141, 301}, pos2, pos2};
+  const int before = g_staged_cases;
+  EXPECT_LT(bf16_vs_f32(straddle, 14), kBf16BoundUnit);
+  straddle.mask = MaskKind::Causal;
+  EXPECT_LT(bf16_vs_f32(straddle, 15), kBf16BoundUnit);
+  EXPECT_EQ(g_staged_cases, before + 2);
   // A cached step: 20 queries at positions 100..119 against 150 keys; and a row list (a window's
   // rows: ascending, with gaps) against 300 keys, GQA 4:1.
   Case subset{4, 4, 128, {0, 20}, {0, 150}, iota(20, 100), iota(150), MaskKind::Causal};
@@ -167,6 +200,7 @@ TEST(CpuAttentionBf16, PackedSequencesAndQuerySubsets) {
 
 TEST(CpuAttentionBf16, BlockSparseByRowAndByPosition) {
   SKIP_WITHOUT_BF16();
+  const int before = g_staged_cases;
   for (const int bs : {8, 32, 48, 128, 160}) {
     SCOPED_TRACE("sparse block " + std::to_string(bs));
     Case c{4, 2, 64, {0, 301}, {0, 301}, iota(301), iota(301)};
@@ -180,6 +214,7 @@ TEST(CpuAttentionBf16, BlockSparseByRowAndByPosition) {
     cached.sparse_canvas = 400;
     EXPECT_LT(bf16_vs_f32(cached, 60 + static_cast<uint64_t>(bs)), kBf16BoundUnit);
   }
+  EXPECT_EQ(g_staged_cases, before + 15);  // every case has two query tiles or more: all staged
 }
 
 // The rules of the f32 kernel hold: masked keys weigh exactly 0 (V of 1e36 behind a causal mask), and
@@ -234,6 +269,25 @@ TEST(CpuAttentionBf16, MaskedKeysWeighNothingAndUnseenKeysAreNotRead) {
   be->attention(Tensor(q.data(), DType::F32, {40, 128}), Tensor(k.data(), DType::F32, {300, 128}),
                 Tensor(vv.data(), DType::F32, {300, 128}), to, 2, 2, 64, p);
   EXPECT_LT(rel_error(out.data(), ref.data(), out.size()), kBf16BoundUnit);
+  // 140 queries (K / V staged in bf16, the NaN rows with them): keys 140.. no query sees weigh nothing.
+  const std::vector<int32_t> cu_q2{0, 140}, qp2 = iota(140);
+  auto q2 = random_floats(140 * 2 * 64, 24);
+  k = random_floats(300 * 2 * 64, 22);
+  vv = random_floats(300 * 2 * 64, 23);
+  p.cu_q = cu_q2.data();
+  p.q_pos = qp2.data();
+  std::vector<float> ref2(q2.size()), out2(q2.size(), std::numeric_limits<float>::quiet_NaN());
+  Tensor tr2(ref2.data(), DType::F32, {140, 128}), to2(out2.data(), DType::F32, {140, 128});
+  ref_be->attention(Tensor(q2.data(), DType::F32, {140, 128}), Tensor(k.data(), DType::F32, {300, 128}),
+                    Tensor(vv.data(), DType::F32, {300, 128}), tr2, 2, 2, 64, p);
+  std::fill(k.begin() + 140 * 128, k.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(vv.begin() + 140 * 128, vv.end(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint16_t> scratch(attn_kv_scratch_bytes(300, 128) / 2, 0x7fc0);
+  p.kv_scratch = scratch.data();
+  cpu::attention(Tensor(q2.data(), DType::F32, {140, 128}), Tensor(k.data(), DType::F32, {300, 128}),
+                 Tensor(vv.data(), DType::F32, {300, 128}), to2, 2, 2, 64, p, true, 2);
+  EXPECT_NE(scratch[0], 0x7fc0) << "K / V staged";
+  EXPECT_LT(rel_error(out2.data(), ref2.data(), out2.size()), kBf16BoundUnit);
 }
 
 // The selection on bf16 scores keeps the reference's blocks wherever the reference's choice is clear by
@@ -321,6 +375,26 @@ TEST(CpuAttentionBf16, EnvironmentChoosesTheKernel) {
   if (!cpu::bf16_attention_supported())
     test::expect_error([] { resolve_cpu_attention(CpuAttention::BF16); }, "AVX-512 BF16");
   if (!saved.empty()) setenv("TESSERA_CPU_ATTN", saved.c_str(), 1);
+  // TESSERA_CPU_KV_STAGE=0 turns the K / V staging off (no buffer planned); 1 leaves the option's choice.
+  const char* old_stage = std::getenv("TESSERA_CPU_KV_STAGE");
+  const std::string saved_stage = old_stage != nullptr ? old_stage : "";
+  unsetenv("TESSERA_CPU_KV_STAGE");
+  EXPECT_TRUE(resolve_cpu_kv_stage(true));
+  EXPECT_FALSE(resolve_cpu_kv_stage(false));
+  EXPECT_EQ(make_cpu_backend({})->stages_attention_kv(DType::BF16), cpu::bf16_attention_supported());
+  EXPECT_FALSE(make_cpu_backend({})->stages_attention_kv(DType::F32));
+  EXPECT_FALSE(make_cpu_backend({CpuAttention::F32})->stages_attention_kv(DType::BF16));
+  setenv("TESSERA_CPU_KV_STAGE", "0", 1);
+  EXPECT_FALSE(resolve_cpu_kv_stage(true));
+  EXPECT_FALSE(make_cpu_backend({})->stages_attention_kv(DType::BF16));
+  setenv("TESSERA_CPU_KV_STAGE", "1", 1);
+  EXPECT_TRUE(resolve_cpu_kv_stage(true));
+  setenv("TESSERA_CPU_KV_STAGE", "yes", 1);
+  test::expect_error([] { resolve_cpu_kv_stage(true); }, "TESSERA_CPU_KV_STAGE='yes'");
+  if (saved_stage.empty())
+    unsetenv("TESSERA_CPU_KV_STAGE");
+  else
+    setenv("TESSERA_CPU_KV_STAGE", saved_stage.c_str(), 1);
 }
 
 }  // namespace

@@ -496,14 +496,36 @@ void attend_wide(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, 
   }
 }
 
+namespace {
+// Query rows per dense tile of a sequence of n rows: the bf16 kernel takes kBQ2 rows where that still
+// leaves four tiles per thread.
+int64_t dense_tile_rows(int64_t n, int n_heads, bool bf16) {
+  const int64_t big = (n + kBQ2 - 1) / kBQ2;
+  return bf16 && big * n_heads >= 4 * omp_get_max_threads() ? kBQ2 : kBQ;
+}
+}  // namespace
+
+bool attention_stages_kv(const AttnParams& p, int n_heads, int head_dim, bool bf16, int stage_min_tiles) {
+  if (!bf16 || p.kv_scratch == nullptr || head_dim > kMaxD || head_dim % 16 != 0) return false;
+  for (int s = 0; s < p.n_seqs; ++s) {  // block-sparse query tiles hold at most one query block
+    const int64_t n = p.cu_q[s + 1] - p.cu_q[s];
+    const int64_t rows =
+        p.block_mask != nullptr ? std::min<int64_t>(p.sparse_block, kBQ) : dense_tile_rows(n, n_heads, bf16);
+    if ((n + rows - 1) / rows >= std::max(stage_min_tiles, 2)) return true;
+  }
+  return false;
+}
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
-               int head_dim, const AttnParams& p, bool bf16) {
+               int head_dim, const AttnParams& p, bool bf16, int stage_min_tiles) {
   check_attention(q, k, v, out, n_heads, n_kv_heads, head_dim, p, Device::CPU);
   TESSERA_CHECK(!bf16 || bf16_attention_supported(), "attention: this CPU has no AVX-512 BF16");
   const AttendTileFn tile = bf16 ? attend_tile_bf16 : attend_tile;
   static_assert(kMaxD >= 256, "the tile kernels run head_dim up to 256; attend_wide the wider ones");
-  const TileCtx c{
+  TileCtx c{
       q.as<const float>(), k.as<const float>(), v.as<const float>(), q.cols(), k.cols(), head_dim, p.scale};
+  if (attention_stages_kv(p, n_heads, head_dim, bf16, stage_min_tiles))
+    stage_kv_bf16(c, k.rows(), n_kv_heads, p.kv_scratch);
   const int group = n_heads / n_kv_heads;
   for (int s = 0; s < p.n_seqs; ++s) {
     const int64_t qa = p.cu_q[s], qb = p.cu_q[s + 1], kb = p.cu_k[s + 1];
@@ -519,9 +541,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, i
       continue;
     }
     if (p.block_mask == nullptr) {
-      // The bf16 kernel takes kBQ2 rows per tile where that still leaves four tiles per thread.
-      const int64_t big = (qb - qa + kBQ2 - 1) / kBQ2;
-      const int64_t rows = bf16 && big * n_heads >= 4 * omp_get_max_threads() ? kBQ2 : kBQ;
+      const int64_t rows = dense_tile_rows(qb - qa, n_heads, bf16);
       const int64_t ntiles = (qb - qa + rows - 1) / rows;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
       for (int h = 0; h < n_heads; ++h) {
@@ -600,8 +620,8 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
   check_sparse_select(q, k, n_heads, n_kv_heads, head_dim, p);
   TESSERA_CHECK(!bf16 || bf16_attention_supported(), "sparse_select: this CPU has no AVX-512 BF16");
   const BlockImportanceFn importance = bf16 ? block_importance_bf16 : block_importance;
+  const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
   if (p.attn_block > 0) {
-    const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
     select_block_causal(c, p, q.rows(), k.rows(), n_heads, n_heads / n_kv_heads, importance, mask);
     return;
   }
@@ -609,7 +629,6 @@ void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads
   const int64_t n_qb = (Mq + B - 1) / B, n_kb = (Mk + B - 1) / B;
   const int64_t g = p.n_prompt_keys / B;
   const int64_t keep_pre = sparse_keep(g, p.rho), keep_gen = sparse_keep(n_kb - g, p.rho);
-  const TileCtx c{q.as<const float>(), k.as<const float>(), nullptr, q.cols(), k.cols(), head_dim, p.scale};
   const int group = n_heads / n_kv_heads;
   // Query tiles of whole query blocks (as many as fit in kBQ rows; one block when B > kBQ), so that
   // several blocks share each transposed K tile.

@@ -136,6 +136,30 @@ TGT void pack_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk, in
   std::fill(t.kk + nk * t.ks, t.kk + nk4 * t.ks, 0u);
 }
 
+// The bf16 pairs of keys [i0, i0 + nk) of rows, kv head hk, and their row stride: with staged keys
+// (c.k16), a pointer into them where the rows are consecutive (the scores of the rounding up to kR rows,
+// read past them, are never used, so only the staging's end needs care), else copied from them into
+// t.kk; without, pack_keys.
+TGT const uint32_t* tile_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk, int64_t hk,
+                              bool prefetch_v, Bf16Tile& t, int& ks) {
+  const int nk4 = (nk + kR - 1) / kR * kR;
+  ks = t.ks;
+  if (c.k16 == nullptr) {
+    pack_keys(c, rows, i0, nk, hk, prefetch_v, t);
+    return t.kk;
+  }
+  const int d2 = c.d / 2;
+  const uint32_t* base = c.k16 + hk * c.n_kv * d2;
+  const int64_t r0 = rows[i0];
+  if (rows[i0 + nk - 1] - r0 == nk - 1 && hk * c.n_kv + r0 + nk4 <= c.n_kv_heads * c.n_kv) {
+    ks = d2;
+    return base + r0 * d2;
+  }
+  for (int j = 0; j < nk; ++j) std::memcpy(t.kk + j * t.ks, base + rows[i0 + j] * d2, sizeof(uint32_t) * d2);
+  std::fill(t.kk + nk * t.ks, t.kk + nk4 * t.ks, 0u);
+  return t.kk;
+}
+
 // st[key][row] for KR keys (from kk) and NV vectors of rows (from qq).
 template <int KR, int NV>
 TGT inline void score_block(const uint32_t* qq, const uint32_t* kk, int ks, int d2, float* st) {
@@ -154,37 +178,37 @@ TGT inline void score_block(const uint32_t* qq, const uint32_t* kk, int ks, int 
     for (int v = 0; v < NV; ++v) _mm512_store_ps(st + r * kQS + v * 16, acc[r][v]);
 }
 
-// Scores of every query vector against the first nk keys (rounded up to kR) of t.kk into t.st; a group
-// of query vectors stays in L1 while the keys stream past it.
+// Scores of every query vector against the first nk keys (rounded up to kR) of kk (row stride ks) into
+// t.st; a group of query vectors stays in L1 while the keys stream past it.
 template <int NV>
-TGT inline void score_group(Bf16Tile& t, int v0, int nk4) {
+TGT inline void score_group(Bf16Tile& t, int v0, int nk4, const uint32_t* kk, int ks) {
   for (int j0 = 0; j0 < nk4; j0 += kR)
-    score_block<kR, NV>(t.qq + v0 * 16, t.kk + j0 * t.ks, t.ks, t.d2, t.st + j0 * kQS + v0 * 16);
+    score_block<kR, NV>(t.qq + v0 * 16, kk + j0 * ks, ks, t.d2, t.st + j0 * kQS + v0 * 16);
 }
-TGT void tile_scores(Bf16Tile& t, int nk) {
+TGT void tile_scores(Bf16Tile& t, int nk, const uint32_t* kk, int ks) {
   const int nk4 = (nk + kR - 1) / kR * kR;
   int v0 = 0;
-  for (; v0 + kNV <= t.nv; v0 += kNV) score_group<kNV>(t, v0, nk4);
+  for (; v0 + kNV <= t.nv; v0 += kNV) score_group<kNV>(t, v0, nk4, kk, ks);
   switch (t.nv - v0) {
     case 3:
-      score_group<3>(t, v0, nk4);
+      score_group<3>(t, v0, nk4, kk, ks);
       break;
     case 2:
-      score_group<2>(t, v0, nk4);
+      score_group<2>(t, v0, nk4, kk, ks);
       break;
     case 1:
-      score_group<1>(t, v0, nk4);
+      score_group<1>(t, v0, nk4, kk, ks);
       break;
     default:
       break;
   }
 }
 
-// acc[r][...] = acc * alpha[r] + sum over the listed key pairs of pp[pair][r] . vv[pair][...], for KR
-// rows and NV vectors of head dimensions.
+// acc[r][...] = acc * alpha[r] + sum over the listed key pairs x of pp[pairs[x]][r] . vrows[x][off + ...],
+// for KR rows and NV vectors of head dimensions.
 template <int NV>
-TGT inline void pv_block(float* acc, int dp, const float* alpha, const uint32_t* pp, const uint32_t* vv,
-                         const int* pairs, int n_pairs) {
+TGT inline void pv_block(float* acc, int dp, const float* alpha, const uint32_t* pp,
+                         const uint32_t* const* vrows, int off, const int* pairs, int n_pairs) {
   __m512 a[kR][NV];
   for (int r = 0; r < kR; ++r)
     for (int w = 0; w < NV; ++w)
@@ -192,7 +216,7 @@ TGT inline void pv_block(float* acc, int dp, const float* alpha, const uint32_t*
   for (int x = 0; x < n_pairs; ++x) {
     const int j = pairs[x];
     __m512i v[NV];
-    for (int w = 0; w < NV; ++w) v[w] = _mm512_load_si512(vv + j * dp + w * 16);
+    for (int w = 0; w < NV; ++w) v[w] = _mm512_loadu_si512(vrows[x] + off + w * 16);
     for (int r = 0; r < kR; ++r) {
       const __m512i pb = _mm512_set1_epi32(static_cast<int>(pp[j * kQS + r]));
       for (int w = 0; w < NV; ++w) a[r][w] = _mm512_dpbf16_ps(a[r][w], (__m512bh)pb, (__m512bh)v[w]);
@@ -202,23 +226,24 @@ TGT inline void pv_block(float* acc, int dp, const float* alpha, const uint32_t*
     for (int w = 0; w < NV; ++w) _mm512_store_ps(acc + r * dp + w * 16, a[r][w]);
 }
 template <int NV>
-TGT inline void pv_group(Bf16Tile& t, int w0, int nr, const int* pairs, int n_pairs) {
+TGT inline void pv_group(Bf16Tile& t, int w0, int nr, const uint32_t* const* vrows, const int* pairs,
+                         int n_pairs) {
   for (int r0 = 0; r0 < nr; r0 += kR)
-    pv_block<NV>(t.acc + r0 * t.vs + w0 * 16, t.vs, t.alpha + r0, t.pp + r0, t.vv + w0 * 16, pairs, n_pairs);
+    pv_block<NV>(t.acc + r0 * t.vs + w0 * 16, t.vs, t.alpha + r0, t.pp + r0, vrows, w0 * 16, pairs, n_pairs);
 }
-TGT void tile_pv(Bf16Tile& t, int nr, const int* pairs, int n_pairs) {
+TGT void tile_pv(Bf16Tile& t, int nr, const uint32_t* const* vrows, const int* pairs, int n_pairs) {
   const int nw = t.dp / 16;
   int w0 = 0;
-  for (; w0 + kNV <= nw; w0 += kNV) pv_group<kNV>(t, w0, nr, pairs, n_pairs);
+  for (; w0 + kNV <= nw; w0 += kNV) pv_group<kNV>(t, w0, nr, vrows, pairs, n_pairs);
   switch (nw - w0) {
     case 3:
-      pv_group<3>(t, w0, nr, pairs, n_pairs);
+      pv_group<3>(t, w0, nr, vrows, pairs, n_pairs);
       break;
     case 2:
-      pv_group<2>(t, w0, nr, pairs, n_pairs);
+      pv_group<2>(t, w0, nr, vrows, pairs, n_pairs);
       break;
     case 1:
-      pv_group<1>(t, w0, nr, pairs, n_pairs);
+      pv_group<1>(t, w0, nr, vrows, pairs, n_pairs);
       break;
     default:
       break;
@@ -231,6 +256,48 @@ TGT void init_tile(const TileCtx& c, int nq, Bf16Tile& t) {
   t.dp = (c.d + 15) / 16 * 16;
   t.vs = t.dp + 16;
   t.nv = (nq + 15) / 16;
+}
+
+// Lanes of V row r, head hk, dimensions [t0, t0 + 16) as bf16 in the low half of each 32-bit lane: from
+// the staged pair rows (base: the head's), or for an odd last row (past them) rounded from v.
+TGT inline __m512i staged_half(const TileCtx& c, const uint32_t* base, int64_t np, int64_t r, int64_t hk,
+                               int t0) {
+  if (r / 2 < np) {
+    const __m512i x = _mm512_loadu_si512(base + r / 2 * c.d + t0);
+    return r % 2 == 0 ? _mm512_and_si512(x, _mm512_set1_epi32(0xffff)) : _mm512_srli_epi32(x, 16);
+  }
+  const __m512 f = _mm512_loadu_ps(c.v + r * c.kv_stride + hk * c.d + t0);
+  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(f));
+}
+
+// The V pair row of keys rows[i] and rows[i + 1], interleaved per dimension, the half of a key not used
+// (u0 / u1 false) zero: with staged values (c.v16), a pointer into them where the two keys are both used
+// and one staged pair, else built into dst from the staged rows' halves; without, rounded into dst from
+// v's f32 rows (dp: the padded head dim).
+TGT const uint32_t* value_pair(const TileCtx& c, const KeyRows& rows, int64_t i, bool u0, bool u1, int64_t hk,
+                               uint32_t* dst, int dp) {
+  if (c.v16 != nullptr) {
+    const int64_t np = c.n_kv / 2, r0 = rows[i], r1 = u1 ? rows[i + 1] : -1;
+    const uint32_t* base = c.v16 + hk * np * c.d;
+    if (u0 && u1 && r0 % 2 == 0 && r1 == r0 + 1 && r0 / 2 < np) return base + r0 / 2 * c.d;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int t0 = 0; t0 < c.d; t0 += 16) {
+      const __m512i lo = u0 ? staged_half(c, base, np, r0, hk, t0) : zero;
+      const __m512i hi = u1 ? staged_half(c, base, np, r1, hk, t0) : zero;
+      _mm512_store_si512(dst + t0, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+    return dst;
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  const float* v0 = u0 ? c.v + rows[i] * c.kv_stride + hk * c.d : nullptr;
+  const float* v1 = u1 ? c.v + rows[i + 1] * c.kv_stride + hk * c.d : nullptr;
+  for (int t0 = 0; t0 < dp; t0 += 16) {
+    const __mmask16 m = lanes(c.d - t0);
+    const __m512 a = v0 != nullptr ? _mm512_maskz_loadu_ps(m, v0 + t0) : zero;
+    const __m512 b = v1 != nullptr ? _mm512_maskz_loadu_ps(m, v1 + t0) : zero;
+    _mm512_store_si512(dst + t0, interleave_bf16(a, b));
+  }
+  return dst;
 }
 
 TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t qb, const KeyRows& rows,
@@ -248,13 +315,15 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
   std::fill(t.acc, t.acc + nr * t.vs, 0.0f);
   const __m512 ninf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();
   int pairs[kBK / 2];
+  const uint32_t* vrows[kBK / 2];
   for (int64_t i0 = 0; i0 < rows.n; i0 += kBK) {
     const int nk = static_cast<int>(std::min<int64_t>(kBK, rows.n - i0));
     const TileMask tm = tile_mask(p, rows, i0, nk, qmin, qmax);  // as in the f32 kernel
     if (tm == TileMask::Skip) continue;
     const bool mask_elems = tm == TileMask::PerElement;
-    pack_keys(c, rows, i0, nk, hk, true, t);
-    tile_scores(t, nk);
+    int ks = 0;
+    const uint32_t* kk = tile_keys(c, rows, i0, nk, hk, c.v16 == nullptr, t, ks);
+    tile_scores(t, nk, kk, ks);
     if (mask_elems) {
       for (int j = 0; j < nk; ++j) {
         const int32_t kp = p.k_pos[rows[i0 + j]];
@@ -298,18 +367,11 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
     int n_pairs = 0;
     for (int jp = 0; jp < nk2; ++jp) {
       if ((used[2 * jp] | used[2 * jp + 1]) == 0) continue;
+      vrows[n_pairs] = value_pair(c, rows, i0 + 2 * jp, used[2 * jp] != 0, used[2 * jp + 1] != 0, hk,
+                                  t.vv + jp * t.vs, t.dp);
       pairs[n_pairs++] = jp;
-      const float* v0 = used[2 * jp] != 0 ? c.v + rows[i0 + 2 * jp] * c.kv_stride + hk * c.d : nullptr;
-      const float* v1 =
-          used[2 * jp + 1] != 0 ? c.v + rows[i0 + 2 * jp + 1] * c.kv_stride + hk * c.d : nullptr;
-      for (int t0 = 0; t0 < t.dp; t0 += 16) {
-        const __mmask16 m = lanes(c.d - t0);
-        const __m512 a = v0 != nullptr ? _mm512_maskz_loadu_ps(m, v0 + t0) : zero;
-        const __m512 b = v1 != nullptr ? _mm512_maskz_loadu_ps(m, v1 + t0) : zero;
-        _mm512_store_si512(t.vv + jp * t.vs + t0, interleave_bf16(a, b));
-      }
     }
-    tile_pv(t, nr, pairs, n_pairs);
+    tile_pv(t, nr, vrows, pairs, n_pairs);
   }
   for (int i = 0; i < nq; ++i) {
     const float inv = t.l[i] > 0.0f ? 1.0f / t.l[i] : 0.0f;
@@ -360,8 +422,9 @@ TGT void block_importance_impl(const TileCtx& c, int64_t r0, int64_t r1, int64_t
     for (int pass = 0; pass < 2; ++pass) {
       for (int64_t k0 = 0; k0 < n_keys; k0 += kBK) {
         const int nk = static_cast<int>(std::min<int64_t>(kBK, n_keys - k0));
-        pack_keys(c, rows, k0, nk, hk, false, t);
-        tile_scores(t, nk);
+        int ks = 0;
+        const uint32_t* kk = tile_keys(c, rows, k0, nk, hk, false, t, ks);
+        tile_scores(t, nk, kk, ks);
         if (pass == 0) {
           for (int v = 0; v < t.nv; ++v) {
             const float* sv = t.st + v * 16;
@@ -398,6 +461,27 @@ TGT void block_importance_impl(const TileCtx& c, int64_t r0, int64_t r1, int64_t
   }
 }
 
+// Rows [r0, r1) (r0 even) of kv head h into the staging: their keys' pairs, and the value pairs that
+// start in them.
+TGT void stage_rows(const TileCtx& c, int64_t n_kv, int h, int64_t r0, int64_t r1, uint32_t* k16,
+                    uint32_t* v16) {
+  const int d2 = c.d / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* src = c.k + r * c.kv_stride + h * c.d;
+    uint32_t* dst = k16 + (h * n_kv + r) * d2;
+    for (int t0 = 0; t0 < c.d; t0 += 32)
+      _mm512_mask_storeu_epi32(dst + t0 / 2, lanes(d2 - t0 / 2), row_pairs(src + t0, c.d - t0, 1.0f));
+  }
+  const int64_t np = n_kv / 2;
+  for (int64_t pr = r0 / 2; pr < std::min(r1 / 2, np); ++pr) {
+    const float* a = c.v + 2 * pr * c.kv_stride + h * c.d;
+    const float* b = a + c.kv_stride;
+    uint32_t* dst = v16 + (h * np + pr) * c.d;
+    for (int t0 = 0; t0 < c.d; t0 += 16)
+      _mm512_storeu_si512(dst + t0, interleave_bf16(_mm512_loadu_ps(a + t0), _mm512_loadu_ps(b + t0)));
+  }
+}
+
 }  // namespace
 
 bool bf16_attention_supported() {
@@ -415,6 +499,23 @@ void block_importance_bf16(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_k
   block_importance_impl(c, r0, r1, n_keys, hq, hk, q_block, block, n_kb, imp);
 }
 
+bool stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch) {
+  if (c.d % 16 != 0 || c.d > kMaxD || n_kv <= 0 || n_kv_heads <= 0 || scratch == nullptr) return false;
+  auto* k16 = static_cast<uint32_t*>(scratch);
+  uint32_t* v16 = k16 + n_kv * n_kv_heads * (c.d / 2);
+  constexpr int64_t kRows = 64;  // even: a block's value pairs start in it
+  const int64_t blocks = (n_kv + kRows - 1) / kRows;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int h = 0; h < n_kv_heads; ++h)
+    for (int64_t b = 0; b < blocks; ++b)
+      stage_rows(c, n_kv, h, b * kRows, std::min(n_kv, (b + 1) * kRows), k16, v16);
+  c.k16 = k16;
+  c.v16 = v16;
+  c.n_kv = n_kv;
+  c.n_kv_heads = n_kv_heads;
+  return true;
+}
+
 #else  // not x86-64: the f32 kernel only
 
 bool bf16_attention_supported() {
@@ -427,6 +528,9 @@ void attend_tile_bf16(const TileCtx&, const AttnParams&, int64_t, int64_t, const
 void block_importance_bf16(const TileCtx&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, double*) {
   fail("sparse_select: the bf16 kernel needs an x86-64 CPU with AVX-512 BF16");
+}
+bool stage_kv_bf16(TileCtx&, int64_t, int, void*) {
+  return false;
 }
 
 #endif

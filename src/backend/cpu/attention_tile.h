@@ -39,6 +39,14 @@ struct TileCtx {
   int64_t q_stride, kv_stride;  // floats per row
   int d;
   float scale;
+  // K and V rounded to bf16 once per call, head-major (stage_kv_bf16), or nullptr: the bf16 tiles read
+  // their keys and value pairs there instead of gathering and rounding k's and v's f32 rows per tile.
+  // k16: [n_kv_heads][n_kv][d / 2] bf16 pairs; v16: [n_kv_heads][n_kv / 2][d], lane t of pair row i the
+  // pair (v[2i][t], v[2i + 1][t]) (an odd last row is not staged).
+  const uint32_t* k16 = nullptr;
+  const uint32_t* v16 = nullptr;
+  int64_t n_kv = 0;
+  int n_kv_heads = 0;
 };
 
 // The keys one (query tile, head) visits, in order: the rows [ka, ka + n), or (block-sparse) the n rows
@@ -95,5 +103,9 @@ void attend_tile_bf16(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t
                       int64_t hq, int64_t hk, void* out, DType out_dtype);
 void block_importance_bf16(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
                            int64_t q_block, int64_t block, int64_t n_kb, double* imp);
+// Stages k's and v's first n_kv rows in bf16 into scratch (attn_kv_scratch_bytes(n_kv, kv width) bytes)
+// and points c.k16 / c.v16 there; head dims that are not a multiple of 16 (or above kMaxD) are not staged
+// (returns false, c unchanged). One parallel region. The tiles' results are the same bits either way.
+bool stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch);
 
 }  // namespace tessera::cpu

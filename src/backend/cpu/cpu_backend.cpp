@@ -16,11 +16,14 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : bf16_attention_(resolve_cpu_attention(o.attention) == CpuAttention::BF16) {
+      : bf16_attention_(resolve_cpu_attention(o.attention) == CpuAttention::BF16),
+        stage_kv_(bf16_attention_ && resolve_cpu_kv_stage(o.stage_kv)) {
     moe_.schedule = cpu::resolve_cpu_moe(o.moe);
   }
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
+  // The bf16 kernel rounds K and V once per call into the planned scratch (cpu::stage_kv_bf16).
+  bool stages_attention_kv(DType act) const override { return stage_kv_ && act == DType::BF16; }
 
   void* alloc_weights(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -104,6 +107,7 @@ class CpuBackend final : public Backend {
   cpu::MoeState moe_;
   cpu::RopeTable rope_;
   bool bf16_attention_;  // attention and sparse_select run the bf16 kernel where the call allows it
+  bool stage_kv_;        // bf16 graphs plan the K / V staging buffer (CpuBackendOptions::stage_kv)
 };
 
 }  // namespace
@@ -121,6 +125,14 @@ CpuAttention resolve_cpu_attention(CpuAttention choice) {
   if (choice == CpuAttention::BF16 && !cpu::bf16_attention_supported())
     fail("cpu: bf16 attention needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none: use f32");
   return choice;
+}
+
+bool resolve_cpu_kv_stage(bool choice) {
+  const char* env = std::getenv("TESSERA_CPU_KV_STAGE");
+  const std::string e = env != nullptr ? env : "";
+  if (e.empty()) return choice;
+  if (e != "0" && e != "1") fail("TESSERA_CPU_KV_STAGE='" + e + "': expected 0 or 1");
+  return choice && e == "1";
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {

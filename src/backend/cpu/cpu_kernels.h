@@ -38,9 +38,15 @@ void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 void convert(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst);
 // bf16: the tiles run on bf16 operands with f32 accumulation (AVX-512 BF16; attention_bf16.cpp), else
-// in f32 (the reference).
+// in f32 (the reference). With p.kv_scratch, the bf16 kernel rounds K and V once into it (head-major)
+// where some sequence has at least stage_min_tiles query tiles per head (each tile would gather and
+// round its keys again; below that, measured, the staging costs more than it saves): the same bits.
+constexpr int kStageMinTiles = 8;
+// Whether that call stages K and V (head dims a multiple of 16 up to 256 only).
+bool attention_stages_kv(const AttnParams& p, int n_heads, int head_dim, bool bf16,
+                         int stage_min_tiles = kStageMinTiles);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int n_heads, int n_kv_heads,
-               int head_dim, const AttnParams& p, bool bf16 = false);
+               int head_dim, const AttnParams& p, bool bf16 = false, int stage_min_tiles = kStageMinTiles);
 void sparse_select(const Tensor& q, const Tensor& k, int n_heads, int n_kv_heads, int head_dim,
                    const SparseSelectParams& p, uint8_t* mask, bool bf16 = false);
 void moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights);

@@ -101,6 +101,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   Device device() const override { return Device::CUDA; }
+  bool stages_attention_kv(DType act) const override { return act == DType::BF16; }
   std::string name() const override { return name_; }
   void* native_stream() override { return stream_; }
 
