@@ -109,7 +109,8 @@ void add_inspect(CLI::App& app, Registry& reg) {
     const DType act = ws.act;
     const int64_t ctx = a->context > 0 ? a->context : c.max_positions;
     const DenseWeights w = shape_only_weights(c, act);
-    const graph::GraphTemplate g = build_model_graph(c, w, graph_options(c, act, Device::CPU), OutputMode::Sample);
+    const graph::GraphTemplate g =
+        build_model_graph(c, w, graph_options(c, act, Device::CPU), OutputMode::Sample);
     graph::StepShape s;
     s.n_query = s.n_kv = ctx;
     s.n_logits = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(ctx) * a->mask_ratio));
