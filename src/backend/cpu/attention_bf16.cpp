@@ -139,7 +139,7 @@ TGT void pack_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk, in
 // The bf16 pairs of keys [i0, i0 + nk) of rows, kv head hk, and their row stride: with staged keys
 // (c.k16), a pointer into them where the rows are consecutive (the scores of the rounding up to kR rows,
 // read past them, are never used, so only the staging's end needs care), else copied from them into
-// t.kk; without, pack_keys.
+// t.kk; without, pack_keys (prefetch_v: its prefetch of the keys' V rows).
 TGT const uint32_t* tile_keys(const TileCtx& c, const KeyRows& rows, int64_t i0, int nk, int64_t hk,
                               bool prefetch_v, Bf16Tile& t, int& ks) {
   const int nk4 = (nk + kR - 1) / kR * kR;
@@ -322,7 +322,7 @@ TGT void attend_tile_impl(const TileCtx& c, const AttnParams& p, int64_t qa, int
     if (tm == TileMask::Skip) continue;
     const bool mask_elems = tm == TileMask::PerElement;
     int ks = 0;
-    const uint32_t* kk = tile_keys(c, rows, i0, nk, hk, c.v16 == nullptr, t, ks);
+    const uint32_t* kk = tile_keys(c, rows, i0, nk, hk, true, t, ks);
     tile_scores(t, nk, kk, ks);
     if (mask_elems) {
       for (int j = 0; j < nk; ++j) {
@@ -499,8 +499,7 @@ void block_importance_bf16(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_k
   block_importance_impl(c, r0, r1, n_keys, hq, hk, q_block, block, n_kb, imp);
 }
 
-bool stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch) {
-  if (c.d % 16 != 0 || c.d > kMaxD || n_kv <= 0 || n_kv_heads <= 0 || scratch == nullptr) return false;
+void stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch) {
   auto* k16 = static_cast<uint32_t*>(scratch);
   uint32_t* v16 = k16 + n_kv * n_kv_heads * (c.d / 2);
   constexpr int64_t kRows = 64;  // even: a block's value pairs start in it
@@ -513,7 +512,6 @@ bool stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch) {
   c.v16 = v16;
   c.n_kv = n_kv;
   c.n_kv_heads = n_kv_heads;
-  return true;
 }
 
 #else  // not x86-64: the f32 kernel only
@@ -529,8 +527,8 @@ void block_importance_bf16(const TileCtx&, int64_t, int64_t, int64_t, int64_t, i
                            int64_t, double*) {
   fail("sparse_select: the bf16 kernel needs an x86-64 CPU with AVX-512 BF16");
 }
-bool stage_kv_bf16(TileCtx&, int64_t, int, void*) {
-  return false;
+void stage_kv_bf16(TileCtx&, int64_t, int, void*) {
+  fail("attention: the bf16 kernel needs an x86-64 CPU with AVX-512 BF16");
 }
 
 #endif

@@ -104,8 +104,8 @@ void attend_tile_bf16(const TileCtx& c, const AttnParams& p, int64_t qa, int64_t
 void block_importance_bf16(const TileCtx& c, int64_t r0, int64_t r1, int64_t n_keys, int64_t hq, int64_t hk,
                            int64_t q_block, int64_t block, int64_t n_kb, double* imp);
 // Stages k's and v's first n_kv rows in bf16 into scratch (attn_kv_scratch_bytes(n_kv, kv width) bytes)
-// and points c.k16 / c.v16 there; head dims that are not a multiple of 16 (or above kMaxD) are not staged
-// (returns false, c unchanged). One parallel region. The tiles' results are the same bits either way.
-bool stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch);
+// and points c.k16 / c.v16 there, for head dims that are a multiple of 16 up to kMaxD (the driver decides:
+// attention_stages_kv). One parallel region. The tiles' results are the same bits either way.
+void stage_kv_bf16(TileCtx& c, int64_t n_kv, int n_kv_heads, void* scratch);
 
 }  // namespace tessera::cpu
